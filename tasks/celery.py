@@ -1,0 +1,11 @@
+"""The Celery application: ``celery -A tasks worker|beat|flower``."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from tasks.jobs.promoter import Promoter
+
+app = Celery("keel", include=["tasks.jobs.signals", "tasks.reports.jobs"])
+app.config_from_object("tasks.celeryconfig")
+app.steps["worker"].add(Promoter)

@@ -1,0 +1,37 @@
+"""Celery settings, loaded with ``app.config_from_object``.
+
+Acks are late and a lost worker's message is rejected back to the queue;
+prefetch is one so a busy worker does not sit on other jobs. Results live in
+Keel's job records, so Celery's result backend is off. Task events are on so
+Flower sees every job.
+"""
+
+from __future__ import annotations
+
+from kombu import Exchange, Queue
+
+from tasks.config import get_settings
+
+QUEUES = ("reports", "notifications", "default")
+
+_settings = get_settings()
+
+broker_url = _settings.redis_url
+broker_connection_retry_on_startup = True
+broker_connection_timeout = 2
+broker_transport_options = {"visibility_timeout": 3600, "socket_timeout": 5}
+task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
+task_default_queue = "default"
+task_acks_late = True
+task_reject_on_worker_lost = True
+task_ignore_result = True
+task_track_started = False
+task_serializer = "json"
+accept_content = ["json"]
+worker_prefetch_multiplier = 1
+worker_concurrency = _settings.worker_concurrency
+worker_send_task_events = True
+task_send_sent_event = True
+worker_hijack_root_logger = False
+enable_utc = True
+timezone = "UTC"

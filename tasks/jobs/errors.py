@@ -1,0 +1,41 @@
+"""The job layer's exceptions: one root, and the control-flow errors handlers raise."""
+
+from __future__ import annotations
+
+
+class KeelError(Exception):
+    """Keel could not do what was asked."""
+
+    code = "keel_error"
+
+    def __init__(self, message: str | None = None, *, details: list | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+        self.details = details or []
+
+
+class JobNotFound(KeelError):
+    """No such job."""
+
+    code = "not_found"
+
+
+class InvalidJobState(KeelError):
+    """The job is not in a state that allows this."""
+
+    code = "invalid_state"
+
+
+class JobConflict(KeelError):
+    """Another job or result already covers this operation."""
+
+    code = "conflict"
+
+
+class UnrecoverableError(Exception):
+    """Fail the job now, whatever attempts remain (BullMQ's ``UnrecoverableError``)."""
+
+
+class BrokerUnavailable(KeelError):
+    """The broker could not be reached."""
+
+    code = "broker_unavailable"

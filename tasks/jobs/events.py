@@ -1,0 +1,79 @@
+"""Queue events in a bounded Redis stream per queue, readable from any process.
+
+Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
+completed, failed, retrying, delayed, deduplicated, stalled``. Emitting is
+best effort: a job never fails because its event could not be written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from tasks.broker import redis_client
+
+log = logging.getLogger(__name__)
+STREAM_MAXLEN = 10_000
+EVENT_NAMES = (
+    "waiting",
+    "active",
+    "progress",
+    "completed",
+    "failed",
+    "retrying",
+    "delayed",
+    "deduplicated",
+    "stalled",
+)
+
+
+def stream_key(queue: str) -> str:
+    return f"keel:events:{queue}"
+
+
+def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields: Any) -> None:
+    entry = {"event": event, "jobId": job_id, "queue": queue, "time": f"{time.time():.3f}"}
+    if name:
+        entry["name"] = name
+    for key, value in fields.items():
+        entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
+    try:
+        redis_client().xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
+    except Exception:
+        log.warning("could not emit %s for job %s", event, job_id, exc_info=True)
+
+
+def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in fields.items():
+        value = raw.decode()
+        k = key.decode()
+        if k in ("event", "jobId", "queue", "name", "time"):
+            out[k] = value
+            continue
+        try:
+            out[k] = json.loads(value)
+        except ValueError:
+            out[k] = value
+    return out
+
+
+def read(
+    queues: list[str], *, since: str = "0", follow: bool = False, block_ms: int = 1000
+) -> Iterator[dict[str, Any]]:
+    """Events of ``queues`` after id ``since`` (``$``: new ones only); forever if ``follow``."""
+    cursors = {stream_key(q): since for q in queues}
+    client = redis_client()
+    while True:
+        batch = client.xread(cursors, block=block_ms if follow else None, count=500)
+        if not batch and not follow:
+            return
+        for stream, entries in batch or []:
+            for entry_id, fields in entries:
+                cursors[stream.decode()] = entry_id.decode()
+                yield {"id": entry_id.decode(), **_decode(fields)}
+        if not follow and batch and all(len(e) < 500 for _, e in batch):
+            return

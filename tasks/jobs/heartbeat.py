@@ -1,0 +1,52 @@
+"""Lock renewal for the jobs this process is running.
+
+A claimed job holds a lock for ``KEEL_LOCK_DURATION_S``; while its handler
+runs, one daemon thread per process pushes every held lock further out
+every third of that time. A worker that dies stops renewing, its locks run
+out, and the job becomes claimable again (stalled).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs import records
+
+log = logging.getLogger(__name__)
+
+_tokens: set[str] = set()
+_guard = threading.Lock()
+_thread: dict[int, threading.Thread] = {}
+
+
+def track(token: str) -> None:
+    with _guard:
+        _tokens.add(token)
+        if os.getpid() not in _thread:
+            thread = threading.Thread(target=_renew_forever, name="keel-heartbeat", daemon=True)
+            _thread[os.getpid()] = thread
+            thread.start()
+
+
+def untrack(token: str) -> None:
+    with _guard:
+        _tokens.discard(token)
+
+
+def _renew_forever() -> None:
+    lock_s = get_settings().lock_duration_s
+    stop = threading.Event()
+    while not stop.wait(lock_s / 3):
+        with _guard:
+            tokens = list(_tokens)
+        if not tokens:
+            continue
+        try:
+            with transaction() as session:
+                records.extend_locks(session, tokens, lock_s)
+        except Exception:
+            log.warning("could not renew job locks", exc_info=True)

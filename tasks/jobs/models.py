@@ -1,0 +1,69 @@
+"""The job record: Postgres is the system of record for every job.
+
+A row is committed before its message is published, so the records always
+hold every job the API accepted; the broker only carries the wake-up call.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tasks.db import Base
+
+STATES = ("waiting", "active", "delayed", "completed", "failed", "waiting-children")
+FINISHED_STATES = ("completed", "failed")
+
+
+class JobRecord(Base):
+    """One job: its data, options, owner, lifecycle and counters."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    opts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(20))
+    progress: Mapped[Any | None] = mapped_column(JSONB)
+    attempts_made: Mapped[int] = mapped_column(Integer, server_default="0")
+    attempts_started: Mapped[int] = mapped_column(Integer, server_default="0")
+    stalled_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    runs: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    processed_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        CheckConstraint(
+            "state IN ('waiting','active','delayed','completed','failed','waiting-children')",
+            name="state",
+        ),
+        Index("ix_jobs_queue_state", "queue", "state"),
+        Index(
+            "ix_jobs_due",
+            "run_at",
+            postgresql_where=text("state = 'delayed'"),
+        ),
+        Index(
+            "ix_jobs_finished",
+            "queue",
+            "state",
+            "finished_on",
+            postgresql_where=text("state IN ('completed','failed')"),
+        ),
+        Index("ix_jobs_owner", "tenant_id", "user_id"),
+    )

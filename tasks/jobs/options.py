@@ -1,0 +1,72 @@
+"""Job options (BullMQ's names) and the backoff rule they imply."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Backoff(_Options):
+    """How long to wait before the next run after a failed one."""
+
+    type: Literal["fixed", "exponential"] = "fixed"
+    delay: int = Field(default=0, ge=0, description="base delay in milliseconds")
+    jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class KeepJobs(_Options):
+    """Retention of finished records: the newest ``count``, none older than ``age`` s."""
+
+    count: int | None = Field(default=None, ge=0)
+    age: int | None = Field(default=None, ge=0)
+
+
+class Deduplication(_Options):
+    """BullMQ's deduplication: simple (id), throttle (ttl), debounce (extend/replace)."""
+
+    id: str = Field(min_length=1, max_length=200)
+    ttl: int | None = Field(default=None, gt=0, description="milliseconds")
+    extend: bool = False
+    replace: bool = False
+
+
+class JobOptions(_Options):
+    """Options of one job, stored with its record."""
+
+    attempts: int = Field(default=1, ge=1, le=100)
+    backoff: Backoff | None = None
+    delay: int = Field(default=0, ge=0, description="milliseconds before the job may run")
+    job_id: str | None = Field(default=None, alias="jobId", min_length=1, max_length=200)
+    remove_on_complete: bool | int | KeepJobs = Field(default=False, alias="removeOnComplete")
+    remove_on_fail: bool | int | KeepJobs = Field(default=False, alias="removeOnFail")
+    deduplication: Deduplication | None = None
+
+    def stored(self) -> dict:
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+def backoff_max_ms(backoff: Backoff, failures: int) -> float:
+    """The longest wait after the ``failures``-th failed run (1-based)."""
+    if backoff.type == "fixed":
+        return float(backoff.delay)
+    return math.pow(2, failures - 1) * backoff.delay
+
+
+def backoff_delay_ms(
+    backoff: Backoff | None, failures: int, rng: random.Random | None = None
+) -> int:
+    """BullMQ's rule: the maximum, or a uniform pick in ``[(1-j)·max, max]`` with jitter ``j``."""
+    if backoff is None:
+        return 0
+    maximum = backoff_max_ms(backoff, failures)
+    if backoff.jitter <= 0:
+        return int(maximum)
+    low = maximum * (1 - backoff.jitter)
+    return math.floor((rng or random).random() * maximum * backoff.jitter + low)

@@ -1,0 +1,125 @@
+"""Adding jobs: commit the record, then publish the message.
+
+The order is the guarantee: a job the caller was told about is always in
+the records. If publishing fails after the commit (broker down), the job is
+parked as due-now in the durable delayed set, and a worker's promoter
+publishes it once the broker is back — accepted work is never lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+
+from tasks.db import transaction
+from tasks.jobs import events
+from tasks.jobs.options import JobOptions
+
+log = logging.getLogger(__name__)
+
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a job belongs to; the API only ever shows a job to its owner."""
+
+    tenant_id: str
+    user_id: str
+
+
+@dataclass(frozen=True)
+class AddedJob:
+    job_id: str
+    created: bool
+    state: str
+
+
+def new_job_id() -> str:
+    """Opaque and unguessable: 128 random bits."""
+    return uuid.uuid4().hex
+
+
+def publish(job_id: str, name: str, queue: str, data: dict[str, Any]) -> None:
+    """Send the wake-up message for a waiting job (its data rides along for Flower)."""
+    from tasks.celery import app
+
+    app.send_task(
+        name,
+        kwargs=data,
+        task_id=job_id,
+        queue=queue,
+        retry=True,
+        retry_policy=PUBLISH_RETRY,
+    )
+
+
+def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
+    """A job whose message could not be published goes back to the durable delayed set."""
+    with transaction() as session:
+        session.execute(
+            text(
+                "UPDATE jobs SET state = 'delayed', "
+                "run_at = clock_timestamp() + make_interval(secs => :s) "
+                "WHERE id = ANY(:ids) AND state = 'waiting'"
+            ),
+            {"ids": job_ids, "s": in_s},
+        )
+
+
+_INSERT = text(
+    """
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, run_at)
+    VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+            :tenant_id, :user_id, :state,
+            CASE WHEN :delay_ms > 0
+                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
+                 END)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def add(
+    name: str,
+    data: dict[str, Any],
+    *,
+    queue: str,
+    opts: JobOptions | None = None,
+    owner: Owner | None = None,
+) -> AddedJob:
+    """Add a job; an existing ``jobId`` adds nothing and returns that job."""
+    opts = opts or JobOptions()
+    job_id = opts.job_id or new_job_id()
+    state = "delayed" if opts.delay > 0 else "waiting"
+    with transaction() as session:
+        inserted = session.execute(
+            _INSERT,
+            {
+                "id": job_id,
+                "queue": queue,
+                "name": name,
+                "data": json.dumps(data),
+                "opts": json.dumps(opts.stored()),
+                "tenant_id": owner.tenant_id if owner else None,
+                "user_id": owner.user_id if owner else None,
+                "state": state,
+                "delay_ms": opts.delay,
+            },
+        ).first()
+    if inserted is None:
+        return AddedJob(job_id=job_id, created=False, state="existing")
+    events.emit(queue, state, job_id, name, **({"delay": opts.delay} if opts.delay else {}))
+    if state == "waiting":
+        try:
+            publish(job_id, name, queue, data)
+        except Exception:
+            log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
+            park_for_republish([job_id])
+    return AddedJob(job_id=job_id, created=True, state=state)

@@ -1,0 +1,72 @@
+"""Reading jobs the way the API shows them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+
+from tasks.db import transaction
+from tasks.jobs.errors import JobNotFound
+from tasks.jobs.models import STATES, JobRecord
+from tasks.jobs.producer import Owner
+
+
+def iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def describe(job: JobRecord) -> dict[str, Any]:
+    """BullMQ's job fields in camelCase, plus the timeline of runs."""
+    return {
+        "jobId": job.id,
+        "name": job.name,
+        "queue": job.queue,
+        "state": job.state,
+        "progress": job.progress if job.progress is not None else 0,
+        "attemptsMade": job.attempts_made,
+        "attemptsStarted": job.attempts_started,
+        "stalledCount": job.stalled_count,
+        "failedReason": job.failed_reason,
+        "result": job.result,
+        "createdAt": iso(job.created_at),
+        "processedOn": iso(job.processed_on),
+        "finishedOn": iso(job.finished_on),
+        "runAt": iso(job.run_at),
+        "runs": job.runs,
+    }
+
+
+def get_owned(job_id: str, owner: Owner, *, queue: str | None = None) -> JobRecord:
+    """The job if ``owner`` owns it; anything else looks exactly like a missing job."""
+    with transaction() as session:
+        job = session.get(JobRecord, job_id)
+    if (
+        job is None
+        or job.tenant_id != owner.tenant_id
+        or job.user_id != owner.user_id
+        or (queue is not None and job.queue != queue)
+    ):
+        raise JobNotFound("job not found")
+    return job
+
+
+def get(job_id: str) -> JobRecord | None:
+    with transaction() as session:
+        return session.get(JobRecord, job_id)
+
+
+def counts(queue: str) -> dict[str, int]:
+    """Jobs per state in ``queue``."""
+    with transaction() as session:
+        rows = session.execute(
+            select(JobRecord.state, func.count())
+            .where(JobRecord.queue == queue)
+            .group_by(JobRecord.state)
+        ).all()
+    found = {state: 0 for state in STATES}
+    found.update({state: n for state, n in rows})
+    return found

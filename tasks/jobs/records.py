@@ -1,0 +1,242 @@
+"""State transitions of job records, each one atomic statement.
+
+Every transition a worker makes is guarded by the lock token it got when it
+claimed the job, so a worker that lost its job (stalled, then picked up
+elsewhere) cannot overwrite what the new owner records.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from tasks.jobs.models import JobRecord
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a worker knows about a job it is about to run."""
+
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+    opts: dict[str, Any]
+    tenant_id: str | None
+    user_id: str | None
+    attempts_made: int
+    attempts_started: int
+    stalled: bool
+    token: str
+
+
+_CLAIM = text(
+    """
+    UPDATE jobs SET
+        stalled_count = stalled_count + CASE WHEN state = 'active' THEN 1 ELSE 0 END,
+        state = 'active',
+        attempts_started = attempts_started + 1,
+        processed_on = clock_timestamp(),
+        lock_token = :token,
+        locked_until = clock_timestamp() + make_interval(secs => :lock_s),
+        runs = runs || jsonb_build_array(jsonb_build_object(
+            'attempt', attempts_started + 1,
+            'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'worker', CAST(:worker AS text)))
+    WHERE id = :id
+      AND (state = 'waiting'
+           OR (state = 'active' AND locked_until < clock_timestamp()))
+    RETURNING id, name, queue, data, opts, tenant_id, user_id,
+              attempts_made, attempts_started, stalled_count
+    """
+)
+
+
+def claim(
+    session: Session, job_id: str, token: str, lock_s: float, worker: str
+) -> ClaimedJob | None:
+    """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
+    before = session.execute(
+        text("SELECT state FROM jobs WHERE id = :id FOR UPDATE"), {"id": job_id}
+    ).scalar()
+    if before is None:
+        return None
+    row = (
+        session.execute(_CLAIM, {"id": job_id, "token": token, "lock_s": lock_s, "worker": worker})
+        .mappings()
+        .first()
+    )
+    if row is None:
+        return None
+    return ClaimedJob(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        data=row["data"],
+        opts=row["opts"],
+        tenant_id=row["tenant_id"],
+        user_id=row["user_id"],
+        attempts_made=row["attempts_made"],
+        attempts_started=row["attempts_started"],
+        stalled=before == "active",
+        token=token,
+    )
+
+
+_NOW_ISO = """to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+_FINISH_RUN = f"""
+    runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
+                     (runs -> -1) || CAST(:run_patch AS jsonb)
+                     || jsonb_build_object('finishedAt', {_NOW_ISO}))
+"""
+
+
+def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
+    """Record success; ``False`` if the job is no longer ours."""
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
+                finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING id
+            """
+        ),
+        {
+            "id": job.id,
+            "token": job.token,
+            "result": json.dumps(result),
+            "run_patch": json.dumps({"outcome": "completed"}),
+        },
+    ).first()
+    return row is not None
+
+
+def fail(
+    session: Session,
+    job: ClaimedJob,
+    reason: str,
+    stack: list[str],
+    retry_in_ms: int | None,
+) -> datetime | bool | None:
+    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
+
+    Returns the time of the next run, ``None`` when failed for good, or
+    ``False`` when the job is no longer ours.
+    """
+    retrying = retry_in_ms is not None
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET
+                attempts_made = attempts_made + 1,
+                failed_reason = :reason,
+                stacktrace = stacktrace || CAST(:stack AS jsonb),
+                state = CASE WHEN :retrying THEN 'delayed' ELSE 'failed' END,
+                run_at = CASE WHEN :retrying
+                              THEN clock_timestamp() + make_interval(secs => :delay_s)
+                              ELSE run_at END,
+                finished_on = CASE WHEN :retrying THEN NULL ELSE clock_timestamp() END,
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING run_at
+            """
+        ),
+        {
+            "id": job.id,
+            "token": job.token,
+            "reason": reason,
+            "stack": json.dumps(stack[-10:]),
+            "retrying": retrying,
+            "delay_s": (retry_in_ms or 0) / 1000.0,
+            "run_patch": json.dumps(
+                {"outcome": "retrying" if retrying else "failed", "error": reason}
+            ),
+        },
+    ).first()
+    if row is None:
+        return False
+    return row[0] if retrying else None
+
+
+def fail_unsupported(session: Session, job_id: str, name: str) -> bool:
+    """A message no worker has a handler for: failed at once, as a run that failed."""
+    reason = f"unsupported job: {name}"
+    row = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'failed', failed_reason = :reason,
+                attempts_made = attempts_made + 1, attempts_started = attempts_started + 1,
+                processed_on = clock_timestamp(), finished_on = clock_timestamp(),
+                runs = runs || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempts_started + 1, 'outcome', 'failed',
+                    'error', CAST(:reason AS text)))
+            WHERE id = :id AND state IN ('waiting', 'active')
+            RETURNING id
+            """
+        ),
+        {"id": job_id, "reason": reason},
+    ).first()
+    return row is not None
+
+
+def set_progress(session: Session, job: ClaimedJob, progress: Any) -> bool:
+    row = session.execute(
+        text(
+            "UPDATE jobs SET progress = CAST(:p AS jsonb) "
+            "WHERE id = :id AND lock_token = :token RETURNING id"
+        ),
+        {"id": job.id, "token": job.token, "p": json.dumps(progress)},
+    ).first()
+    return row is not None
+
+
+def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
+    """Heartbeat: push the lock of every job this process runs further out."""
+    if not tokens:
+        return 0
+    result = session.execute(
+        text(
+            "UPDATE jobs SET locked_until = clock_timestamp() + make_interval(secs => :lock_s) "
+            "WHERE lock_token = ANY(:tokens) AND state = 'active'"
+        ),
+        {"tokens": tokens, "lock_s": lock_s},
+    )
+    return result.rowcount or 0
+
+
+@dataclass(frozen=True)
+class DueJob:
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+
+
+def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
+    """Delayed jobs whose time has come → waiting (the caller then publishes them)."""
+    rows = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting'
+            WHERE id IN (SELECT id FROM jobs
+                         WHERE state = 'delayed' AND run_at <= clock_timestamp()
+                         ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
+            RETURNING id, name, queue, data
+            """
+        ),
+        {"limit": limit},
+    ).all()
+    return [DueJob(id=r.id, name=r.name, queue=r.queue, data=r.data) for r in rows]
+
+
+def get(session: Session, job_id: str) -> JobRecord | None:
+    return session.scalars(select(JobRecord).where(JobRecord.id == job_id)).first()

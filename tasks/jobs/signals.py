@@ -1,0 +1,39 @@
+"""Celery signal handlers of the job layer."""
+
+from __future__ import annotations
+
+import logging
+
+from celery.signals import task_unknown, worker_process_init
+
+from tasks import db
+from tasks.db import transaction
+from tasks.jobs import events, records
+
+log = logging.getLogger(__name__)
+
+
+@task_unknown.connect
+def fail_unknown_job(sender=None, name=None, id=None, message=None, exc=None, **kw):
+    """A message nobody can run fails its job loudly instead of vanishing."""
+    queue = (message.delivery_info or {}).get("routing_key") if message is not None else None
+    try:
+        with transaction() as session:
+            found = records.fail_unsupported(session, id, name)
+            job = records.get(session, id) if found else None
+            if job is not None:
+                from tasks.jobs import lifecycle
+
+                lifecycle.on_finished(session, job, "failed")
+                queue = job.queue
+    except Exception:
+        log.exception("could not record unsupported job %s (%s)", id, name)
+        return
+    if found:
+        events.emit(queue or "unknown", "failed", id, name, failedReason=f"unsupported job: {name}")
+
+
+@worker_process_init.connect
+def fresh_connections(**kw):
+    """Prefork children must not reuse the parent's database connections."""
+    db.dispose()

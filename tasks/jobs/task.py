@@ -1,0 +1,152 @@
+"""``KeelTask``: the Celery base class that runs a handler against its job record.
+
+Celery delivers the message; the record decides. A delivery runs the
+handler only if it can claim the record (waiting, or active with an expired
+lock); any other delivery — a duplicate, a stale redelivery, a job that
+already finished — is acknowledged and ignored. Failures follow BullMQ's
+rules (attempts, backoff with jitter, ``UnrecoverableError``) and retries go
+through the durable delayed set rather than Celery ETA messages.
+"""
+
+from __future__ import annotations
+
+import socket
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore, Retry
+
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs import events, heartbeat, records
+from tasks.jobs.errors import UnrecoverableError
+from tasks.jobs.options import Backoff, backoff_delay_ms
+from tasks.jobs.records import ClaimedJob
+
+
+class JobContext:
+    """What a handler sees of its job: data, counters, and progress reporting."""
+
+    def __init__(self, claimed: ClaimedJob) -> None:
+        self._claimed = claimed
+        self.id = claimed.id
+        self.name = claimed.name
+        self.queue = claimed.queue
+        self.data = claimed.data
+        self.opts = claimed.opts
+        self.tenant_id = claimed.tenant_id
+        self.user_id = claimed.user_id
+        self.attempts_made = claimed.attempts_made
+        self.attempts_started = claimed.attempts_started
+
+    def update_progress(self, progress: Any) -> None:
+        with transaction() as session:
+            records.set_progress(session, self._claimed, progress)
+        events.emit(self.queue, "progress", self.id, self.name, data=progress)
+
+
+def retry_delay_ms(claimed: ClaimedJob, exc: BaseException) -> int | None:
+    """Milliseconds until the next run, or ``None`` when this failure is final."""
+    if isinstance(exc, UnrecoverableError):
+        return None
+    failures = claimed.attempts_made + 1
+    if failures >= int(claimed.opts.get("attempts", 1)):
+        return None
+    raw = claimed.opts.get("backoff")
+    backoff = Backoff.model_validate(raw) if raw else None
+    return backoff_delay_ms(backoff, failures)
+
+
+class KeelTask(Task):
+    """Base class of every Keel job handler (``run(job: JobContext)``)."""
+
+    typing = False
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        claimed = self._claim()
+        if claimed.stalled:
+            events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
+        events.emit(
+            claimed.queue,
+            "active",
+            claimed.id,
+            claimed.name,
+            attemptsStarted=claimed.attempts_started,
+        )
+        heartbeat.track(claimed.token)
+        try:
+            result = self.run(JobContext(claimed))
+        except Exception as exc:
+            self._record_failure(claimed, exc)
+            raise
+        finally:
+            heartbeat.untrack(claimed.token)
+        self._record_success(claimed, result)
+        return result
+
+    def _claim(self) -> ClaimedJob:
+        settings = get_settings()
+        worker = self.request.hostname or socket.gethostname()
+        with transaction() as session:
+            claimed = records.claim(
+                session, self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker
+            )
+        if claimed is None:
+            raise Ignore()  # not ours to run: duplicate delivery or finished job
+        return claimed
+
+    def _record_success(self, claimed: ClaimedJob, result: Any) -> None:
+        from tasks.jobs import lifecycle
+
+        with transaction() as session:
+            if not records.complete(session, claimed, result):
+                raise Ignore()
+            lifecycle.on_finished(session, claimed, "completed")
+        events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
+
+    def _record_failure(self, claimed: ClaimedJob, exc: Exception) -> None:
+        from tasks.jobs import lifecycle
+
+        delay = retry_delay_ms(claimed, exc)
+        reason = str(exc) or type(exc).__name__
+        stack = ["".join(traceback.format_exception(exc))]
+        with transaction() as session:
+            outcome = records.fail(session, claimed, reason, stack, delay)
+            if outcome is False:
+                raise Ignore()
+            if outcome is None:
+                lifecycle.on_finished(session, claimed, "failed")
+        if outcome is None:
+            events.emit(
+                claimed.queue,
+                "failed",
+                claimed.id,
+                claimed.name,
+                failedReason=reason,
+                attemptsMade=claimed.attempts_made + 1,
+            )
+            return
+        events.emit(
+            claimed.queue,
+            "retrying",
+            claimed.id,
+            claimed.name,
+            failedReason=reason,
+            attemptsMade=claimed.attempts_made + 1,
+        )
+        events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
+        raise Retry(reason, exc=exc, when=outcome)
+
+
+def handler(name: str, *, queue: str) -> Callable[[Callable[[JobContext], Any]], Task]:
+    """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``."""
+
+    def register(fn: Callable[[JobContext], Any]) -> Task:
+        return shared_task(name=name, base=KeelTask, queue=queue)(fn)
+
+    return register

@@ -1,0 +1,11 @@
+"""Every table Keel owns, imported in one place for Alembic."""
+
+from __future__ import annotations
+
+from tasks.db import Base
+from tasks.jobs.models import JobRecord
+from tasks.reports.models import ReportArtifact
+
+metadata = Base.metadata
+
+__all__ = ["JobRecord", "ReportArtifact", "metadata"]

@@ -1,0 +1,1 @@
+"""Report generation: the ``report.generate`` job, its artifact store and its service."""

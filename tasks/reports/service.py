@@ -1,0 +1,63 @@
+"""What the API asks of reports: submit, schedule, look up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tasks.jobs import Backoff, JobOptions, Owner, add
+from tasks.jobs.models import JobRecord
+from tasks.jobs.queries import get_owned
+from tasks.reports.jobs import GENERATE, QUEUE
+from tasks.reports.operation_key import operation_key
+
+REPORT_ATTEMPTS = 4
+REPORT_BACKOFF = Backoff(type="exponential", delay=1000, jitter=0.5)
+KEEP_FINISHED = 100
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    deduplicated: bool
+    operation_key: str
+
+
+def report_options(delay_ms: int = 0) -> JobOptions:
+    return JobOptions(
+        attempts=REPORT_ATTEMPTS,
+        backoff=REPORT_BACKOFF,
+        delay=delay_ms,
+        removeOnComplete=KEEP_FINISHED,
+        removeOnFail=KEEP_FINISHED,
+    )
+
+
+def submit(
+    owner: Owner,
+    report_id: str,
+    rows: int,
+    *,
+    fail_until_attempt: int | None = None,
+    run_at: datetime | None = None,
+    now: datetime | None = None,
+) -> Submitted:
+    """Enqueue ``report.generate`` for ``owner``; the owner comes from the token, never the body."""
+    data: dict = {
+        "reportId": report_id,
+        "tenantId": owner.tenant_id,
+        "requestedBy": owner.user_id,
+        "rows": rows,
+    }
+    if fail_until_attempt is not None:
+        data["failUntilAttempt"] = fail_until_attempt
+    delay_ms = 0
+    if run_at is not None and now is not None:
+        delay_ms = max(1, int((run_at - now).total_seconds() * 1000))
+    key = operation_key(owner.tenant_id, owner.user_id, report_id, rows)
+    added = add(GENERATE, data, queue=QUEUE, opts=report_options(delay_ms), owner=owner)
+    return Submitted(job_id=added.job_id, deduplicated=not added.created, operation_key=key)
+
+
+def get_job(owner: Owner, job_id: str) -> JobRecord:
+    return get_owned(job_id, owner, queue=QUEUE)

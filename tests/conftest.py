@@ -1,0 +1,67 @@
+"""Fixtures: a real Postgres, a real Redis and real ``celery worker`` processes.
+
+The suite is hermetic: it starts its own embedded Postgres and Redis in a
+temporary ``KEEL_HOME`` (set below, before anything imports Keel), unless
+``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL`` name servers to use.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from tasks.embedded import free_port
+
+_HOME = Path(tempfile.mkdtemp(prefix="keel-test-"))
+_REDIS_PORT = free_port()
+os.environ.update(
+    KEEL_HOME=str(_HOME),
+    KEEL_DATABASE_URL=os.environ.get(
+        "KEEL_TEST_DATABASE_URL", f"postgresql://postgres:@/postgres?host={_HOME / 'pg'}"
+    ),
+    KEEL_REDIS_URL=os.environ.get("KEEL_TEST_REDIS_URL", f"redis://127.0.0.1:{_REDIS_PORT}/0"),
+    KEEL_SECRET_KEY="test-secret-key-for-keel-suite-0123456789",
+    KEEL_FAULT_INJECTION="1",
+    KEEL_REPORT_STEP_PAUSE_MS="50",
+    KEEL_PROMOTE_INTERVAL_S="0.05",
+)
+
+import pytest  # noqa: E402
+
+from tests.support.stack import TestStack, WorkerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def stack():
+    """Embedded Postgres and Redis, migrated; shared by the whole session."""
+    test_stack = TestStack(
+        home=_HOME,
+        redis_port=_REDIS_PORT,
+        external_db="KEEL_TEST_DATABASE_URL" in os.environ,
+        external_redis="KEEL_TEST_REDIS_URL" in os.environ,
+    )
+    test_stack.start()
+    yield test_stack
+    test_stack.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(stack):
+    """One ``celery -A tasks worker`` consuming every queue, for the session."""
+    process = WorkerProcess(stack.home, "main")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def app(stack):
+    from web import create_app
+
+    return create_app({"TESTING": True})
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()

@@ -1,0 +1,50 @@
+"""Talking to the API and reading job records the way a user would."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import datetime
+from typing import Any
+
+from tasks.jobs.queries import describe, get
+from tests.support.stack import wait_for
+from web.auth import issue_token
+
+
+def token(tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (), ttl: int = 600) -> str:
+    return issue_token(os.environ["KEEL_SECRET_KEY"], tenant, user, list(roles), ttl)
+
+
+def bearer(tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = ()) -> dict:
+    return {"Authorization": f"Bearer {token(tenant, user, roles)}"}
+
+
+def unique(prefix: str = "r") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def record(job_id: str) -> dict[str, Any] | None:
+    job = get(job_id)
+    return describe(job) if job is not None else None
+
+
+def wait_state(job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        current = record(job_id)
+        return current if current and current["state"] in states else None
+
+    return wait_for(reached, timeout=timeout)
+
+
+def ts(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def waits_between_runs(job: dict[str, Any]) -> list[float]:
+    """Seconds from each run's end to the next run's start, from the job's run timeline."""
+    runs = job["runs"]
+    return [
+        (ts(nxt["startedAt"]) - ts(prev["finishedAt"])).total_seconds()
+        for prev, nxt in zip(runs, runs[1:], strict=False)
+    ]

@@ -1,0 +1,114 @@
+"""Real servers and worker processes for the tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks import db
+from tasks.config import reload_settings
+from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s (last value: {last!r})")
+
+
+@dataclass
+class TestStack:
+    home: Path
+    redis_port: int
+    external_db: bool = False
+    external_redis: bool = False
+    servers: list = field(default_factory=list)
+
+    def start(self) -> None:
+        if not self.external_db:
+            postgres = EmbeddedPostgres(self.home)
+            postgres.start()
+            self.servers.append(postgres)
+        if not self.external_redis:
+            redis_server = EmbeddedRedis(self.home, self.redis_port, persist=False)
+            redis_server.start()
+            self.servers.append(redis_server)
+        reload_settings()
+        db.dispose()
+        from web.stack import migrate
+
+        migrate()
+
+    def stop(self) -> None:
+        db.dispose()
+        for server in reversed(self.servers):
+            server.stop()
+
+
+@dataclass
+class WorkerProcess:
+    """A real ``celery -A tasks worker`` subprocess."""
+
+    home: Path
+    name: str
+    concurrency: int = 3
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / f"worker-{self.name}.log"
+
+    def start(self, timeout: float = 60) -> None:
+        env = {**os.environ, **self.extra_env}
+        args = [
+            sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            "-I", "tests.support.jobs",
+            "-n", f"{self.name}@%h", "-c", str(self.concurrency),
+            "-l", "INFO", "-E", "--without-mingle", "--without-gossip",
+        ]
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            args, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self._ready, timeout=timeout, interval=0.2)
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited:\n{self.log_tail()}")
+        return " ready." in self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else None
+        self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            return self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker (main process and pool children)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()

@@ -1,0 +1,36 @@
+"""Keel's HTTP API: a Flask app factory.
+
+Served by ``flask --app web run`` in development and ``gunicorn 'web:create_app()'``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Flask
+
+from tasks.config import get_settings
+
+MAX_BODY_BYTES = 1024 * 1024
+
+
+def create_app(test_config: dict[str, Any] | None = None) -> Flask:
+    app = Flask(__name__)
+    settings = get_settings()
+    app.config.from_mapping(
+        SECRET_KEY=settings.secret_key,
+        KEEL_FAULT_INJECTION=settings.fault_injection,
+        MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
+        JSON_SORT_KEYS=False,
+    )
+    if test_config:
+        app.config.update(test_config)
+    if not app.config["SECRET_KEY"]:
+        raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
+
+    from web import errors, reports, system
+
+    errors.init_app(app)
+    app.register_blueprint(system.bp)
+    app.register_blueprint(reports.bp)
+    return app

@@ -1,0 +1,77 @@
+"""The OpenAPI 3.1 document, built from the registered operations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from web.api import OPERATIONS, Operation
+from web.schemas import Error
+
+REF = "#/components/schemas/{model}"
+
+
+def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str]:
+    schema = model.model_json_schema(ref_template=REF)
+    for name, definition in schema.pop("$defs", {}).items():
+        components[name] = definition
+    components[model.__name__] = schema
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
+    error_ref = _schema(Error, components)
+    responses: dict[str, Any] = {}
+    for status, model in op.responses.items():
+        if model is None and status < 400:
+            content = {op.produces: {"schema": {"type": "string"}}}
+        elif model is None:
+            content = {"application/json": {"schema": error_ref}}
+        else:
+            content = {op.produces: {"schema": _schema(model, components)}}
+        responses[str(status)] = {"description": str(status), "content": content}
+    if op.auth:
+        responses.setdefault(
+            "401", {"description": "401", "content": {"application/json": {"schema": error_ref}}}
+        )
+        if op.role:
+            responses.setdefault(
+                "403",
+                {"description": "403", "content": {"application/json": {"schema": error_ref}}},
+            )
+    if op.body is not None:
+        responses.setdefault(
+            "400", {"description": "400", "content": {"application/json": {"schema": error_ref}}}
+        )
+    spec: dict[str, Any] = {"summary": op.summary, "responses": responses}
+    if op.path_params:
+        spec["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            for p in op.path_params
+        ]
+    if op.body is not None:
+        spec["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _schema(op.body, components)}},
+        }
+    spec["security"] = [{"bearer": []}] if op.auth else []
+    return spec
+
+
+def document() -> dict[str, Any]:
+    components: dict[str, Any] = {}
+    paths: dict[str, dict[str, Any]] = {}
+    for op in OPERATIONS:
+        paths.setdefault(op.path, {})[op.method] = _operation(op, components)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Keel", "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            },
+        },
+    }

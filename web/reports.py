@@ -1,0 +1,78 @@
+"""``/api/v1/reports``: submit report jobs and follow them."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, g
+from pydantic import Field
+
+from tasks.jobs.queries import describe
+from tasks.reports import service
+from web.api import operation
+from web.errors import ApiError
+from web.schemas import JobAccepted, JobStatus, Strict
+
+bp = Blueprint("reports", __name__, url_prefix="/api/v1/reports")
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+
+class CreateReport(Strict):
+    reportId: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    rows: int = Field(ge=1, le=100_000)
+    failUntilAttempt: int | None = Field(
+        default=None,
+        ge=0,
+        le=5,
+        description="fault injection only (KEEL_FAULT_INJECTION=1): fail this many runs first",
+    )
+
+
+class ReportAccepted(JobAccepted):
+    deduplicated: bool
+
+
+def status_url(job_id: str) -> str:
+    return f"{bp.url_prefix}/jobs/{job_id}"
+
+
+@operation(
+    bp,
+    "",
+    "POST",
+    summary="Submit a report job",
+    body=CreateReport,
+    responses={202: ReportAccepted, 400: None, 401: None},
+)
+def create_report(body: CreateReport):
+    if body.failUntilAttempt is not None and not current_app.config["KEEL_FAULT_INJECTION"]:
+        raise ApiError(
+            400,
+            "failUntilAttempt is accepted only with fault injection enabled",
+            code="validation_failed",
+            details=[
+                {
+                    "field": "failUntilAttempt",
+                    "message": "fault injection is off",
+                    "type": "forbidden",
+                }
+            ],
+        )
+    submitted = service.submit(
+        g.principal.owner, body.reportId, body.rows, fail_until_attempt=body.failUntilAttempt
+    )
+    return {
+        "jobId": submitted.job_id,
+        "accepted": True,
+        "statusUrl": status_url(submitted.job_id),
+        "deduplicated": submitted.deduplicated,
+    }, 202
+
+
+@operation(
+    bp,
+    "/jobs/<job_id>",
+    "GET",
+    summary="A report job's state, progress and result",
+    responses={200: JobStatus, 401: None, 404: None},
+)
+def get_job(job_id: str):
+    return describe(service.get_job(g.principal.owner, job_id))

@@ -1,0 +1,54 @@
+"""Request and response models shared by the blueprints and the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """Bodies: no unknown fields, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Open(BaseModel):
+    """Responses: documented fields; more may be added."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Error(Open):
+    error: str
+    message: str
+    details: list[Any]
+
+
+class JobAccepted(Open):
+    jobId: str
+    accepted: bool
+    statusUrl: str
+
+
+class JobStatus(Open):
+    jobId: str
+    name: str
+    state: str = Field(
+        json_schema_extra={
+            "enum": ["waiting", "active", "delayed", "completed", "failed", "waiting-children"]
+        }
+    )
+    progress: Any
+    attemptsMade: int
+    attemptsStarted: int
+    failedReason: str | None
+    result: Any
+    createdAt: str
+    processedOn: str | None
+    finishedOn: str | None
+    runAt: str | None
+
+
+class Health(Open):
+    status: str
