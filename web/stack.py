@@ -9,6 +9,7 @@ flight finish); if any child dies, the rest are stopped too.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import signal
@@ -76,7 +77,12 @@ class Stack:
             "KEEL_SANDBOX_PORT": os.environ.get("KEEL_SANDBOX_PORT", "8025"),
             "KEEL_FAULT_INJECTION": os.environ.get("KEEL_FAULT_INJECTION", "0"),
             "KEEL_SECRET_KEY": secret_key(self.home),
+            "KEEL_FLOWER_USER": os.environ.get("KEEL_FLOWER_USER", "keel"),
         }
+        env["KEEL_FLOWER_PASSWORD"] = os.environ.get(
+            "KEEL_FLOWER_PASSWORD",
+            hashlib.sha256(f"flower:{env['KEEL_SECRET_KEY']}".encode()).hexdigest()[:24],
+        )
         env["KEEL_PROVIDER_URL"] = os.environ.get(
             "KEEL_PROVIDER_URL", f"http://127.0.0.1:{env['KEEL_SANDBOX_PORT']}"
         )
@@ -96,53 +102,16 @@ class Stack:
         return env
 
     def plan(self, env: dict[str, str]) -> list[Child]:
-        py = sys.executable
+        celery = [sys.executable, "-m", "celery", "-A", "tasks"]
+        flower_auth = f"{env['KEEL_FLOWER_USER']}:{env['KEEL_FLOWER_PASSWORD']}"
+        web_bind = f"127.0.0.1:{env['KEEL_WEB_PORT']}"
         return [
-            Child(
-                "worker",
-                [
-                    py,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tasks",
-                    "worker",
-                    "-l",
-                    "INFO",
-                    "-n",
-                    "worker@%h",
-                    "-E",
-                ],
-            ),
-            Child(
-                "flower",
-                [
-                    py,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "tasks",
-                    "flower",
-                    f"--port={env['KEEL_FLOWER_PORT']}",
-                    "--address=127.0.0.1",
-                ],
-            ),
-            Child(
-                "web",
-                [
-                    py,
-                    "-m",
-                    "gunicorn",
-                    "-b",
-                    f"127.0.0.1:{env['KEEL_WEB_PORT']}",
-                    "-w",
-                    "2",
-                    "--graceful-timeout",
-                    "20",
-                    "web:create_app()",
-                ],
-            ),
-        ]
+            Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
+            Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
+                             "--address=127.0.0.1", f"--basic-auth={flower_auth}"]),
+            Child("web", [sys.executable, "-m", "gunicorn", "-b", web_bind, "-w", "2",
+                          "--graceful-timeout", "20", "web:create_app()"]),
+        ]  # fmt: skip
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -169,7 +138,8 @@ class Stack:
         print(
             f"\nKeel is up.\n"
             f"  web     {env['KEEL_WEB_URL']}/api/v1   (OpenAPI: /api/v1/openapi.json)\n"
-            f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}\n"
+            f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}"
+            f"  (user {env['KEEL_FLOWER_USER']}, password in {self.home / ENV_FILE_NAME})\n"
             f"  sandbox {env['KEEL_PROVIDER_URL']}\n"
             f"  env     {self.home / ENV_FILE_NAME}\n"
             f"  token   keel token --tenant acme --user alice --role operator\n"

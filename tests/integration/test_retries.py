@@ -15,8 +15,9 @@ pytestmark = pytest.mark.usefixtures("worker")
 
 
 def submit(client, **body) -> str:
-    response = client.post("/api/v1/reports", json={"reportId": unique(), "rows": 10, **body},
-                           headers=bearer())
+    response = client.post(
+        "/api/v1/reports", json={"reportId": unique(), "rows": 10, **body}, headers=bearer()
+    )
     assert response.status_code == 202, response.get_json()
     return response.get_json()["jobId"]
 
@@ -61,8 +62,13 @@ def test_fail_until_attempt_5_fails_after_four_runs(client):
 
 def test_a_job_without_handler_fails_at_once_as_unsupported():
     # Given a job name no worker knows, with attempts to spare
-    added = add("report.export", {"reportId": "x"}, queue="reports",
-                opts=JobOptions(attempts=4), owner=Owner("acme", "alice"))
+    added = add(
+        "report.export",
+        {"reportId": "x"},
+        queue="reports",
+        opts=JobOptions(attempts=4),
+        owner=Owner("acme", "alice"),
+    )
     # Then it fails on its first run, instead of vanishing or retrying
     job = wait_state(added.job_id, "failed", timeout=20)
     assert job["failedReason"] == "unsupported job: report.export"
@@ -70,8 +76,12 @@ def test_a_job_without_handler_fails_at_once_as_unsupported():
 
 
 def test_a_plain_error_uses_every_attempt():
-    added = add("test.always_fails", {}, queue="default",
-                opts=JobOptions(attempts=4, backoff=Backoff(type="fixed", delay=100)))
+    added = add(
+        "test.always_fails",
+        {},
+        queue="default",
+        opts=JobOptions(attempts=4, backoff=Backoff(type="fixed", delay=100)),
+    )
     job = wait_state(added.job_id, "failed", timeout=20)
     assert (job["attemptsMade"], job["attemptsStarted"]) == (4, 4)
     assert [run["attempt"] for run in job["runs"]] == [1, 2, 3, 4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
 from datetime import datetime
@@ -12,7 +13,9 @@ from tests.support.stack import wait_for
 from web.auth import issue_token
 
 
-def token(tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (), ttl: int = 600) -> str:
+def token(
+    tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (), ttl: int = 600
+) -> str:
     return issue_token(os.environ["KEEL_SECRET_KEY"], tenant, user, list(roles), ttl)
 
 
@@ -46,5 +49,5 @@ def waits_between_runs(job: dict[str, Any]) -> list[float]:
     runs = job["runs"]
     return [
         (ts(nxt["startedAt"]) - ts(prev["finishedAt"])).total_seconds()
-        for prev, nxt in zip(runs, runs[1:], strict=False)
+        for prev, nxt in itertools.pairwise(runs)
     ]

@@ -77,14 +77,31 @@ class WorkerProcess:
     def start(self, timeout: float = 60) -> None:
         env = {**os.environ, **self.extra_env}
         args = [
-            sys.executable, "-m", "celery", "-A", "tasks", "worker",
-            "-I", "tests.support.jobs",
-            "-n", f"{self.name}@%h", "-c", str(self.concurrency),
-            "-l", "INFO", "-E", "--without-mingle", "--without-gossip",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "worker",
+            "-I",
+            "tests.support.jobs",
+            "-n",
+            f"{self.name}@%h",
+            "-c",
+            str(self.concurrency),
+            "-l",
+            "INFO",
+            "-E",
+            "--without-mingle",
+            "--without-gossip",
         ]
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            args, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            args,
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         wait_for(self._ready, timeout=timeout, interval=0.2)
