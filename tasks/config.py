@@ -76,6 +76,8 @@ class Settings:
     worker_concurrency: int
     lock_duration_s: float
     promote_interval_s: float
+    stalled_interval_s: float
+    max_stalled_count: int
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -117,6 +119,8 @@ def get_settings() -> Settings:
         worker_concurrency=int(get("KEEL_WORKER_CONCURRENCY", "3") or 3),
         lock_duration_s=float(get("KEEL_LOCK_DURATION_S", "30") or 30),
         promote_interval_s=float(get("KEEL_PROMOTE_INTERVAL_S", "0.1") or 0.1),
+        stalled_interval_s=float(get("KEEL_STALLED_INTERVAL_S", "5") or 5),
+        max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
     )
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from tasks.db import Base
-from tasks.jobs.models import JobRecord
+from tasks.jobs.models import ArchivedJob, DedupClaim, JobRecord, RetryAudit
 from tasks.reports.models import ReportArtifact
 
 metadata = Base.metadata
 
-__all__ = ["JobRecord", "ReportArtifact", "metadata"]
+__all__ = ["ArchivedJob", "DedupClaim", "JobRecord", "ReportArtifact", "RetryAudit", "metadata"]

@@ -25,6 +25,7 @@ os.environ.update(
     KEEL_FAULT_INJECTION="1",
     KEEL_REPORT_STEP_PAUSE_MS="50",
     KEEL_PROMOTE_INTERVAL_S="0.05",
+    KEEL_STALLED_INTERVAL_S="1",
 )
 
 import pytest  # noqa: E402

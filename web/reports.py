@@ -76,3 +76,16 @@ def create_report(body: CreateReport):
 )
 def get_job(job_id: str):
     return describe(service.get_job(g.principal.owner, job_id))
+
+
+class RetryJob(Strict):
+    reason: str = Field(min_length=10, max_length=2000)
+
+
+@operation(bp, "/jobs/<job_id>/retry", "POST", summary="Operator retry of a failed report job",
+           body=RetryJob, role="operator",
+           responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None})  # fmt: skip
+def retry_job(job_id: str, body: RetryJob):
+    principal = g.principal
+    service.retry(principal.owner, job_id, actor=principal.user_id, reason=body.reason)
+    return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202

@@ -1,8 +1,10 @@
 """What happens, in the same transaction, when a job reaches completed or failed.
 
-Retention follows BullMQ's ``removeOnComplete`` / ``removeOnFail``: the
-finishing job's setting trims its queue's finished records of the same
-kind, lazily, at the moment another job finishes.
+The job's simple-mode deduplication claim is released. Retention follows
+BullMQ's ``removeOnComplete`` / ``removeOnFail``: the finishing job's
+setting trims its queue's finished records of the same kind, lazily, at the
+moment another job finishes. A failed record is copied to the failure
+archive in the same statement that trims it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,18 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from tasks.jobs import dedup
 from tasks.jobs.records import ClaimedJob
+
+_ARCHIVE = """
+    WITH gone AS ({delete} RETURNING *)
+    INSERT INTO failed_jobs_archive (id, queue, name, data, opts, tenant_id, user_id,
+        attempts_made, attempts_started, failed_reason, stacktrace, runs, created_at, finished_on)
+    SELECT id, queue, name, data, opts, tenant_id, user_id, attempts_made, attempts_started,
+        failed_reason, stacktrace, runs, created_at, finished_on FROM gone
+    ON CONFLICT (id) DO UPDATE SET failed_reason = EXCLUDED.failed_reason,
+        runs = EXCLUDED.runs, finished_on = EXCLUDED.finished_on, archived_at = now()
+"""
 
 
 def retention(setting: Any) -> tuple[int | None, int | None] | None:
@@ -32,36 +45,26 @@ def trim(session: Session, queue: str, state: str, setting: Any) -> int:
     if keep is None:
         return 0
     count, age = keep
-    removed = 0
+    deletes = []
     if count is not None:
-        removed += (
-            session.execute(
-                text(
-                    """
-                DELETE FROM jobs WHERE id IN (
-                    SELECT id FROM jobs WHERE queue = :queue AND state = :state
-                    ORDER BY finished_on DESC OFFSET :count
-                    FOR UPDATE SKIP LOCKED)
-                """
-                ),
-                {"queue": queue, "state": state, "count": count},
-            ).rowcount
-            or 0
+        deletes.append(
+            "DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE queue = :queue "
+            "AND state = :state ORDER BY finished_on DESC OFFSET :count FOR UPDATE SKIP LOCKED)"
         )
     if age is not None:
-        removed += (
-            session.execute(
-                text(
-                    "DELETE FROM jobs WHERE queue = :queue AND state = :state "
-                    "AND finished_on < clock_timestamp() - make_interval(secs => :age)"
-                ),
-                {"queue": queue, "state": state, "age": age},
-            ).rowcount
-            or 0
+        deletes.append(
+            "DELETE FROM jobs WHERE queue = :queue AND state = :state "
+            "AND finished_on < clock_timestamp() - make_interval(secs => :age)"
         )
+    removed = 0
+    for delete in deletes:
+        statement = _ARCHIVE.format(delete=delete) if state == "failed" else delete
+        params = {"queue": queue, "state": state, "count": count, "age": age}
+        removed += session.execute(text(statement), params).rowcount or 0
     return removed
 
 
 def on_finished(session: Session, job: ClaimedJob | Any, state: str) -> None:
+    dedup.release(session, job.id)
     key = "removeOnComplete" if state == "completed" else "removeOnFail"
     trim(session, job.queue, state, job.opts.get(key))

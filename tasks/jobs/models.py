@@ -9,7 +9,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, DateTime, Index, Integer, String, Text, func, text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    String,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -66,4 +77,71 @@ class JobRecord(Base):
             postgresql_where=text("state IN ('completed','failed')"),
         ),
         Index("ix_jobs_owner", "tenant_id", "user_id"),
+        Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
+    )
+
+
+class DedupClaim(Base):
+    """Which job holds a deduplication id (BullMQ's ``de:<id>`` key, durable).
+
+    ``expires_at`` NULL means "until the job completes or fails" (simple
+    mode); otherwise the claim lapses at that time (throttle / debounce).
+    """
+
+    __tablename__ = "dedup_claims"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    dedup_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RetryAudit(Base):
+    """Append-only record of a manual retry: what it cleared, who asked and why.
+
+    The database itself refuses UPDATE, DELETE and TRUNCATE on this table.
+    """
+
+    __tablename__ = "job_retry_audit"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    job_name: Mapped[str] = mapped_column(String(200))
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    owner_id: Mapped[str | None] = mapped_column(String(200))
+    ids: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB)
+    attempts_made: Mapped[int] = mapped_column(Integer)
+    attempts_started: Mapped[int] = mapped_column(Integer)
+    retried_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+class ArchivedJob(Base):
+    """A failed job record trimmed by retention, kept so operators can still read why."""
+
+    __tablename__ = "failed_jobs_archive"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    opts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    attempts_made: Mapped[int] = mapped_column(Integer)
+    attempts_started: Mapped[int] = mapped_column(Integer)
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB)
+    runs: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    archived_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
     )

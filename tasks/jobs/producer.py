@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import events
-from tasks.jobs.options import JobOptions
+from tasks.jobs import dedup, events
+from tasks.jobs.options import Deduplication, JobOptions
 
 log = logging.getLogger(__name__)
 
@@ -94,32 +95,77 @@ def add(
     opts: JobOptions | None = None,
     owner: Owner | None = None,
 ) -> AddedJob:
-    """Add a job; an existing ``jobId`` adds nothing and returns that job."""
+    """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing."""
     opts = opts or JobOptions()
     job_id = opts.job_id or new_job_id()
     state = "delayed" if opts.delay > 0 else "waiting"
+    rule = opts.deduplication
     with transaction() as session:
-        inserted = session.execute(
-            _INSERT,
-            {
-                "id": job_id,
-                "queue": queue,
-                "name": name,
-                "data": json.dumps(data),
-                "opts": json.dumps(opts.stored()),
-                "tenant_id": owner.tenant_id if owner else None,
-                "user_id": owner.user_id if owner else None,
-                "state": state,
-                "delay_ms": opts.delay,
-            },
-        ).first()
-    if inserted is None:
+        kept, replaced = _deduplicate(session, queue, rule, job_id) if rule else (None, None)
+        if kept is None:
+            row = _row(job_id, name, data, queue, opts, owner, state)
+            created = session.execute(_INSERT, row).first() is not None
+    if kept is not None:
+        events.emit(queue, "deduplicated", kept, name,
+                    deduplicationId=rule.id, deduplicatedJobId=job_id)  # fmt: skip
+        return AddedJob(job_id=kept, created=False, state="deduplicated")
+    if not created:
         return AddedJob(job_id=job_id, created=False, state="existing")
+    if replaced is not None:
+        events.emit(queue, "deduplicated", job_id, name,
+                    deduplicationId=rule.id, deduplicatedJobId=replaced)  # fmt: skip
     events.emit(queue, state, job_id, name, **({"delay": opts.delay} if opts.delay else {}))
     if state == "waiting":
-        try:
-            publish(job_id, name, queue, data)
-        except Exception:
-            log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
-            park_for_republish([job_id])
+        publish_or_park(job_id, name, queue, data)
     return AddedJob(job_id=job_id, created=True, state=state)
+
+
+def _deduplicate(
+    session: Session, queue: str, rule: Deduplication, job_id: str
+) -> tuple[str | None, str | None]:
+    """``(kept, replaced)``: the live job that absorbs this add, or the one this add replaces."""
+    held = dedup.claim(session, queue, rule, job_id)
+    if held is None:
+        return None, None
+    if rule.extend and rule.ttl:
+        dedup.extend(session, queue, rule)
+    if rule.replace:
+        deleted = session.execute(
+            text("DELETE FROM jobs WHERE id = :id AND state = 'delayed' RETURNING id"),
+            {"id": held.job_id},
+        ).first()
+        if deleted is not None:
+            dedup.hand_over(session, queue, rule, job_id)
+            return None, held.job_id
+    return held.job_id, None
+
+
+def _row(
+    job_id: str,
+    name: str,
+    data: dict,
+    queue: str,
+    opts: JobOptions,
+    owner: Owner | None,
+    state: str,
+) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "queue": queue,
+        "name": name,
+        "data": json.dumps(data),
+        "opts": json.dumps(opts.stored()),
+        "tenant_id": owner.tenant_id if owner else None,
+        "user_id": owner.user_id if owner else None,
+        "state": state,
+        "delay_ms": opts.delay,
+    }
+
+
+def publish_or_park(job_id: str, name: str, queue: str, data: dict[str, Any]) -> None:
+    """Publish a waiting job; if the broker is down, park it for the promoter."""
+    try:
+        publish(job_id, name, queue, data)
+    except Exception:  # the record is safe; the promoter publishes it later
+        log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
+        park_for_republish([job_id])

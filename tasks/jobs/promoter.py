@@ -1,23 +1,29 @@
-"""A worker bootstep that publishes delayed jobs when they fall due.
+"""A worker bootstep that publishes due delayed jobs and recovers stalled ones.
 
 Delayed jobs (the ``delay`` option, retry backoff, parked publishes) live in
 Postgres, not in Celery ETA messages: nothing is held in worker memory, and
 no broker visibility timeout can redeliver them early. Every worker runs a
 promoter; ``FOR UPDATE SKIP LOCKED`` lets them share the work without
 promoting a job twice.
+
+The same thread looks for stalled jobs (BullMQ's stalled checker): an
+active job whose lock ran out — its worker died or hung — goes back to
+waiting and is published again, or fails once it stalled more than
+``KEEL_MAX_STALLED_COUNT`` times.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from celery import bootsteps
 
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import events, records
-from tasks.jobs.producer import park_for_republish, publish
+from tasks.jobs.producer import park_for_republish, publish, publish_or_park
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,25 @@ def promote_once() -> int:
     return len(due) - len(failed)
 
 
+def requeue_stalled_once() -> int:
+    """Recover every stalled job now; returns how many were found."""
+    from tasks.jobs import lifecycle
+
+    with transaction() as session:
+        stalled = records.requeue_stalled(session, get_settings().max_stalled_count)
+        for job in stalled:
+            if job.state == "failed":
+                lifecycle.on_finished(session, job, "failed")
+    for job in stalled:
+        events.emit(job.queue, "stalled", job.id, job.name)
+        if job.state == "failed":
+            events.emit(job.queue, "failed", job.id, job.name,
+                        failedReason=records.STALLED_TOO_OFTEN)  # fmt: skip
+        else:
+            publish_or_park(job.id, job.name, job.queue, job.data)
+    return len(stalled)
+
+
 class Promoter(bootsteps.StartStopStep):
     """Runs ``promote_once`` in a thread of the worker's main process."""
 
@@ -59,10 +84,14 @@ class Promoter(bootsteps.StartStopStep):
             self._thread.join(timeout=5)
 
     def _loop(self) -> None:
-        interval = get_settings().promote_interval_s
-        while not self._stop.wait(interval):
+        settings = get_settings()
+        next_stalled_check = time.monotonic()
+        while not self._stop.wait(settings.promote_interval_s):
             try:
                 while promote_once() >= 200:
                     pass
-            except Exception:
-                log.warning("promoting delayed jobs failed; retrying", exc_info=True)
+                if time.monotonic() >= next_stalled_check:
+                    next_stalled_check = time.monotonic() + settings.stalled_interval_s
+                    requeue_stalled_once()
+            except Exception:  # a database blip must not kill the promoter
+                log.warning("promoting or stalled check failed; retrying", exc_info=True)

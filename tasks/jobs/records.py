@@ -238,5 +238,44 @@ def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
     return [DueJob(id=r.id, name=r.name, queue=r.queue, data=r.data) for r in rows]
 
 
+@dataclass(frozen=True)
+class StalledJob:
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+    opts: dict[str, Any]
+    state: str
+
+
+STALLED_TOO_OFTEN = "job stalled more than allowable limit"
+
+
+def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> list[StalledJob]:
+    """Active jobs whose lock ran out → waiting again, or failed past ``max_stalled`` stalls."""
+    rows = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET
+                stalled_count = stalled_count + 1,
+                state = CASE WHEN stalled_count + 1 > :max THEN 'failed' ELSE 'waiting' END,
+                failed_reason = CASE WHEN stalled_count + 1 > :max THEN :reason
+                                     ELSE failed_reason END,
+                finished_on = CASE WHEN stalled_count + 1 > :max THEN clock_timestamp() END,
+                lock_token = NULL, locked_until = NULL,
+                runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
+                                 (runs -> -1) || jsonb_build_object('outcome', 'stalled',
+                                                                    'finishedAt', {_NOW_ISO}))
+            WHERE id IN (SELECT id FROM jobs
+                         WHERE state = 'active' AND locked_until < clock_timestamp()
+                         LIMIT :limit FOR UPDATE SKIP LOCKED)
+            RETURNING id, name, queue, data, opts, state
+            """
+        ),
+        {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
+    ).all()
+    return [StalledJob(r.id, r.name, r.queue, r.data, r.opts, r.state) for r in rows]
+
+
 def get(session: Session, job_id: str) -> JobRecord | None:
     return session.scalars(select(JobRecord).where(JobRecord.id == job_id)).first()

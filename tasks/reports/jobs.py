@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 from tasks.config import get_settings
@@ -62,4 +64,11 @@ def generate_report(job: JobContext) -> dict:
                 job_id=job.id,
             ),
         )
-        return artifacts.as_result(stored, reused=stored.job_id != job.id)
+    if settings.fault_injection and data.get("crashAfterStoreOnRun") == job.attempts_started:
+        _crash_worker()
+    return artifacts.as_result(stored, reused=stored.job_id != job.id)
+
+
+def _crash_worker() -> None:
+    """Fault injection: SIGKILL this worker's whole process group, as a power cut would."""
+    os.killpg(os.getpgid(0), signal.SIGKILL)

@@ -5,9 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from tasks.jobs import Backoff, JobOptions, Owner, add
+from sqlalchemy.orm import Session
+
+from tasks.jobs import Backoff, Deduplication, JobOptions, Owner, add
 from tasks.jobs.models import JobRecord
 from tasks.jobs.queries import get_owned
+from tasks.jobs.recovery import RetryRequest, retry_failed
+from tasks.reports import artifacts
 from tasks.reports.jobs import GENERATE, QUEUE
 from tasks.reports.operation_key import operation_key
 
@@ -23,8 +27,9 @@ class Submitted:
     operation_key: str
 
 
-def report_options(delay_ms: int = 0) -> JobOptions:
+def report_options(key: str, delay_ms: int = 0) -> JobOptions:
     return JobOptions(
+        deduplication=Deduplication(id=key),
         attempts=REPORT_ATTEMPTS,
         backoff=REPORT_BACKOFF,
         delay=delay_ms,
@@ -55,9 +60,32 @@ def submit(
     if run_at is not None and now is not None:
         delay_ms = max(1, int((run_at - now).total_seconds() * 1000))
     key = operation_key(owner.tenant_id, owner.user_id, report_id, rows)
-    added = add(GENERATE, data, queue=QUEUE, opts=report_options(delay_ms), owner=owner)
+    added = add(GENERATE, data, queue=QUEUE, opts=report_options(key, delay_ms), owner=owner)
     return Submitted(job_id=added.job_id, deduplicated=not added.created, operation_key=key)
 
 
 def get_job(owner: Owner, job_id: str) -> JobRecord:
     return get_owned(job_id, owner, queue=QUEUE)
+
+
+def _key_of(job: JobRecord) -> str:
+    data = job.data
+    return operation_key(data["tenantId"], data["requestedBy"], data["reportId"], data["rows"])
+
+
+def _result_exists(session: Session, job: JobRecord) -> str | None:
+    if artifacts.find(session, _key_of(job)) is not None:
+        return "the report for this operation already exists"
+    return None
+
+
+def _audit_ids(job: JobRecord) -> dict:
+    """Non-secret identifiers only: never the whole payload."""
+    return {"reportId": job.data["reportId"], "rows": job.data["rows"],
+            "operationKey": _key_of(job)}  # fmt: skip
+
+
+def retry(owner: Owner, job_id: str, *, actor: str, reason: str) -> None:
+    """An operator re-runs a failed report job (owner-scoped like every job lookup)."""
+    request = RetryRequest(job_id=job_id, queue=QUEUE, owner=owner, actor=actor, reason=reason)
+    retry_failed(request, audit_ids=_audit_ids, conflicts=_result_exists)

@@ -68,6 +68,7 @@ class WorkerProcess:
     name: str
     concurrency: int = 3
     extra_env: dict[str, str] = field(default_factory=dict)
+    queues: str | None = None
     process: subprocess.Popen | None = None
 
     @property
@@ -94,6 +95,7 @@ class WorkerProcess:
             "-E",
             "--without-mingle",
             "--without-gossip",
+            *(["-Q", self.queues] if self.queues else []),
         ]
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(

@@ -1,0 +1,132 @@
+"""Manual retry of a failed job, with an append-only audit trail.
+
+The checks run in the seed's order inside one transaction that holds the
+job's row lock: owner → state → no live duplicate → no stored result (the
+domain's check) → audit row → reset and requeue. Concurrent retries of one
+job queue up on the row lock; the first one wins, the others then find the
+job live again and are told so (409).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import exists, select, text
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs import dedup, events
+from tasks.jobs.errors import InvalidJobState, JobConflict, JobNotFound
+from tasks.jobs.models import JobRecord, RetryAudit
+from tasks.jobs.options import Deduplication
+from tasks.jobs.producer import Owner, publish_or_park
+
+LIVE_STATES = ("waiting", "active", "delayed", "waiting-children")
+
+# The domain says what else makes a retry pointless (e.g. a stored result): a message, or None.
+ConflictCheck = Callable[[Session, JobRecord], str | None]
+
+
+@dataclass(frozen=True)
+class RetryRequest:
+    job_id: str
+    queue: str
+    owner: Owner
+    actor: str
+    reason: str
+
+
+def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
+    job = session.scalars(
+        select(JobRecord).where(JobRecord.id == request.job_id).with_for_update()
+    ).first()
+    if (
+        job is None
+        or job.queue != request.queue
+        or (job.tenant_id, job.user_id) != (request.owner.tenant_id, request.owner.user_id)
+    ):
+        raise JobNotFound("job not found")
+    return job
+
+
+def _check_state(session: Session, job: JobRecord) -> None:
+    if job.state == "failed":
+        return
+    retried = session.scalar(select(exists().where(RetryAudit.job_id == job.id)))
+    if job.state in LIVE_STATES and retried:
+        raise JobConflict(f"this job was already retried and is {job.state}")
+    raise InvalidJobState(f"only failed jobs can be retried: {job.state}")
+
+
+def _check_live_duplicate(session: Session, job: JobRecord) -> Deduplication | None:
+    raw = job.opts.get("deduplication")
+    if not raw:
+        return None
+    rule = Deduplication.model_validate(raw)
+    holder = dedup.holder_of(session, job.queue, rule.id)
+    if holder is not None and holder != job.id:
+        raise JobConflict("another job for the same operation is in progress",
+                          details=[{"jobId": holder}])  # fmt: skip
+    return rule
+
+
+def _audit(session: Session, job: JobRecord, request: RetryRequest, ids: dict[str, Any]) -> None:
+    session.add(
+        RetryAudit(
+            job_id=job.id,
+            queue=job.queue,
+            job_name=job.name,
+            tenant_id=job.tenant_id,
+            owner_id=job.user_id,
+            ids=ids,
+            failed_reason=job.failed_reason,
+            stacktrace=job.stacktrace,
+            attempts_made=job.attempts_made,
+            attempts_started=job.attempts_started,
+            retried_by=request.actor,
+            reason=request.reason,
+        )
+    )
+    session.flush()  # the audit row is written before anything is cleared
+
+
+def _reset(session: Session, job: JobRecord) -> None:
+    session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting', attempts_made = 0, attempts_started = 0,
+                stalled_count = 0, failed_reason = NULL, stacktrace = '[]'::jsonb,
+                result = NULL, progress = NULL, processed_on = NULL, finished_on = NULL,
+                lock_token = NULL, locked_until = NULL,
+                runs = runs || jsonb_build_array(jsonb_build_object('outcome', 'manual-retry'))
+            WHERE id = :id
+            """
+        ),
+        {"id": job.id},
+    )
+
+
+def retry_failed(
+    request: RetryRequest,
+    *,
+    audit_ids: Callable[[JobRecord], dict[str, Any]],
+    conflicts: ConflictCheck,
+) -> JobRecord:
+    """Give a failed job its full attempts again; returns the job as it was before."""
+    with transaction() as session:
+        job = _locked_owned(session, request)
+        _check_state(session, job)
+        rule = _check_live_duplicate(session, job)
+        problem = conflicts(session, job)
+        if problem:
+            raise JobConflict(problem)
+        _audit(session, job, request, audit_ids(job))
+        held = dedup.claim(session, job.queue, rule, job.id) if rule else None
+        if held is not None and held.job_id != job.id:
+            raise JobConflict("another job for the same operation is in progress")
+        _reset(session, job)
+    events.emit(job.queue, "waiting", job.id, job.name, manualRetryBy=request.actor)
+    publish_or_park(job.id, job.name, job.queue, job.data)
+    return job

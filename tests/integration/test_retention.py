@@ -1,0 +1,58 @@
+"""removeOnComplete / removeOnFail: lazy trimming, and the failure archive."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from tasks.db import transaction
+from tasks.jobs import Backoff, JobOptions, add
+from tasks.jobs.models import ArchivedJob, JobRecord
+from tasks.reports.service import report_options
+from tests.support.client import bearer, unique
+from tests.support.stack import wait_for
+
+pytestmark = pytest.mark.usefixtures("worker")
+
+
+def count(queue: str, state: str) -> int:
+    with transaction() as session:
+        return session.scalar(
+            select(func.count()).where(JobRecord.queue == queue, JobRecord.state == state)
+        )
+
+
+def test_report_jobs_keep_the_newest_hundred_of_each_kind():
+    opts = report_options("k")
+    assert (opts.remove_on_complete, opts.remove_on_fail) == (100, 100)
+
+
+def unfinished(queue: str) -> int:
+    return sum(count(queue, state) for state in ("waiting", "active", "delayed"))
+
+
+def test_250_completed_reports_leave_at_most_100_records(client):
+    urls = []
+    for _ in range(250):
+        response = client.post(
+            "/api/v1/reports", json={"reportId": unique(), "rows": 1}, headers=bearer()
+        )
+        urls.append(response.get_json()["statusUrl"])
+    wait_for(lambda: unfinished("reports") == 0, timeout=120, interval=0.5)
+    assert count("reports", "completed") <= 100
+    # the oldest was trimmed: 404, exactly like a job that never existed
+    assert client.get(urls[0], headers=bearer()).status_code == 404
+    assert client.get(urls[-1], headers=bearer()).get_json()["state"] == "completed"
+
+
+def test_trimmed_failed_records_are_archived():
+    opts = JobOptions(attempts=1, removeOnFail=5, backoff=Backoff(delay=0))
+    jobs = [
+        add("test.always_fails", {"i": i}, queue="default", opts=opts).job_id for i in range(15)
+    ]
+    wait_for(lambda: unfinished("default") == 0, timeout=60)
+    assert count("default", "failed") <= 5
+    with transaction() as session:
+        archived = session.scalars(select(ArchivedJob).where(ArchivedJob.id.in_(jobs))).all()
+    assert len(archived) >= 10
+    assert all(a.failed_reason.startswith("plain failure") for a in archived)
