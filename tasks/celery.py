@@ -6,6 +6,8 @@ from celery import Celery
 
 from tasks.jobs.promoter import Promoter
 
-app = Celery("keel", include=["tasks.jobs.signals", "tasks.reports.jobs"])
+app = Celery(
+    "keel", include=["tasks.jobs.signals", "tasks.reports.jobs", "tasks.reports.schedules"]
+)
 app.config_from_object("tasks.celeryconfig")
 app.steps["worker"].add(Promoter)

@@ -19,7 +19,10 @@ _settings = get_settings()
 broker_url = _settings.redis_url
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 2
-broker_transport_options = {"visibility_timeout": 3600, "socket_timeout": 5}
+broker_transport_options = {
+    "visibility_timeout": _settings.visibility_timeout_s,
+    "socket_timeout": 5,
+}
 task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
 task_default_queue = "default"
 task_acks_late = True
@@ -33,5 +36,6 @@ worker_concurrency = _settings.worker_concurrency
 worker_send_task_events = True
 task_send_sent_event = True
 worker_hijack_root_logger = False
+beat_scheduler = "tasks.jobs.beat:KeelScheduler"
 enable_utc = True
 timezone = "UTC"

@@ -77,7 +77,9 @@ class Settings:
     lock_duration_s: float
     promote_interval_s: float
     stalled_interval_s: float
+    visibility_timeout_s: int
     max_stalled_count: int
+    queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -120,7 +122,9 @@ def get_settings() -> Settings:
         lock_duration_s=float(get("KEEL_LOCK_DURATION_S", "30") or 30),
         promote_interval_s=float(get("KEEL_PROMOTE_INTERVAL_S", "0.1") or 0.1),
         stalled_interval_s=float(get("KEEL_STALLED_INTERVAL_S", "5") or 5),
+        visibility_timeout_s=int(get("KEEL_VISIBILITY_TIMEOUT_S", "3600") or 3600),
         max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
+        queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
     )
 
 

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from tasks.db import Base
-from tasks.jobs.models import ArchivedJob, DedupClaim, JobRecord, RetryAudit
+from tasks.jobs.models import (
+    ArchivedJob,
+    DedupClaim,
+    JobRecord,
+    JobSchedulerRecord,
+    RetryAudit,
+)
 from tasks.reports.models import ReportArtifact
 
 metadata = Base.metadata
 
-__all__ = ["ArchivedJob", "DedupClaim", "JobRecord", "ReportArtifact", "RetryAudit", "metadata"]
+__all__ = ["ArchivedJob", "DedupClaim", "JobRecord",
+    "JobSchedulerRecord", "ReportArtifact", "RetryAudit", "metadata"]

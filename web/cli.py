@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
@@ -49,3 +50,68 @@ def db_upgrade() -> None:
 
     migrate()
     click.echo("database at head")
+
+
+@main.group("schedulers")
+def schedulers_group() -> None:
+    """Job schedulers (system scope unless --tenant is given)."""
+
+
+@schedulers_group.command("list")
+@click.option("--tenant", default="", help="a tenant's schedulers (default: all)")
+def schedulers_list(tenant: str) -> None:
+    from tasks.jobs import schedulers
+    from tasks.jobs.schedulers import Scope
+
+    records = schedulers.list_all(Scope(tenant) if tenant else None)
+    for record in records:
+        described = {"tenant": record.tenant_id, **schedulers.describe(record)}
+        click.echo(json.dumps(described, default=str))
+
+
+@schedulers_group.command("upsert")
+@click.argument("scheduler_id")
+@click.option("--pattern", help="cron: 5 fields, or 6 with seconds first")
+@click.option("--every", type=click.IntRange(100), help="period in milliseconds")
+@click.option("--tz", default="UTC", show_default=True)
+@click.option("--immediately", is_flag=True)
+@click.option("--limit", type=click.IntRange(1))
+@click.option("--name", "job_name", required=True, help="job name, e.g. reports.cleanup")
+@click.option("--data", default="{}", help="job data as JSON")
+@click.option("--opts", default="{}", help="job options as JSON (attempts, backoff, ...)")
+@click.option("--queue", help="default: the queue the job's handler is registered on")
+@click.option("--tenant", default="")
+def schedulers_upsert(scheduler_id: str, pattern: str | None, every: int | None, tz: str,
+                      immediately: bool, limit: int | None, job_name: str, data: str, opts: str,
+                      queue: str | None, tenant: str) -> None:  # fmt: skip
+    """Create or update SCHEDULER_ID."""
+    from pydantic import ValidationError
+
+    from tasks.jobs import schedulers
+    from tasks.jobs.schedulers import SchedulerSpec, Scope
+
+    raw = {"pattern": pattern, "every": every, "tz": tz, "immediately": immediately,
+           "limit": limit,
+           "template": {"name": job_name, "data": json.loads(data), "opts": json.loads(opts)}}
+    try:
+        spec = SchedulerSpec.model_validate({k: v for k, v in raw.items() if v is not None})
+    except ValidationError as exc:
+        raise click.ClickException(str(exc)) from None
+    record = schedulers.upsert(Scope(tenant, "cli"), scheduler_id, spec, queue=queue)
+    click.echo(json.dumps(schedulers.describe(record), default=str))
+
+
+@schedulers_group.command("remove")
+@click.argument("scheduler_id")
+@click.option("--tenant", default="")
+def schedulers_remove(scheduler_id: str, tenant: str) -> None:
+    """Remove SCHEDULER_ID: no further jobs are created."""
+    from tasks.jobs import schedulers
+    from tasks.jobs.errors import JobNotFound
+    from tasks.jobs.schedulers import Scope
+
+    try:
+        schedulers.remove(Scope(tenant), scheduler_id)
+    except JobNotFound:
+        raise click.ClickException(f"no scheduler {scheduler_id!r}") from None
+    click.echo(f"removed {scheduler_id}")

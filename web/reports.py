@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, g
-from pydantic import Field
+from datetime import UTC, datetime
 
-from tasks.jobs.queries import describe
+from flask import Blueprint, current_app, g
+from pydantic import AwareDatetime, Field
+
+from tasks.jobs.queries import describe, iso
 from tasks.reports import service
 from web.api import operation
 from web.errors import ApiError
@@ -89,3 +91,31 @@ def retry_job(job_id: str, body: RetryJob):
     principal = g.principal
     service.retry(principal.owner, job_id, actor=principal.user_id, reason=body.reason)
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
+
+
+class ScheduleReport(Strict):
+    reportId: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
+    rows: int = Field(ge=1, le=100_000)
+    runAt: AwareDatetime = Field(strict=False, description="ISO-8601 with a time zone")
+
+
+class ReportScheduled(JobAccepted):
+    runAt: str
+
+
+@operation(bp, "/scheduled", "POST", summary="Schedule a report job for later",
+           body=ScheduleReport, responses={202: ReportScheduled, 400: None})  # fmt: skip
+def schedule_report(body: ScheduleReport):
+    now = datetime.now(UTC)
+    if body.runAt <= now:
+        raise ApiError(400, "runAt must be in the future", code="validation_failed",
+                       details=[{"field": "runAt", "message": "not in the future",
+                                 "type": "value_error"}])  # fmt: skip
+    submitted = service.submit(g.principal.owner, body.reportId, body.rows, run_at=body.runAt,
+                               now=now)  # fmt: skip
+    return {
+        "jobId": submitted.job_id,
+        "accepted": True,
+        "statusUrl": status_url(submitted.job_id),
+        "runAt": iso(body.runAt.astimezone(UTC)),
+    }, 202

@@ -145,3 +145,33 @@ class ArchivedJob(Base):
     archived_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+
+
+class JobSchedulerRecord(Base):
+    """A job scheduler (BullMQ's ``upsertJobScheduler``): a stable id, a rule, a job template.
+
+    ``tenant_id`` is ``""`` for system schedulers (managed by the CLI and at
+    startup); API schedulers belong to the operator's tenant.
+    """
+
+    __tablename__ = "job_schedulers"
+
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (
+        Index("ix_job_schedulers_due", "next_run_at",
+              postgresql_where=text("next_run_at IS NOT NULL")),
+    )  # fmt: skip

@@ -72,3 +72,13 @@ def generate_report(job: JobContext) -> dict:
 def _crash_worker() -> None:
     """Fault injection: SIGKILL this worker's whole process group, as a power cut would."""
     os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+@handler(CLEANUP, queue=QUEUE)
+def cleanup_reports(job: JobContext) -> dict:
+    """Delete artifacts older than ``keepDays`` (the daily cleanup scheduler's job)."""
+    keep_days = job.data.get("keepDays")
+    if not isinstance(keep_days, int) or keep_days < 0:
+        raise UnrecoverableError("keepDays must be a non-negative integer")
+    with transaction() as session:
+        return {"removed": artifacts.remove_older_than(session, keep_days)}

@@ -131,3 +131,36 @@ class WorkerProcess:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+@dataclass
+class BeatProcess:
+    """A real ``celery -A tasks beat`` subprocess with Keel's scheduler class."""
+
+    home: Path
+    name: str
+    process: subprocess.Popen | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / f"beat-{self.name}.log"
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "-l", "INFO",
+                "-S", "tasks.jobs.beat:KeelScheduler", "--pidfile=",
+                "-s", str(self.home / f"beat-{self.name}-schedule")]  # fmt: skip
+        self.process = subprocess.Popen(
+            args, cwd=PROJECT_ROOT, env=dict(os.environ), stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        wait_for(lambda: "beat: Starting" in self.log_path.read_text(errors="replace"),
+                 timeout=30, interval=0.2)  # fmt: skip
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()

@@ -1,0 +1,44 @@
+"""``KeelScheduler``: Celery beat's scheduler class for Keel's job schedulers.
+
+``celery -A tasks beat -S tasks.jobs.beat:KeelScheduler`` (the default in
+Keel's config). Each tick fires the schedulers that are due and sleeps until
+the next one, at most ``max_interval`` so changes made through the API reach
+a running beat within a second. Several beats may run at once: row locks
+with SKIP LOCKED and derived job ids keep it at one job per scheduled time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery.beat import Scheduler
+
+from tasks.jobs import schedulers
+
+log = logging.getLogger(__name__)
+
+
+class KeelScheduler(Scheduler):
+    """Fires Postgres-stored job schedulers instead of ``beat_schedule`` entries."""
+
+    max_interval = 1.0
+
+    def setup_schedule(self) -> None:
+        if self.app.conf.beat_schedule:
+            log.warning("beat_schedule entries are ignored: use job schedulers (keel schedulers)")
+
+    def tick(self, *args, **kwargs) -> float:
+        try:
+            for job_id in schedulers.fire_due():
+                log.info("scheduler fired job %s", job_id)
+            return schedulers.seconds_until_next(self.max_interval)
+        except Exception:  # the database may be briefly away; try again shortly
+            log.warning("firing job schedulers failed; retrying", exc_info=True)
+            return self.max_interval
+
+    def sync(self) -> None:
+        """Nothing to flush: every fire is committed as it happens."""
+
+    @property
+    def info(self) -> str:
+        return "    . job schedulers: postgres (keel)"

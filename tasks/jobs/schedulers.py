@@ -1,0 +1,172 @@
+"""Job schedulers in Postgres, fired by Celery beat (see ``tasks.jobs.beat``).
+
+Upserting by a stable id updates, never duplicates. Every fire adds a job
+whose id derives from (tenant, scheduler id, fire time), so any number of
+beat processes — or a beat restarted mid-fire — produce exactly one job per
+scheduled time: the second add of the same id adds nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.errors import JobNotFound
+from tasks.jobs.models import JobSchedulerRecord
+from tasks.jobs.producer import Owner, add
+from tasks.jobs.schedule_rules import JobTemplate, Rule, first_fire, next_fire
+
+log = logging.getLogger(__name__)
+SYSTEM = ""  # the tenant of schedulers managed by the CLI and at startup
+
+
+class SchedulerSpec(Rule):
+    """A rule plus the job template it fires (the stored form of a scheduler)."""
+
+    template: JobTemplate
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose schedulers: a tenant (``SYSTEM`` for the operators' own)."""
+
+    tenant_id: str = SYSTEM
+    actor: str | None = None
+
+
+def fire_job_id(tenant_id: str, scheduler_id: str, at: datetime) -> str:
+    return f"repeat:{tenant_id}:{scheduler_id}:{int(at.timestamp() * 1000)}"
+
+
+def default_queue(job_name: str) -> str:
+    from tasks.celery import app
+
+    task = app.tasks.get(job_name)
+    return getattr(task, "queue", None) or "default"
+
+
+def _now(session: Session) -> datetime:
+    return session.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+
+def upsert(scope: Scope, scheduler_id: str, spec: SchedulerSpec,
+           queue: str | None = None) -> JobSchedulerRecord:  # fmt: skip
+    """Create or update; an unchanged rule keeps its next fire time (safe to call at boot)."""
+    stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    with transaction() as session:
+        now = _now(session)
+        record = session.get(JobSchedulerRecord, (scope.tenant_id, scheduler_id),
+                             with_for_update=True)  # fmt: skip
+        new = record is None
+        if record is None:
+            record = JobSchedulerRecord(tenant_id=scope.tenant_id, id=scheduler_id,
+                                        iteration_count=0)  # fmt: skip
+            session.add(record)
+        rule_changed = new or _rule_of(record.spec) != _rule_of(stored) or spec.immediately
+        record.queue = queue or default_queue(spec.template.name)
+        record.spec = stored
+        record.created_by = scope.actor
+        record.updated_at = now
+        if rule_changed:
+            record.next_run_at = first_fire(spec, now, new=new)
+        session.flush()
+        return record
+
+
+def _rule_of(stored: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in stored.items() if k != "template"}
+
+
+def remove(scope: Scope, scheduler_id: str) -> None:
+    with transaction() as session:
+        record = session.get(JobSchedulerRecord, (scope.tenant_id, scheduler_id))
+        if record is None:
+            raise JobNotFound("job scheduler not found")
+        session.delete(record)
+
+
+def get(scope: Scope, scheduler_id: str) -> JobSchedulerRecord:
+    with transaction() as session:
+        record = session.get(JobSchedulerRecord, (scope.tenant_id, scheduler_id))
+    if record is None:
+        raise JobNotFound("job scheduler not found")
+    return record
+
+
+def list_all(scope: Scope | None = None) -> list[JobSchedulerRecord]:
+    """The scope's schedulers, or every scheduler when ``scope`` is None (CLI)."""
+    query = select(JobSchedulerRecord).order_by(JobSchedulerRecord.tenant_id,
+                                                JobSchedulerRecord.id)  # fmt: skip
+    if scope is not None:
+        query = query.where(JobSchedulerRecord.tenant_id == scope.tenant_id)
+    with transaction() as session:
+        return list(session.scalars(query))
+
+
+def _fire(session: Session, record: JobSchedulerRecord, now: datetime) -> str | None:
+    spec = SchedulerSpec.model_validate(record.spec)
+    at = record.next_run_at
+    assert at is not None
+    if spec.limit is not None and record.iteration_count >= spec.limit:
+        record.next_run_at = None
+        return None
+    template = spec.template
+    opts = template.opts.model_copy(update={"job_id": fire_job_id(record.tenant_id, record.id, at)})
+    owner = Owner(record.tenant_id, record.created_by or "scheduler") if record.tenant_id else None
+    added = add(template.name, template.data, queue=record.queue, opts=opts, owner=owner)
+    record.iteration_count += 1
+    record.last_run_at = at
+    done = spec.limit is not None and record.iteration_count >= spec.limit
+    record.next_run_at = None if done else next_fire(spec, max(at, now), at)
+    return added.job_id if added.created else None
+
+
+def fire_due(limit: int = 100) -> list[str]:
+    """Fire every scheduler whose time has come; returns the ids of the jobs it added."""
+    fired: list[str] = []
+    with transaction() as session:
+        now = _now(session)
+        due = session.scalars(
+            select(JobSchedulerRecord)
+            .where(JobSchedulerRecord.next_run_at <= now)
+            .order_by(JobSchedulerRecord.next_run_at)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        ).all()
+        for record in due:
+            job_id = _fire(session, record, now)
+            if job_id:
+                fired.append(job_id)
+    return fired
+
+
+def seconds_until_next(cap: float) -> float:
+    with transaction() as session:
+        row = session.execute(
+            text("SELECT EXTRACT(EPOCH FROM min(next_run_at) - clock_timestamp()) "
+                 "FROM job_schedulers WHERE next_run_at IS NOT NULL")
+        ).scalar()  # fmt: skip
+    if row is None:
+        return cap
+    return max(0.0, min(cap, float(row)))
+
+
+def describe(record: JobSchedulerRecord) -> dict[str, Any]:
+    from tasks.jobs.queries import iso
+
+    return {
+        "id": record.id,
+        "queue": record.queue,
+        **record.spec,
+        "iterationCount": record.iteration_count,
+        "next": iso(record.next_run_at),
+        "lastRunAt": iso(record.last_run_at),
+        "createdAt": iso(record.created_at),
+        "updatedAt": iso(record.updated_at),
+    }

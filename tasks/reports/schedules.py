@@ -1,0 +1,43 @@
+"""The reports module's standing schedulers, upserted whenever beat starts."""
+
+from __future__ import annotations
+
+import logging
+
+from celery.signals import beat_init
+
+from tasks.jobs import Backoff, JobOptions
+from tasks.jobs.schedule_rules import JobTemplate
+from tasks.jobs.schedulers import SchedulerSpec, Scope, upsert
+from tasks.reports.jobs import CLEANUP, QUEUE
+
+log = logging.getLogger(__name__)
+DAILY_CLEANUP_ID = "daily-report-cleanup"
+
+DAILY_CLEANUP = SchedulerSpec(
+    pattern="0 0 3 * * *",
+    tz="Asia/Seoul",
+    template=JobTemplate(
+        name=CLEANUP,
+        data={"keepDays": 30},
+        opts=JobOptions(
+            attempts=3,
+            backoff=Backoff(type="exponential", delay=5000),
+            removeOnComplete=30,
+            removeOnFail=30,
+        ),
+    ),
+)
+
+
+def ensure_daily_cleanup() -> None:
+    """Idempotent: an unchanged scheduler keeps its next fire time (no ``immediately``)."""
+    upsert(Scope(), DAILY_CLEANUP_ID, DAILY_CLEANUP, queue=QUEUE)
+
+
+@beat_init.connect
+def _on_beat_start(**kwargs) -> None:
+    try:
+        ensure_daily_cleanup()
+    except Exception:
+        log.exception("could not upsert %s; beat goes on", DAILY_CLEANUP_ID)
