@@ -6,6 +6,8 @@ from tasks.db import Base
 from tasks.jobs.models import (
     ArchivedJob,
     DedupClaim,
+    JobCount,
+    JobCountDelta,
     JobRecord,
     JobSchedulerRecord,
     RetryAudit,
@@ -14,5 +16,7 @@ from tasks.reports.models import ReportArtifact
 
 metadata = Base.metadata
 
-__all__ = ["ArchivedJob", "DedupClaim", "JobRecord",
+__all__ = ["ArchivedJob", "DedupClaim", "JobCount",
+    "JobCountDelta",
+    "JobRecord",
     "JobSchedulerRecord", "ReportArtifact", "RetryAudit", "metadata"]

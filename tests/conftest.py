@@ -8,6 +8,7 @@ temporary ``KEEL_HOME`` (set below, before anything imports Keel), unless
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def stack():
     test_stack.start()
     yield test_stack
     test_stack.stop()
+    shutil.rmtree(_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

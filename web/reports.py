@@ -7,11 +7,13 @@ from datetime import UTC, datetime
 from flask import Blueprint, current_app, g
 from pydantic import AwareDatetime, Field
 
+from tasks.jobs.counts import counts
 from tasks.jobs.queries import describe, iso
 from tasks.reports import service
+from tasks.reports.jobs import QUEUE
 from web.api import operation
 from web.errors import ApiError
-from web.schemas import JobAccepted, JobStatus, Strict
+from web.schemas import JobAccepted, JobStatus, Open, Strict
 
 bp = Blueprint("reports", __name__, url_prefix="/api/v1/reports")
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
@@ -119,3 +121,19 @@ def schedule_report(body: ScheduleReport):
         "statusUrl": status_url(submitted.job_id),
         "runAt": iso(body.runAt.astimezone(UTC)),
     }, 202
+
+
+class QueueHealth(Open):
+    waiting: int
+    active: int
+    delayed: int
+    completed: int
+    failed: int
+
+
+@operation(bp, "/queue/health", "GET", summary="Jobs per state in the reports queue",
+           role="operator", responses={200: QueueHealth})  # fmt: skip
+def queue_health():
+    found = counts(QUEUE)
+    return {state: found[state] for state in ("waiting", "active", "delayed", "completed",
+                                              "failed")}  # fmt: skip

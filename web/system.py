@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily
 
 from tasks.celeryconfig import QUEUES
-from tasks.jobs.queries import counts
+from tasks.jobs.counts import counts
 from web.api import operation
 from web.openapi import document
 from web.schemas import Health, Open

@@ -175,3 +175,24 @@ class JobSchedulerRecord(Base):
         Index("ix_job_schedulers_due", "next_run_at",
               postgresql_where=text("next_run_at IS NOT NULL")),
     )  # fmt: skip
+
+
+class JobCount(Base):
+    """Compacted per-state job counts (see ``tasks.jobs.counts``)."""
+
+    __tablename__ = "job_counts"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    state: Mapped[str] = mapped_column(String(20), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class JobCountDelta(Base):
+    """State changes not yet folded into ``job_counts``; written by a trigger, insert-only."""
+
+    __tablename__ = "job_count_deltas"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100), index=True)
+    state: Mapped[str] = mapped_column(String(20))
+    n: Mapped[int] = mapped_column(Integer)

@@ -9,7 +9,8 @@ promoting a job twice.
 The same thread looks for stalled jobs (BullMQ's stalled checker): an
 active job whose lock ran out — its worker died or hung — goes back to
 waiting and is published again, or fails once it stalled more than
-``KEEL_MAX_STALLED_COUNT`` times.
+``KEEL_MAX_STALLED_COUNT`` times. It also notices a broker that lost its
+data (``tasks.jobs.broker_reset``) and folds job-count deltas.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from celery import bootsteps
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import events, records
+from tasks.jobs import broker_reset, counts, events, records
 from tasks.jobs.producer import park_for_republish, publish, publish_or_park
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,10 @@ class Promoter(bootsteps.StartStopStep):
             try:
                 while promote_once() >= 200:
                     pass
+                broker_reset.check_epoch()
                 if time.monotonic() >= next_stalled_check:
                     next_stalled_check = time.monotonic() + settings.stalled_interval_s
                     requeue_stalled_once()
+                    counts.compact()
             except Exception:  # a database blip must not kill the promoter
                 log.warning("promoting or stalled check failed; retrying", exc_info=True)

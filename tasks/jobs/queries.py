@@ -5,11 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
-
 from tasks.db import transaction
 from tasks.jobs.errors import JobNotFound
-from tasks.jobs.models import STATES, JobRecord
+from tasks.jobs.models import JobRecord
 from tasks.jobs.producer import Owner
 
 
@@ -57,16 +55,3 @@ def get_owned(job_id: str, owner: Owner, *, queue: str | None = None) -> JobReco
 def get(job_id: str) -> JobRecord | None:
     with transaction() as session:
         return session.get(JobRecord, job_id)
-
-
-def counts(queue: str) -> dict[str, int]:
-    """Jobs per state in ``queue``."""
-    with transaction() as session:
-        rows = session.execute(
-            select(JobRecord.state, func.count())
-            .where(JobRecord.queue == queue)
-            .group_by(JobRecord.state)
-        ).all()
-    found = {state: 0 for state in STATES}
-    found.update({state: n for state, n in rows})
-    return found

@@ -59,6 +59,13 @@ class TestStack:
         for server in reversed(self.servers):
             server.stop()
 
+    def restart_redis(self, down_s: float = 0.0) -> None:
+        """Stop the embedded Redis (it keeps nothing) and start it again on the same port."""
+        [redis_server] = [s for s in self.servers if isinstance(s, EmbeddedRedis)]
+        redis_server.stop()
+        time.sleep(down_s)
+        redis_server.start()
+
 
 @dataclass
 class WorkerProcess:

@@ -1,0 +1,57 @@
+"""Recovering from a broker that lost its data (Redis restarted without persistence).
+
+Waiting jobs are safe in Postgres but their messages were in Redis. Keel
+keeps an epoch key in Redis; whoever finds it missing creates it (``SET
+NX``: exactly one process wins) and republishes every waiting job. A
+republished message for a job that already ran, or runs twice, is harmless:
+a delivery runs the handler only if it can claim the record, and completed
+jobs are never claimable. Delayed jobs live in Postgres and need nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from sqlalchemy import text
+
+from tasks.broker import redis_client
+from tasks.db import transaction
+from tasks.jobs.producer import publish_or_park
+
+log = logging.getLogger(__name__)
+EPOCH_KEY = "keel:broker:epoch"
+
+
+def waiting_jobs(after_id: str, limit: int) -> list[tuple[str, str, str, dict]]:
+    with transaction() as session:
+        rows = session.execute(
+            text("SELECT id, name, queue, data FROM jobs WHERE state = 'waiting' AND id > :after "
+                 "ORDER BY id LIMIT :limit"),
+            {"after": after_id, "limit": limit},
+        ).all()  # fmt: skip
+    return [tuple(row) for row in rows]
+
+
+def republish_waiting(batch: int = 500) -> int:
+    """Publish a message for every waiting job; returns how many."""
+    count, last = 0, ""
+    while rows := waiting_jobs(last, batch):
+        for job_id, name, queue, data in rows:
+            publish_or_park(job_id, name, queue, data)
+        count += len(rows)
+        last = rows[-1][0]
+    return count
+
+
+def check_epoch() -> bool:
+    """If the broker's epoch is gone, claim a new one and republish; ``True`` if we did."""
+    client = redis_client()
+    if client.exists(EPOCH_KEY):
+        return False
+    if not client.set(EPOCH_KEY, uuid.uuid4().hex, nx=True):
+        return False  # another process is recovering
+    republished = republish_waiting()
+    if republished:
+        log.warning("broker epoch was missing: republished %d waiting jobs", republished)
+    return True

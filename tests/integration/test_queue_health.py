@@ -1,0 +1,96 @@
+"""Queue health from the records, and recovery when the broker loses its data."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from sqlalchemy import text
+
+from tasks.db import engine
+from tasks.jobs import Backoff, JobOptions, add
+from tasks.jobs.counts import counts
+from tests.support.client import bearer, unique, wait_state
+from tests.support.stack import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.usefixtures("worker")
+FIVE = ("waiting", "active", "delayed", "completed", "failed")
+
+
+def both_views(queue: str) -> tuple[dict[str, int], dict[str, int]]:
+    """The counters and a full count, read in one snapshot."""
+    with engine().connect() as conn:
+        conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        exact = dict.fromkeys(FIVE, 0)
+        exact.update(dict(conn.execute(
+            text("SELECT state, count(*) FROM jobs WHERE queue = :q GROUP BY state"),
+            {"q": queue}).all()))  # fmt: skip
+        fast = dict.fromkeys(FIVE, 0)
+        fast.update({s: int(n) for s, n in conn.execute(text(
+            "SELECT state, sum(n) FROM (SELECT state, n FROM job_counts WHERE queue = :q "
+            "UNION ALL SELECT state, n FROM job_count_deltas WHERE queue = :q) c GROUP BY state"),
+            {"q": queue}).all()})  # fmt: skip
+        conn.rollback()
+    return {k: exact[k] for k in FIVE}, {k: fast[k] for k in FIVE}
+
+
+def test_health_counts_equal_the_records_throughout_a_mixed_run(stack):
+    # Given a queue of 100 mixed jobs: quick, failing with retries, and delayed
+    queue = unique("mixed")
+    rng = random.Random(5)
+    kinds = [("test.echo", JobOptions()),
+             ("test.always_fails", JobOptions(attempts=2, backoff=Backoff(delay=200))),
+             ("test.echo", JobOptions(delay=800))]  # fmt: skip
+    worker = WorkerProcess(stack.home, unique("mixed"), concurrency=3, queues=queue)
+    worker.start()
+    mismatches: list = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            exact, fast = both_views(queue)
+            if exact != fast:
+                mismatches.append((exact, fast))
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        # When they all run
+        for _ in range(100):
+            name, opts = rng.choice(kinds)
+            add(name, {}, queue=queue, opts=opts)
+        wait_for(lambda: (c := counts(queue))["completed"] + c["failed"] == 100, timeout=90)
+    finally:
+        stop.set()
+        sampler.join()
+        worker.stop()
+    # Then the counters never disagreed with a full count
+    assert mismatches == []
+    exact, fast = both_views(queue)
+    assert exact == fast and sum(fast.values()) == 100
+
+
+def test_health_endpoint_is_for_operators(client):
+    assert client.get("/api/v1/reports/queue/health", headers=bearer()).status_code == 403
+    response = client.get("/api/v1/reports/queue/health", headers=bearer(roles=("operator",)))
+    assert response.status_code == 200
+    body = response.get_json()
+    assert set(body) == set(FIVE) and all(isinstance(v, int) and v >= 0 for v in body.values())
+
+
+def test_waiting_jobs_survive_a_redis_restart_without_persistence(stack):
+    # Given 100 jobs waiting on a queue nobody consumes yet
+    queue = unique("reset")
+    jobs = [add("test.echo", {"i": i}, queue=queue).job_id for i in range(100)]
+    # When Redis restarts empty
+    stack.restart_redis()
+    # Then, once a worker consumes the queue, every job completes exactly once
+    worker = WorkerProcess(stack.home, unique("reset"), concurrency=3, queues=queue)
+    worker.start()
+    try:
+        done = [wait_state(j, "completed", timeout=60) for j in jobs]
+    finally:
+        worker.stop()
+    assert all(job["attemptsStarted"] == 1 and len(job["runs"]) == 1 for job in done)
