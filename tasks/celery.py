@@ -6,8 +6,14 @@ from celery import Celery
 
 from tasks.jobs.promoter import Promoter
 
-app = Celery(
-    "keel", include=["tasks.jobs.signals", "tasks.reports.jobs", "tasks.reports.schedules"]
-)
+JOB_MODULES = [
+    "tasks.jobs.signals",
+    "tasks.reports.jobs",
+    "tasks.reports.schedules",
+    "tasks.notifications.jobs",
+    "tasks.notifications.schedules",
+]
+
+app = Celery("keel", include=JOB_MODULES)
 app.config_from_object("tasks.celeryconfig")
 app.steps["worker"].add(Promoter)

@@ -27,6 +27,9 @@ task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for 
 task_default_queue = "default"
 task_acks_late = True
 task_reject_on_worker_lost = True
+# No task results are stored (job records hold them); the backend is there so
+# Celery chords can count their parts (the campaign fan-in).
+result_backend = _settings.redis_url
 task_ignore_result = True
 task_track_started = False
 task_serializer = "json"

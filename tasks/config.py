@@ -78,6 +78,10 @@ class Settings:
     promote_interval_s: float
     stalled_interval_s: float
     visibility_timeout_s: int
+    campaign_quiet_s: float
+    provider_capacity: int
+    provider_retry_attempts: int
+    provider_retry_delay_ms: int
     max_stalled_count: int
     queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
 
@@ -123,6 +127,10 @@ def get_settings() -> Settings:
         promote_interval_s=float(get("KEEL_PROMOTE_INTERVAL_S", "0.1") or 0.1),
         stalled_interval_s=float(get("KEEL_STALLED_INTERVAL_S", "5") or 5),
         visibility_timeout_s=int(get("KEEL_VISIBILITY_TIMEOUT_S", "3600") or 3600),
+        campaign_quiet_s=float(get("KEEL_CAMPAIGN_QUIET_S", "120") or 120),
+        provider_capacity=int(get("KEEL_PROVIDER_CAPACITY", "10000") or 10000),
+        provider_retry_attempts=int(get("KEEL_PROVIDER_RETRY_ATTEMPTS", "8") or 8),
+        provider_retry_delay_ms=int(get("KEEL_PROVIDER_RETRY_DELAY_MS", "500") or 500),
         max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
         queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
     )

@@ -12,11 +12,30 @@ from tasks.jobs.models import (
     JobSchedulerRecord,
     RetryAudit,
 )
+from tasks.notifications.models import (
+    Campaign,
+    CampaignChunk,
+    CampaignGeneration,
+    CampaignRecipient,
+    CampaignWatch,
+)
 from tasks.reports.models import ReportArtifact
 
 metadata = Base.metadata
 
-__all__ = ["ArchivedJob", "DedupClaim", "JobCount",
+__all__ = [
+    "ArchivedJob",
+    "Campaign",
+    "CampaignChunk",
+    "CampaignGeneration",
+    "CampaignRecipient",
+    "CampaignWatch",
+    "DedupClaim",
+    "JobCount",
     "JobCountDelta",
     "JobRecord",
-    "JobSchedulerRecord", "ReportArtifact", "RetryAudit", "metadata"]
+    "JobSchedulerRecord",
+    "ReportArtifact",
+    "RetryAudit",
+    "metadata",
+]

@@ -16,6 +16,7 @@ from tasks.embedded import free_port
 
 _HOME = Path(tempfile.mkdtemp(prefix="keel-test-"))
 _REDIS_PORT = free_port()
+_SANDBOX_PORT = free_port()
 os.environ.update(
     KEEL_HOME=str(_HOME),
     KEEL_DATABASE_URL=os.environ.get(
@@ -27,11 +28,12 @@ os.environ.update(
     KEEL_REPORT_STEP_PAUSE_MS="50",
     KEEL_PROMOTE_INTERVAL_S="0.05",
     KEEL_STALLED_INTERVAL_S="1",
+    KEEL_PROVIDER_URL=f"http://127.0.0.1:{_SANDBOX_PORT}",
 )
 
 import pytest  # noqa: E402
 
-from tests.support.stack import TestStack, WorkerProcess  # noqa: E402
+from tests.support.stack import SandboxProcess, TestStack, WorkerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -68,3 +70,12 @@ def app(stack):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def sandbox(stack):
+    """The provider sandbox every worker of the session talks to (KEEL_PROVIDER_URL)."""
+    process = SandboxProcess(stack.home, _SANDBOX_PORT)
+    process.start()
+    yield process
+    process.stop()

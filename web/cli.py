@@ -115,3 +115,59 @@ def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     except JobNotFound:
         raise click.ClickException(f"no scheduler {scheduler_id!r}") from None
     click.echo(f"removed {scheduler_id}")
+
+
+@main.command("provider-sandbox", context_settings={"ignore_unknown_options": True})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def provider_sandbox(args: tuple[str, ...]) -> None:
+    """Run the provider sandbox (--host, --port, --home)."""
+    from tasks.notifications.sandbox.__main__ import main as sandbox_main
+
+    sys.exit(sandbox_main(list(args)))
+
+
+@main.group("campaign")
+def campaign_group() -> None:
+    """Notification campaigns."""
+
+
+@campaign_group.command("verify")
+@click.argument("campaign_id")
+def campaign_verify(campaign_id: str) -> None:
+    """Check the four group-send invariants against the provider's ledger."""
+    from tasks.notifications.verify import verify
+
+    checks = verify(campaign_id)
+    for check in checks:
+        click.echo(f"{'PASS' if check.ok else 'FAIL'}  {check.name}  {json.dumps(check.figures)}")
+    if not all(check.ok for check in checks):
+        sys.exit(1)
+
+
+@main.command("events")
+@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+@click.option("--follow", "-f", is_flag=True, help="keep printing events as they are written")
+@click.option("--since", help="stream id to start after; '$' = now (default: 0, or now with -f)")
+def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> None:
+    """Print queue events as JSON lines, whichever process wrote them."""
+    from tasks.celeryconfig import QUEUES
+    from tasks.jobs import events
+
+    chosen = list(queues) or list(QUEUES)
+    start = since or ("$" if follow else "0")
+    if start == "$":
+        start = _stream_id_now()
+    click.echo(f"keel: events of {', '.join(chosen)} after {start}", err=True)
+    try:
+        for event in events.read(chosen, since=start, follow=follow):
+            click.echo(json.dumps(event))
+    except KeyboardInterrupt:
+        pass
+
+
+def _stream_id_now() -> str:
+    """A concrete id for "now": ``$`` would skip events written between two reads."""
+    from tasks.broker import redis_client
+
+    seconds, micros = redis_client().time()
+    return str(seconds * 1000 + micros // 1000 - 1)

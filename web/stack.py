@@ -109,6 +109,8 @@ class Stack:
             Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
             Child("beat", [*celery, "beat", "-l", "INFO", "-S", "tasks.jobs.beat:KeelScheduler",
                            "--pidfile="]),
+            Child("sandbox", [sys.executable, "-m", "tasks.notifications.sandbox",
+                              "--port", env["KEEL_SANDBOX_PORT"]]),
             Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
                              "--address=127.0.0.1", f"--basic-auth={flower_auth}"]),
             Child("web", [sys.executable, "-m", "gunicorn", "-b", web_bind, "-w", "2",

@@ -23,11 +23,11 @@ log = logging.getLogger(__name__)
 EPOCH_KEY = "keel:broker:epoch"
 
 
-def waiting_jobs(after_id: str, limit: int) -> list[tuple[str, str, str, dict]]:
+def waiting_jobs(after_id: str, limit: int) -> list[tuple]:
     with transaction() as session:
         rows = session.execute(
-            text("SELECT id, name, queue, data FROM jobs WHERE state = 'waiting' AND id > :after "
-                 "ORDER BY id LIMIT :limit"),
+            text("SELECT id, name, queue, data, celery_ctx FROM jobs "
+                 "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"),
             {"after": after_id, "limit": limit},
         ).all()  # fmt: skip
     return [tuple(row) for row in rows]
@@ -37,8 +37,8 @@ def republish_waiting(batch: int = 500) -> int:
     """Publish a message for every waiting job; returns how many."""
     count, last = 0, ""
     while rows := waiting_jobs(last, batch):
-        for job_id, name, queue, data in rows:
-            publish_or_park(job_id, name, queue, data)
+        for job_id, name, queue, data, ctx in rows:
+            publish_or_park(job_id, name, queue, data, ctx)
         count += len(rows)
         last = rows[-1][0]
     return count

@@ -39,3 +39,17 @@ class BrokerUnavailable(KeelError):
     """The broker could not be reached."""
 
     code = "broker_unavailable"
+
+
+class Defer(Exception):
+    """Run this job again after ``delay_ms`` without using up an attempt.
+
+    BullMQ's ``moveToDelayed`` + ``DelayedError``; with ``waiting_children``
+    the job is parked as ``waiting-children`` (it waits for a job it added).
+    """
+
+    def __init__(self, delay_ms: int, reason: str = "deferred", *,
+                 waiting_children: bool = False) -> None:  # fmt: skip
+        super().__init__(reason)
+        self.delay_ms = delay_ms
+        self.waiting_children = waiting_children

@@ -55,6 +55,7 @@ class JobRecord(Base):
     processed_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    celery_ctx: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     lock_token: Mapped[str | None] = mapped_column(String(64))
     locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -67,7 +68,7 @@ class JobRecord(Base):
         Index(
             "ix_jobs_due",
             "run_at",
-            postgresql_where=text("state = 'delayed'"),
+            postgresql_where=text("state IN ('delayed', 'waiting-children')"),
         ),
         Index(
             "ix_jobs_finished",

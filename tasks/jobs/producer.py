@@ -46,10 +46,18 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-def publish(job_id: str, name: str, queue: str, data: dict[str, Any]) -> None:
-    """Send the wake-up message for a waiting job (its data rides along for Flower)."""
+def publish(
+    job_id: str, name: str, queue: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+) -> None:
+    """Send the wake-up message for a waiting job (its data rides along for Flower).
+
+    ``ctx`` carries the Celery canvas context a job had when it first ran
+    (chord callback, group id and index), so a job that is retried through
+    the delayed set still counts toward its chord when it finally ends.
+    """
     from tasks.celery import app
 
+    ctx = ctx or {}
     app.send_task(
         name,
         kwargs=data,
@@ -57,6 +65,9 @@ def publish(job_id: str, name: str, queue: str, data: dict[str, Any]) -> None:
         queue=queue,
         retry=True,
         retry_policy=PUBLISH_RETRY,
+        chord=ctx.get("chord"),
+        group_id=ctx.get("group"),
+        group_index=ctx.get("group_index"),
     )
 
 
@@ -94,8 +105,13 @@ def add(
     queue: str,
     opts: JobOptions | None = None,
     owner: Owner | None = None,
+    publish_now: bool = True,
 ) -> AddedJob:
-    """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing."""
+    """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing.
+
+    ``publish_now=False`` records the job for a caller that publishes it
+    itself, e.g. as part of a Celery chord.
+    """
     opts = opts or JobOptions()
     job_id = opts.job_id or new_job_id()
     state = "delayed" if opts.delay > 0 else "waiting"
@@ -115,7 +131,7 @@ def add(
         events.emit(queue, "deduplicated", job_id, name,
                     deduplicationId=rule.id, deduplicatedJobId=replaced)  # fmt: skip
     events.emit(queue, state, job_id, name, **({"delay": opts.delay} if opts.delay else {}))
-    if state == "waiting":
+    if state == "waiting" and publish_now:
         publish_or_park(job_id, name, queue, data)
     return AddedJob(job_id=job_id, created=True, state=state)
 
@@ -162,10 +178,12 @@ def _row(
     }
 
 
-def publish_or_park(job_id: str, name: str, queue: str, data: dict[str, Any]) -> None:
+def publish_or_park(
+    job_id: str, name: str, queue: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+) -> None:
     """Publish a waiting job; if the broker is down, park it for the promoter."""
     try:
-        publish(job_id, name, queue, data)
+        publish(job_id, name, queue, data, ctx)
     except Exception:  # the record is safe; the promoter publishes it later
         log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
         park_for_republish([job_id])

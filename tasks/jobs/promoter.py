@@ -36,7 +36,7 @@ def promote_once() -> int:
     failed: list[str] = []
     for job in due:
         try:
-            publish(job.id, job.name, job.queue, job.data)
+            publish(job.id, job.name, job.queue, job.data, job.celery_ctx)
         except Exception:
             failed.append(job.id)
             continue
@@ -62,7 +62,7 @@ def requeue_stalled_once() -> int:
             events.emit(job.queue, "failed", job.id, job.name,
                         failedReason=records.STALLED_TOO_OFTEN)  # fmt: skip
         else:
-            publish_or_park(job.id, job.name, job.queue, job.data)
+            publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
     return len(stalled)
 
 

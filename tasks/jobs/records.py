@@ -44,6 +44,7 @@ _CLAIM = text(
         processed_on = clock_timestamp(),
         lock_token = :token,
         locked_until = clock_timestamp() + make_interval(secs => :lock_s),
+        celery_ctx = COALESCE(CAST(:ctx AS jsonb), celery_ctx),
         runs = runs || jsonb_build_array(jsonb_build_object(
             'attempt', attempts_started + 1,
             'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
@@ -59,7 +60,12 @@ _CLAIM = text(
 
 
 def claim(
-    session: Session, job_id: str, token: str, lock_s: float, worker: str
+    session: Session,
+    job_id: str,
+    token: str,
+    lock_s: float,
+    worker: str,
+    ctx: dict[str, Any] | None = None,
 ) -> ClaimedJob | None:
     """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
     before = session.execute(
@@ -68,7 +74,16 @@ def claim(
     if before is None:
         return None
     row = (
-        session.execute(_CLAIM, {"id": job_id, "token": token, "lock_s": lock_s, "worker": worker})
+        session.execute(
+            _CLAIM,
+            {
+                "id": job_id,
+                "token": token,
+                "lock_s": lock_s,
+                "worker": worker,
+                "ctx": json.dumps(ctx) if ctx else None,
+            },
+        )
         .mappings()
         .first()
     )
@@ -167,6 +182,30 @@ def fail(
     return row[0] if retrying else None
 
 
+def defer(session: Session, job: ClaimedJob, delay_ms: int, state: str, reason: str) -> bool:
+    """Park a job until later without counting a failed run (BullMQ's ``moveToDelayed``)."""
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET state = :state,
+                run_at = clock_timestamp() + make_interval(secs => :delay_s),
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING id
+            """
+        ),
+        {
+            "id": job.id,
+            "token": job.token,
+            "state": state,
+            "delay_s": delay_ms / 1000.0,
+            "run_patch": json.dumps({"outcome": "deferred", "reason": reason}),
+        },
+    ).first()
+    return row is not None
+
+
 def fail_unsupported(session: Session, job_id: str, name: str) -> bool:
     """A message no worker has a handler for: failed at once, as a run that failed."""
     reason = f"unsupported job: {name}"
@@ -219,6 +258,7 @@ class DueJob:
     name: str
     queue: str
     data: dict[str, Any]
+    celery_ctx: dict[str, Any] | None = None
 
 
 def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
@@ -228,14 +268,15 @@ def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
             """
             UPDATE jobs SET state = 'waiting'
             WHERE id IN (SELECT id FROM jobs
-                         WHERE state = 'delayed' AND run_at <= clock_timestamp()
+                         WHERE state IN ('delayed', 'waiting-children')
+                           AND run_at <= clock_timestamp()
                          ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data
+            RETURNING id, name, queue, data, celery_ctx
             """
         ),
         {"limit": limit},
     ).all()
-    return [DueJob(id=r.id, name=r.name, queue=r.queue, data=r.data) for r in rows]
+    return [DueJob(r.id, r.name, r.queue, r.data, r.celery_ctx) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -246,6 +287,7 @@ class StalledJob:
     data: dict[str, Any]
     opts: dict[str, Any]
     state: str
+    celery_ctx: dict[str, Any] | None = None
 
 
 STALLED_TOO_OFTEN = "job stalled more than allowable limit"
@@ -269,12 +311,12 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
             WHERE id IN (SELECT id FROM jobs
                          WHERE state = 'active' AND locked_until < clock_timestamp()
                          LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, opts, state
+            RETURNING id, name, queue, data, opts, state, celery_ctx
             """
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
     ).all()
-    return [StalledJob(r.id, r.name, r.queue, r.data, r.opts, r.state) for r in rows]
+    return [StalledJob(r.id, r.name, r.queue, r.data, r.opts, r.state, r.celery_ctx) for r in rows]
 
 
 def get(session: Session, job_id: str) -> JobRecord | None:

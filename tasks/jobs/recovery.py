@@ -128,5 +128,5 @@ def retry_failed(
             raise JobConflict("another job for the same operation is in progress")
         _reset(session, job)
     events.emit(job.queue, "waiting", job.id, job.name, manualRetryBy=request.actor)
-    publish_or_park(job.id, job.name, job.queue, job.data)
+    publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
     return job

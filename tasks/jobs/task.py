@@ -21,9 +21,10 @@ from celery.exceptions import Ignore, Retry
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import events, heartbeat, records
-from tasks.jobs.errors import UnrecoverableError
+from tasks.jobs import events, heartbeat, limits, records
+from tasks.jobs.errors import Defer, UnrecoverableError
 from tasks.jobs.options import Backoff, backoff_delay_ms
+from tasks.jobs.producer import park_for_republish
 from tasks.jobs.records import ClaimedJob
 
 
@@ -68,7 +69,33 @@ class KeelTask(Task):
     reject_on_worker_lost = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        admission = self._admit()
+        try:
+            return self._run_claimed(admission)
+        finally:
+            limits.release(admission)
+
+    def _admit(self) -> limits.Admission:
+        """Wait out the queue's global limits before claiming, so waiting costs no attempt.
+
+        A held job goes back to the durable delayed set (the promoter
+        publishes it again) and this delivery is acknowledged: nothing is
+        held in worker memory, and a worker dying here loses nothing.
+        """
+        try:
+            return limits.admit(self._delivered_queue())
+        except limits.LimitReached as held:
+            park_for_republish([self.request.id], in_s=held.wait_s)
+            raise Ignore() from None
+
+    def _delivered_queue(self) -> str:
+        """The queue this delivery came from: a job may be added on any queue."""
+        info = self.request.delivery_info or {}
+        return info.get("routing_key") or self.queue
+
+    def _run_claimed(self, admission: limits.Admission) -> Any:
         claimed = self._claim()
+        limits.started(admission)
         if claimed.stalled:
             events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
         events.emit(
@@ -81,6 +108,9 @@ class KeelTask(Task):
         heartbeat.track(claimed.token)
         try:
             result = self.run(JobContext(claimed))
+        except Defer as deferral:
+            self._record_deferral(claimed, deferral)
+            raise Ignore() from None
         except Exception as exc:
             self._record_failure(claimed, exc)
             raise
@@ -94,11 +124,32 @@ class KeelTask(Task):
         worker = self.request.hostname or socket.gethostname()
         with transaction() as session:
             claimed = records.claim(
-                session, self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker
+                session,
+                self.request.id,
+                uuid.uuid4().hex,
+                settings.lock_duration_s,
+                worker,
+                self._canvas_context(),
             )
         if claimed is None:
             raise Ignore()  # not ours to run: duplicate delivery or finished job
         return claimed
+
+    def _canvas_context(self) -> dict[str, Any] | None:
+        """The chord this delivery belongs to, kept so a later run still counts toward it."""
+        request = self.request
+        if not request.chord and not request.group:
+            return None
+        return {"chord": request.chord, "group": request.group,
+                "group_index": request.group_index}  # fmt: skip
+
+    def _record_deferral(self, claimed: ClaimedJob, deferral: Defer) -> None:
+        state = "waiting-children" if deferral.waiting_children else "delayed"
+        with transaction() as session:
+            if not records.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
+                return
+        events.emit(claimed.queue, state if state == "delayed" else "waiting-children",
+                    claimed.id, claimed.name, delay=deferral.delay_ms)  # fmt: skip
 
     def _record_success(self, claimed: ClaimedJob, result: Any) -> None:
         from tasks.jobs import lifecycle
@@ -145,6 +196,8 @@ class KeelTask(Task):
 
 def handler(name: str, *, queue: str) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``."""
+
+    limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
         return shared_task(name=name, base=KeelTask, queue=queue)(fn)

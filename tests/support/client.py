@@ -14,7 +14,7 @@ from web.auth import issue_token
 
 
 def token(
-    tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (), ttl: int = 600
+    tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (), ttl: int = 4 * 3600
 ) -> str:
     return issue_token(os.environ["KEEL_SECRET_KEY"], tenant, user, list(roles), ttl)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tasks.jobs import JobContext, UnrecoverableError, handler
 
 
@@ -22,3 +24,10 @@ def unrecoverable(job: JobContext) -> None:
 @handler("test.echo", queue="default")
 def echo(job: JobContext) -> dict:
     return {"echo": job.data}
+
+
+@handler("test.sleep", queue="default")
+def sleep(job: JobContext) -> dict:
+    """Hold a worker process for ``data["ms"]`` milliseconds (concurrency tests)."""
+    time.sleep(job.data.get("ms", 0) / 1000)
+    return {"slept": job.data.get("ms", 0)}

@@ -171,3 +171,39 @@ class BeatProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+@dataclass
+class SandboxProcess:
+    """The provider sandbox as a real subprocess (``keel provider-sandbox``)."""
+
+    home: Path
+    port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import requests
+
+        args = [sys.executable, "-m", "tasks.notifications.sandbox", "--port", str(self.port),
+                "--home", str(self.home / "sandbox")]  # fmt: skip
+        self.process = subprocess.Popen(
+            args, cwd=PROJECT_ROOT, stdout=(self.home / "sandbox.log").open("ab"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+        def up() -> bool:
+            try:
+                return requests.get(f"{self.url}/health", timeout=1).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(up, timeout=30, interval=0.2)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=20)

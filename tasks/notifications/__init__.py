@@ -1,0 +1,1 @@
+"""Notification campaigns: group sends through a messaging provider."""

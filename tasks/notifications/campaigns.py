@@ -1,0 +1,228 @@
+"""Campaigns: creation, recipients, chunks, the report, the monitor and the status view."""
+
+from __future__ import annotations
+
+import json
+import logging
+import string
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import select, text
+
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs import JobNotFound, Owner, events
+from tasks.jobs.queries import iso
+from tasks.notifications.models import (
+    Campaign,
+    CampaignChunk,
+    CampaignGeneration,
+    CampaignRecipient,
+)
+
+log = logging.getLogger(__name__)
+EVENTS_QUEUE = "notifications"
+BATCH = 1000
+
+__all__ = ["Campaign", "get", "get_owned"]
+
+
+def owner(campaign: Campaign) -> Owner:
+    return Owner(campaign.tenant_id, campaign.user_id)
+
+
+def get(campaign_id: str) -> Campaign:
+    with transaction() as session:
+        campaign = session.get(Campaign, campaign_id)
+    if campaign is None:
+        raise JobNotFound("campaign not found")
+    return campaign
+
+
+def get_owned(campaign_id: str, who: Owner) -> Campaign:
+    """The campaign if ``who`` owns it; anything else looks exactly like a missing one."""
+    with transaction() as session:
+        campaign = session.get(Campaign, campaign_id)
+    if campaign is None or (campaign.tenant_id, campaign.user_id) != (who.tenant_id, who.user_id):
+        raise JobNotFound("campaign not found")
+    return campaign
+
+
+def chunk(campaign_id: str, chunk_no: int) -> CampaignChunk:
+    with transaction() as session:
+        found = session.get(CampaignChunk, (campaign_id, chunk_no))
+    if found is None:
+        raise JobNotFound(f"chunk {chunk_no} of campaign {campaign_id} not planned")
+    return found
+
+
+def create_chunks(campaign: Campaign) -> None:
+    with transaction() as session:
+        session.execute(
+            text(
+                """
+                INSERT INTO campaign_chunks (campaign_id, chunk_no, size)
+                SELECT :c, k, LEAST(:size, :n - k * :size)
+                FROM generate_series(0, :chunks - 1) AS k
+                ON CONFLICT DO NOTHING
+                """
+            ),
+            {"c": campaign.id, "size": campaign.chunk_size, "n": campaign.recipient_count,
+             "chunks": campaign.chunk_count},
+        )  # fmt: skip
+
+
+def render(template: str, values: dict[str, Any]) -> str:
+    """``{name}`` placeholders; missing values render empty rather than failing a send."""
+    return string.Formatter().vformat(template, (), defaultdict(str, values))
+
+
+def _recipients(campaign: Campaign, first: int, last: int) -> list[tuple[int, str, dict]]:
+    if campaign.synthetic:
+        return [(seq, f"+82-10-{seq:08d}", {"seq": seq}) for seq in range(first, last)]
+    with transaction() as session:
+        rows = session.execute(
+            select(CampaignRecipient.seq, CampaignRecipient.to, CampaignRecipient.vars)
+            .where(CampaignRecipient.campaign_id == campaign.id,
+                   CampaignRecipient.seq >= first, CampaignRecipient.seq < last)
+            .order_by(CampaignRecipient.seq)
+        ).all()  # fmt: skip
+    return [(r.seq, r.to, r.vars) for r in rows]
+
+
+def message_batches(campaign: Campaign, chunk_no: int) -> Iterator[list[dict[str, str]]]:
+    """The chunk's messages, at most ``BATCH`` per provider request; ids are stable."""
+    first = chunk_no * campaign.chunk_size
+    last = min(campaign.recipient_count, first + campaign.chunk_size)
+    for start in range(first, last, BATCH):
+        yield [
+            {"messageId": f"{campaign.id}:{seq}", "to": to,
+             "text": render(campaign.template, values)}
+            for seq, to, values in _recipients(campaign, start, min(last, start + BATCH))
+        ]  # fmt: skip
+
+
+def _summary(campaign_id: str) -> dict[str, Any]:
+    with transaction() as session:
+        gens = session.scalars(
+            select(CampaignGeneration).where(CampaignGeneration.campaign_id == campaign_id)
+            .order_by(CampaignGeneration.generation)
+        ).all()  # fmt: skip
+        chunks = session.execute(
+            text("SELECT generation, count(*) AS chunks, sum(size) AS messages, "
+                 "count(loaded_at) AS loaded FROM campaign_chunks WHERE campaign_id = :c "
+                 "GROUP BY generation"), {"c": campaign_id}).all()  # fmt: skip
+    per_gen = {row.generation: row for row in chunks}
+    return {
+        "generations": [
+            {
+                "generation": g.generation,
+                "groupId": g.group_id,
+                "closed": g.closed,
+                "sent": g.sent_at is not None,
+                "sentAt": iso(g.sent_at),
+                "chunks": per_gen[g.generation].chunks if g.generation in per_gen else 0,
+                "messages": int(per_gen[g.generation].messages or 0)
+                if g.generation in per_gen
+                else 0,
+            }
+            for g in gens
+        ],
+        "chunks": {
+            "planned": sum(r.chunks for r in chunks),
+            "assigned": sum(r.chunks for r in chunks if r.generation is not None),
+            "loaded": sum(r.loaded for r in chunks),
+        },
+    }
+
+
+def maybe_report(campaign_id: str) -> bool:
+    """Emit the campaign report once: when every chunk is loaded and every generation sent."""
+    summary = _summary(campaign_id)
+    gens = summary["generations"]
+    chunks = summary["chunks"]
+    if not gens or chunks["loaded"] != chunks["planned"] or not all(g["sent"] for g in gens):
+        return False
+    report = {"generations": len(gens), "messages": sum(g["messages"] for g in gens),
+              "groups": [g["groupId"] for g in gens]}  # fmt: skip
+    with transaction() as session:
+        won = session.execute(
+            text("UPDATE campaigns SET reported_at = clock_timestamp(), "
+                 "report = CAST(:r AS jsonb), stalled_at = NULL "
+                 "WHERE id = :c AND reported_at IS NULL RETURNING id"),
+            {"c": campaign_id, "r": json.dumps(report)},
+        ).first()  # fmt: skip
+        if won:
+            session.execute(text("DELETE FROM campaign_watch WHERE campaign_id = :c"),
+                            {"c": campaign_id})  # fmt: skip
+    if won:
+        log.info("campaign %s report: %s", campaign_id, report)
+        events.emit(EVENTS_QUEUE, "campaign.report", campaign_id, "campaign", report=report)
+    return won is not None
+
+
+def watch(quiet_seconds: float | None = None) -> dict[str, Any]:
+    """The monitor: flag quiet unfinished campaigns; drop entries of finished ones."""
+    quiet = quiet_seconds or get_settings().campaign_quiet_s
+    with transaction() as session:
+        healed = (
+            session.execute(
+                text(
+                    "DELETE FROM campaign_watch w USING campaigns c WHERE c.id = w.campaign_id "
+                    "AND c.reported_at IS NOT NULL RETURNING w.campaign_id"
+                )
+            )
+            .scalars()
+            .all()
+        )
+        stalled = (
+            session.execute(
+                text(
+                    "UPDATE campaigns c SET stalled_at = clock_timestamp() FROM campaign_watch w "
+                    "WHERE c.id = w.campaign_id AND c.reported_at IS NULL AND c.stalled_at IS NULL "
+                    "AND w.last_load_at < clock_timestamp() - make_interval(secs => :q) "
+                    "RETURNING c.id"
+                ),
+                {"q": quiet},
+            )
+            .scalars()
+            .all()
+        )
+        session.execute(
+            text(
+                "UPDATE campaigns c SET stalled_at = NULL FROM campaign_watch w "
+                "WHERE c.id = w.campaign_id AND c.stalled_at IS NOT NULL "
+                "AND w.last_load_at >= clock_timestamp() - make_interval(secs => :q)"
+            ),
+            {"q": quiet},
+        )
+    for campaign_id in stalled:
+        log.error("campaign %s made no progress for %ss", campaign_id, quiet)
+        events.emit(EVENTS_QUEUE, "campaign.stalled", campaign_id, "campaign", quietSeconds=quiet)
+    return {"stalled": list(stalled), "healed": list(healed)}  # fmt: skip
+
+
+def describe(campaign: Campaign) -> dict[str, Any]:
+    summary = _summary(campaign.id)
+    state = (
+        "completed"
+        if campaign.reported_at
+        else ("sending" if summary["chunks"]["loaded"] == campaign.chunk_count else "loading")
+    )
+    return {
+        "campaignId": campaign.id,
+        "name": campaign.name,
+        "category": campaign.category,
+        "state": state,
+        "recipients": campaign.recipient_count,
+        "chunkSize": campaign.chunk_size,
+        "chunks": summary["chunks"],
+        "generations": summary["generations"],
+        "messages": {"planned": campaign.recipient_count,
+                     "sent": sum(g["messages"] for g in summary["generations"] if g["sent"])},
+        "report": campaign.report,
+        "stalled": campaign.stalled_at is not None,
+        "createdAt": iso(campaign.created_at),
+    }  # fmt: skip

@@ -1,0 +1,209 @@
+"""Handlers of the ``notifications`` queue: plan, load chunks, create and send groups.
+
+Every provider call happens inside a job, so retries, backoff, records and
+the queue's global limits apply to all of them (seed 004).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import chord, current_app
+
+from tasks.config import get_settings
+from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler
+from tasks.jobs.errors import Defer
+from tasks.notifications import campaigns, generations
+from tasks.notifications.generations import Rollover
+from tasks.notifications.provider import GroupConflict, ProviderClient, ProviderRejected
+
+log = logging.getLogger(__name__)
+QUEUE = "notifications"
+PLAN = "campaign.plan"
+LOAD = "campaign.load_chunk"
+CREATE = "group.create"
+SEND = "group.send"
+FINALIZE = "campaign.finalize"
+MONITOR = "campaign.monitor"
+
+_settings = get_settings()
+PROVIDER_BACKOFF = Backoff(type="exponential", delay=_settings.provider_retry_delay_ms, jitter=0.5)
+CHUNK_OPTS = JobOptions(attempts=_settings.provider_retry_attempts, backoff=PROVIDER_BACKOFF,
+                        removeOnComplete=1000)  # fmt: skip
+CREATE_OPTS = CHUNK_OPTS
+SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
+GROUP_WAIT_MS = 200
+ROLLOVER_WAIT_MS = 100
+
+
+class Stragglers(Exception):
+    """A chunk assigned to this generation is still loading; the send waits for it."""
+
+
+def _provider() -> ProviderClient:
+    return ProviderClient.from_settings()
+
+
+def chunk_job_id(campaign_id: str, chunk_no: int) -> str:
+    return f"campaign.chunk:{campaign_id}:{chunk_no}"
+
+
+@handler(PLAN, queue=QUEUE)
+def plan_campaign(job: JobContext) -> dict:
+    """Split the campaign into chunks and fan them in with a chord."""
+    campaign = campaigns.get(job.data["campaignId"])
+    campaigns.create_chunks(campaign)
+    header = []
+    for chunk_no in range(campaign.chunk_count):
+        data = {"campaignId": campaign.id, "chunk": chunk_no}
+        job_id = chunk_job_id(campaign.id, chunk_no)
+        add(LOAD, data, queue=QUEUE, opts=CHUNK_OPTS.model_copy(update={"job_id": job_id}),
+            owner=campaigns.owner(campaign), publish_now=False)  # fmt: skip
+        header.append(current_app.signature(LOAD, kwargs=data, task_id=job_id, queue=QUEUE))
+    finalize_id = f"{FINALIZE}:{campaign.id}:plan-{job.attempts_started}"
+    add(FINALIZE, {"campaignId": campaign.id}, queue=QUEUE, owner=campaigns.owner(campaign),
+        opts=JobOptions(jobId=finalize_id), publish_now=False)  # fmt: skip
+    body = current_app.signature(FINALIZE, kwargs={"campaignId": campaign.id},
+                                 task_id=finalize_id, queue=QUEUE)  # fmt: skip
+    chord(header)(body)
+    return {"chunks": campaign.chunk_count}
+
+
+@handler(LOAD, queue=QUEUE)
+def load_chunk(job: JobContext) -> dict:
+    """Load one chunk into its generation's group, then see what became sendable."""
+    campaign_id, chunk_no = job.data["campaignId"], job.data["chunk"]
+    campaign = campaigns.get(campaign_id)
+    chunk = campaigns.chunk(campaign_id, chunk_no)
+    if chunk.loaded_at is not None:  # a duplicate delivery or a resumed chunk
+        after_load(campaign_id, chunk.generation)
+        return {"generation": chunk.generation, "alreadyLoaded": True}
+    try:
+        generation, closed = generations.assign(campaign_id, chunk_no, chunk.size,
+                                                campaign.capacity)  # fmt: skip
+    except Rollover:
+        raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
+    for full in closed:
+        maybe_send(campaign_id, full)
+    group_id = generations.readiness(campaign_id, generation).group_id
+    if group_id is None:
+        add(
+            CREATE,
+            {"campaignId": campaign_id, "generation": generation},
+            queue=QUEUE,
+            opts=CREATE_OPTS.model_copy(
+                update={
+                    "job_id": f"{CREATE}:{campaign_id}:{generation}"
+                    f":{chunk_no}:{job.attempts_started}"
+                }
+            ),
+        )
+        raise Defer(GROUP_WAIT_MS, "waiting for the generation's group", waiting_children=True)
+    loaded = _load_messages(campaign, chunk_no, group_id)
+    generations.record_load(campaign_id, chunk_no)
+    after_load(campaign_id, generation)
+    return {"generation": generation, "groupId": group_id, "messages": loaded}
+
+
+def _load_messages(campaign: campaigns.Campaign, chunk_no: int, group_id: str) -> int:
+    provider = _provider()
+    total = 0
+    for batch in campaigns.message_batches(campaign, chunk_no):
+        try:
+            total += provider.add_messages(group_id, batch)
+        except GroupConflict:
+            raise UnrecoverableError(
+                f"group {group_id} was sent before chunk {chunk_no} loaded"
+            ) from None
+        except ProviderRejected as refused:  # retrying the same request cannot help
+            raise UnrecoverableError(f"provider refused chunk {chunk_no}: {refused}") from None
+    return total
+
+
+def after_load(campaign_id: str, generation: int | None) -> None:
+    if generation is not None:
+        maybe_send(campaign_id, generation)
+    if generations.all_loaded(campaign_id):
+        finalize(campaign_id)
+
+
+def maybe_send(campaign_id: str, generation: int) -> None:
+    """Queue the generation's send if the count equation holds (the job id dedups)."""
+    ready = generations.readiness(campaign_id, generation)
+    if ready.complete and not ready.sent:
+        data = {"campaignId": campaign_id, "generation": generation, "groupId": ready.group_id}
+        add(SEND, data, queue=QUEUE,
+            opts=SEND_OPTS.model_copy(update={"job_id": f"{SEND}:{ready.group_id}"}))  # fmt: skip
+
+
+def finalize(campaign_id: str) -> dict:
+    """Once every chunk is loaded, the last generation closes and everything sendable is sent."""
+    if not generations.all_loaded(campaign_id):
+        return {"finalized": False}
+    numbers = generations.generations(campaign_id)
+    if numbers:
+        generations.close(campaign_id, numbers[-1], open_next=False)
+    for generation in numbers:
+        maybe_send(campaign_id, generation)
+    campaigns.maybe_report(campaign_id)
+    return {"finalized": True, "generations": len(numbers)}
+
+
+@handler(FINALIZE, queue=QUEUE)
+def finalize_campaign(job: JobContext) -> dict:
+    """The chord's callback; harmless if it never fires, or fires twice."""
+    return finalize(job.data["campaignId"])
+
+
+@handler(CREATE, queue=QUEUE)
+def create_group(job: JobContext) -> dict:
+    """Create the generation's group; concurrent creators settle on the first recorded."""
+    campaign_id, generation = job.data["campaignId"], job.data["generation"]
+    existing = generations.readiness(campaign_id, generation).group_id
+    if existing is not None and job.attempts_started == 1:
+        return {"groupId": existing, "created": False}
+    # A re-run may have created a group before it died or lost the race: the
+    # idempotency key (this job's id) returns that same group, never a second one.
+    provider = _provider()
+    mine = provider.create_group(f"{campaign_id}:g{generation}", idempotency_key=job.id)
+    kept = existing or generations.attach_group(campaign_id, generation, mine)
+    if kept != mine:
+        _delete_empty(provider, mine)  # the loser's group is empty: remove it
+    return {"groupId": kept, "created": kept == mine}
+
+
+def _delete_empty(provider: ProviderClient, group_id: str) -> None:
+    try:
+        provider.delete_group(group_id)
+    except ProviderRejected as refused:
+        if "404" not in str(refused):  # already deleted by an earlier run
+            raise
+
+
+@handler(SEND, queue=QUEUE)
+def send_group(job: JobContext) -> dict:
+    """Send a complete generation exactly once: durable marker, then provider status."""
+    campaign_id, generation, group_id = (job.data["campaignId"], job.data["generation"],
+                                         job.data["groupId"])  # fmt: skip
+    ready = generations.readiness(campaign_id, generation)
+    if ready.sent:
+        return {"groupId": group_id, "sent": True, "already": True}
+    if not ready.complete:
+        raise Stragglers(f"{ready.assigned - ready.loaded} chunks of generation {generation} "
+                         "are still loading")  # fmt: skip
+    provider = _provider()
+    if not provider.status(group_id).sent:
+        try:
+            provider.send(group_id)
+        except GroupConflict:
+            if not provider.status(group_id).sent:
+                raise
+    generations.mark_sent(campaign_id, generation)
+    campaigns.maybe_report(campaign_id)
+    return {"groupId": group_id, "sent": True}
+
+
+@handler(MONITOR, queue=QUEUE)
+def monitor_campaigns(job: JobContext) -> dict:
+    """Report campaigns that stopped making progress; clear entries of finished ones."""
+    return campaigns.watch(job.data.get("quietSeconds"))

@@ -1,0 +1,37 @@
+"""The sandbox's Flask application factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flask import Flask
+
+from tasks.config import keel_home
+from tasks.notifications.sandbox import errors
+from tasks.notifications.sandbox.admin import admin, ledger_bp
+from tasks.notifications.sandbox.groups import bp as groups_bp
+from tasks.notifications.sandbox.state import EXTENSION, Sandbox
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # 1,000 messages with long texts fit
+
+
+def default_home() -> Path:
+    return keel_home() / "sandbox"
+
+
+def create_app(home: Path | str | None = None, *, capacity: int | None = None) -> Flask:
+    """The sandbox over the SQLite data in ``home`` (default ``$KEEL_HOME/sandbox``).
+
+    Serve it from one process (``gunicorn -w 1 --threads 8``): fault settings
+    and the rate limiter live in the process.
+    """
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions[EXTENSION] = Sandbox.open(Path(home or default_home()), capacity)
+    errors.init_app(app)
+    app.register_blueprint(groups_bp)
+    app.register_blueprint(admin)
+    app.register_blueprint(ledger_bp)
+    app.add_url_rule("/health", "health", lambda: {"status": "ok"})
+    return app

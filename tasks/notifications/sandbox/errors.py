@@ -1,0 +1,112 @@
+"""What the sandbox answers when it refuses, in Keel's one error shape.
+
+The errors hang off ``KeelError`` so the sandbox shares the project's error
+tree and its ``{"error", "message", "details"}`` body, even though it plays a
+third party: clients written against it see one shape everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+from tasks.jobs.errors import KeelError
+
+log = logging.getLogger(__name__)
+
+
+class ProviderError(KeelError):
+    """The provider refused the request."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        details: list | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, details=details)
+        self.headers = headers or {}
+
+
+class InvalidRequest(ProviderError):
+    """The request body or query is not what this endpoint takes."""
+
+    code = "invalid_request"
+
+
+class TooManyMessages(InvalidRequest):
+    """At most 1,000 messages may be added per request."""
+
+    code = "too_many_messages"
+
+
+class GroupNotFound(ProviderError):
+    """No such group."""
+
+    status = 404
+    code = "group_not_found"
+
+
+class GroupAlreadySent(ProviderError):
+    """The group was already sent; it takes no more messages and no second send."""
+
+    status = 409
+    code = "group_already_sent"
+
+
+class GroupNotEmpty(ProviderError):
+    """Only an empty group that was never sent can be deleted."""
+
+    status = 409
+    code = "group_not_empty"
+
+
+class RateLimited(ProviderError):
+    """Too many requests; retry after the number of seconds in ``Retry-After``."""
+
+    status = 429
+    code = "rate_limited"
+
+
+class Unavailable(ProviderError):
+    """The provider is temporarily unavailable; retry later."""
+
+    status = 503
+    code = "unavailable"
+
+
+def error_body(code: str, message: str, details: list | None = None) -> dict:
+    return {"error": code, "message": message, "details": details or []}
+
+
+def error_response(error: ProviderError):
+    body = error_body(error.code, str(error), error.details)
+    return jsonify(body), error.status, error.headers
+
+
+def init_app(app: Flask) -> None:
+    """Answer every failure, including werkzeug's own 404/405/413, as JSON."""
+
+    @app.errorhandler(ProviderError)
+    def _provider(error: ProviderError):
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    def _http(error: HTTPException):
+        status = error.code or 500
+        code = (error.name or "error").lower().replace(" ", "_")
+        headers = {}
+        if status == 405 and getattr(error, "valid_methods", None):
+            headers["Allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
+        return jsonify(error_body(code, error.description or error.name)), status, headers
+
+    @app.errorhandler(Exception)
+    def _unexpected(error: Exception):
+        log.exception("unhandled error in the provider sandbox")
+        return jsonify(error_body("internal_error", "internal error")), 500
