@@ -19,6 +19,10 @@ _settings = get_settings()
 broker_url = _settings.redis_url
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 2
+# A message reserved by a worker that then died comes back after the visibility
+# timeout. Keel keeps it short: a redelivery of a job that is still running is
+# refused by the claim (the record is active and locked), so it costs nothing,
+# and delayed jobs never sit in the broker, so none is redelivered early.
 broker_transport_options = {
     "visibility_timeout": _settings.visibility_timeout_s,
     "socket_timeout": 5,

@@ -126,7 +126,7 @@ def get_settings() -> Settings:
         lock_duration_s=float(get("KEEL_LOCK_DURATION_S", "30") or 30),
         promote_interval_s=float(get("KEEL_PROMOTE_INTERVAL_S", "0.1") or 0.1),
         stalled_interval_s=float(get("KEEL_STALLED_INTERVAL_S", "5") or 5),
-        visibility_timeout_s=int(get("KEEL_VISIBILITY_TIMEOUT_S", "3600") or 3600),
+        visibility_timeout_s=int(get("KEEL_VISIBILITY_TIMEOUT_S", "60") or 60),
         campaign_quiet_s=float(get("KEEL_CAMPAIGN_QUIET_S", "120") or 120),
         provider_capacity=int(get("KEEL_PROVIDER_CAPACITY", "10000") or 10000),
         provider_retry_attempts=int(get("KEEL_PROVIDER_RETRY_ATTEMPTS", "8") or 8),

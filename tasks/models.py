@@ -18,6 +18,7 @@ from tasks.notifications.models import (
     CampaignGeneration,
     CampaignRecipient,
     CampaignWatch,
+    GroupAttempt,
 )
 from tasks.reports.models import ReportArtifact
 
@@ -31,6 +32,7 @@ __all__ = [
     "CampaignRecipient",
     "CampaignWatch",
     "DedupClaim",
+    "GroupAttempt",
     "JobCount",
     "JobCountDelta",
     "JobRecord",

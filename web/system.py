@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from tasks.celeryconfig import QUEUES
+from tasks.jobs import metrics as job_metrics
 from tasks.jobs.counts import counts
 from web.api import operation
 from web.openapi import document
@@ -28,8 +29,40 @@ class JobStateCollector:
         yield family
 
 
+class JobActivityCollector:
+    """Event counters and run histograms every worker process records in Redis."""
+
+    def collect(self):
+        events = CounterMetricFamily("keel_job_events", "Queue events by type (failed, "
+                                     "retrying, deduplicated, stalled, ...)",
+                                     labels=["queue", "event"])  # fmt: skip
+        families = {
+            "duration": HistogramMetricFamily("keel_job_duration_seconds",
+                                              "Run time of finished runs", labels=["queue"]),
+            "wait": HistogramMetricFamily("keel_job_wait_seconds",
+                                          "Time from due to start", labels=["queue"]),
+        }  # fmt: skip
+        for queue, found in job_metrics.snapshot(list(QUEUES)).items():
+            for event, n in found["events"].items():
+                events.add_metric([queue, event], n)
+            for kind, family in families.items():
+                buckets, total = _cumulative(found[kind])
+                family.add_metric([queue], buckets, sum_value=total)
+        yield events
+        yield from families.values()
+
+
+def _cumulative(histogram: dict[str, float]) -> tuple[list[tuple[str, float]], float]:
+    running, buckets = 0.0, []
+    for bound in [*map(str, job_metrics.BUCKETS), "+Inf"]:
+        running += histogram.get(bound, 0.0)
+        buckets.append((bound, running))
+    return buckets, histogram.get("sum", 0.0)
+
+
 REGISTRY = CollectorRegistry()
 REGISTRY.register(JobStateCollector())
+REGISTRY.register(JobActivityCollector())
 
 
 @operation(bp, "/healthz", "GET", summary="Liveness", responses={200: Health}, authenticated=False)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tasks.broker import redis_client
+from tasks.jobs import metrics
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -41,7 +42,10 @@ def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields:
     for key, value in fields.items():
         entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
     try:
-        redis_client().xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
+        metrics.count_event(pipe, queue, event)
+        pipe.execute()
     except Exception:
         log.warning("could not emit %s for job %s", event, job_id, exc_info=True)
 

@@ -33,6 +33,7 @@ class ClaimedJob:
     attempts_started: int
     stalled: bool
     token: str
+    wait_s: float = 0.0
 
 
 _CLAIM = text(
@@ -54,7 +55,8 @@ _CLAIM = text(
       AND (state = 'waiting'
            OR (state = 'active' AND locked_until < clock_timestamp()))
     RETURNING id, name, queue, data, opts, tenant_id, user_id,
-              attempts_made, attempts_started, stalled_count
+              attempts_made, attempts_started, stalled_count,
+              EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(run_at, created_at)) AS wait_s
     """
 )
 
@@ -101,6 +103,7 @@ def claim(
         attempts_started=row["attempts_started"],
         stalled=before == "active",
         token=token,
+        wait_s=max(0.0, float(row["wait_s"] or 0)),
     )
 
 

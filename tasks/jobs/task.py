@@ -11,6 +11,7 @@ through the durable delayed set rather than Celery ETA messages.
 from __future__ import annotations
 
 import socket
+import time
 import traceback
 import uuid
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from celery.exceptions import Ignore, Retry
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import events, heartbeat, limits, records
+from tasks.jobs import events, heartbeat, limits, metrics, records
 from tasks.jobs.errors import Defer, UnrecoverableError
 from tasks.jobs.options import Backoff, backoff_delay_ms
 from tasks.jobs.producer import park_for_republish
@@ -106,6 +107,8 @@ class KeelTask(Task):
             attemptsStarted=claimed.attempts_started,
         )
         heartbeat.track(claimed.token)
+        metrics.observe(claimed.queue, "wait", claimed.wait_s)
+        started = time.monotonic()
         try:
             result = self.run(JobContext(claimed))
         except Defer as deferral:
@@ -116,6 +119,7 @@ class KeelTask(Task):
             raise
         finally:
             heartbeat.untrack(claimed.token)
+            metrics.observe(claimed.queue, "duration", time.monotonic() - started)
         self._record_success(claimed, result)
         return result
 

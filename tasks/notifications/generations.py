@@ -189,3 +189,21 @@ def generations(campaign_id: str) -> list[int]:
         return list(session.execute(
             text("SELECT generation FROM campaign_generations WHERE campaign_id = :c "
                  "ORDER BY generation"), {"c": campaign_id}).scalars())  # fmt: skip
+
+
+def record_attempt(campaign_id: str, generation: int, key: str) -> None:
+    """Written before the provider is asked for a group, so its group can always be found."""
+    with transaction() as session:
+        session.execute(
+            text("INSERT INTO campaign_group_attempts (campaign_id, generation, key) "
+                 "VALUES (:c, :g, :k) ON CONFLICT DO NOTHING"),
+            {"c": campaign_id, "g": generation, "k": key},
+        )  # fmt: skip
+
+
+def attempts(campaign_id: str, generation: int) -> list[str]:
+    with transaction() as session:
+        return list(session.execute(
+            text("SELECT key FROM campaign_group_attempts "
+                 "WHERE campaign_id = :c AND generation = :g ORDER BY key"),
+            {"c": campaign_id, "g": generation}).scalars())  # fmt: skip

@@ -165,11 +165,33 @@ def create_group(job: JobContext) -> dict:
     # A re-run may have created a group before it died or lost the race: the
     # idempotency key (this job's id) returns that same group, never a second one.
     provider = _provider()
-    mine = provider.create_group(f"{campaign_id}:g{generation}", idempotency_key=job.id)
+    generations.record_attempt(campaign_id, generation, job.id)
+    mine = provider.create_group(_group_name(campaign_id, generation), idempotency_key=job.id)
     kept = existing or generations.attach_group(campaign_id, generation, mine)
     if kept != mine:
         _delete_empty(provider, mine)  # the loser's group is empty: remove it
     return {"groupId": kept, "created": kept == mine}
+
+
+def _group_name(campaign_id: str, generation: int) -> str:
+    return f"{campaign_id}:g{generation}"
+
+
+def remove_losing_groups(provider: ProviderClient, campaign_id: str, generation: int,
+                         kept: str) -> int:  # fmt: skip
+    """Delete the empty groups of creators that lost, even ones that died before cleaning up.
+
+    Each attempt's idempotency key gives back the group it made (or a fresh
+    empty one, deleted just the same), so nothing depends on the creator
+    having lived long enough to tidy up after itself.
+    """
+    removed = 0
+    for key in generations.attempts(campaign_id, generation):
+        group_id = provider.create_group(_group_name(campaign_id, generation), idempotency_key=key)
+        if group_id != kept:
+            _delete_empty(provider, group_id)
+            removed += 1
+    return removed
 
 
 def _delete_empty(provider: ProviderClient, group_id: str) -> None:
@@ -187,7 +209,8 @@ def send_group(job: JobContext) -> dict:
                                          job.data["groupId"])  # fmt: skip
     ready = generations.readiness(campaign_id, generation)
     if ready.sent:
-        return {"groupId": group_id, "sent": True, "already": True}
+        removed = remove_losing_groups(_provider(), campaign_id, generation, group_id)
+        return {"groupId": group_id, "sent": True, "already": True, "losingGroupsRemoved": removed}
     if not ready.complete:
         raise Stragglers(f"{ready.assigned - ready.loaded} chunks of generation {generation} "
                          "are still loading")  # fmt: skip
@@ -199,8 +222,9 @@ def send_group(job: JobContext) -> dict:
             if not provider.status(group_id).sent:
                 raise
     generations.mark_sent(campaign_id, generation)
+    removed = remove_losing_groups(provider, campaign_id, generation, group_id)
     campaigns.maybe_report(campaign_id)
-    return {"groupId": group_id, "sent": True}
+    return {"groupId": group_id, "sent": True, "losingGroupsRemoved": removed}
 
 
 @handler(MONITOR, queue=QUEUE)

@@ -90,3 +90,17 @@ class CampaignWatch(Base):
 
     campaign_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     last_load_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class GroupAttempt(Base):
+    """A group-creation attempt, recorded before the provider is called.
+
+    Its idempotency key finds the group it made (if any) again, so a creator
+    that died or lost the race can still have its empty group removed.
+    """
+
+    __tablename__ = "campaign_group_attempts"
+
+    campaign_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)

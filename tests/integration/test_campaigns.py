@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -29,12 +30,31 @@ def finished(client, campaign_id: str, timeout: float = 120) -> dict:
         status = client.get(f"{URL}/{campaign_id}", headers=OPERATOR).get_json()
         return status if status["state"] == "completed" else None
 
-    return wait_for(done, timeout=timeout, interval=0.5)
+    try:
+        return wait_for(done, timeout=timeout, interval=0.5)
+    except AssertionError:
+        print(json.dumps(client.get(f"{URL}/{campaign_id}", headers=OPERATOR).get_json()))
+        print(json.dumps(unfinished_jobs(campaign_id), default=str))
+        raise
+
+
+def unfinished_jobs(campaign_id: str) -> list[dict]:
+    """The campaign's jobs that are not completed: what a stuck run is waiting on."""
+    from sqlalchemy import text
+
+    with transaction() as session:
+        rows = session.execute(text(
+            "SELECT id, state, attempts_made, attempts_started, stalled_count, failed_reason "
+            "FROM jobs WHERE queue = 'notifications' AND state <> 'completed' "
+            "AND data->>'campaignId' = :c"), {"c": campaign_id}).mappings().all()  # fmt: skip
+    return [dict(r) for r in rows]
 
 
 def assert_invariants(campaign_id: str) -> list:
     checks = verify(campaign_id)
-    assert all(check.ok for check in checks), [(c.name, c.figures) for c in checks]
+    for check in checks:
+        print("PASS" if check.ok else "FAIL", check.name, json.dumps(check.figures))
+    assert all(check.ok for check in checks), [c.name for c in checks if not c.ok]
     return checks
 
 
@@ -113,7 +133,7 @@ def run_under_faults(client, stack, sandbox, seed: int) -> None:
     faults(sandbox, errorRate=0.10, dropResponseRate=0.05, latencyMs=2, latencyJitterMs=20,
            seed=seed)  # fmt: skip
     victim = WorkerProcess(stack.home, f"victim{seed}", concurrency=2, queues="notifications",
-                           extra_env={"KEEL_LOCK_DURATION_S": "3"})  # fmt: skip
+                           extra_env={"KEEL_LOCK_DURATION_S": "6"})  # fmt: skip
     victim.start()
     try:
         # When a 100k campaign runs, some chunk messages are delivered twice,

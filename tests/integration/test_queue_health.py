@@ -94,3 +94,25 @@ def test_waiting_jobs_survive_a_redis_restart_without_persistence(stack):
     finally:
         worker.stop()
     assert all(job["attemptsStarted"] == 1 and len(job["runs"]) == 1 for job in done)
+
+
+def test_metrics_count_events_and_time_runs_from_every_process(client):
+    # Given a report that fails once, then completes (run by the worker process)
+    response = client.post(
+        "/api/v1/reports",
+        headers=bearer(),
+        json={"reportId": unique(), "rows": 3, "failUntilAttempt": 1},
+    )
+    wait_state(response.get_json()["jobId"], "completed", timeout=30)
+    # Then the web app's /metrics shows what the worker recorded
+    text_body = client.get("/metrics").get_data(as_text=True)
+    samples = {}
+    for line in text_body.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    assert samples['keel_job_events_total{event="retrying",queue="reports"}'] >= 1
+    assert samples['keel_job_events_total{event="completed",queue="reports"}'] >= 1
+    assert samples['keel_job_duration_seconds_count{queue="reports"}'] >= 2
+    assert samples['keel_job_wait_seconds_bucket{le="+Inf",queue="reports"}'] >= 2
+    assert 'keel_jobs{queue="reports",state="completed"}' in text_body
