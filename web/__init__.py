@@ -28,9 +28,10 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if not app.config["SECRET_KEY"]:
         raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
 
-    from web import campaigns, errors, events, reports, schedulers, system
+    from web import campaigns, errors, events, ratelimit, reports, schedulers, system
 
     errors.init_app(app)
+    ratelimit.init_app(app)
     app.register_blueprint(system.bp)
     app.register_blueprint(reports.bp)
     app.register_blueprint(events.bp)

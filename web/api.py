@@ -33,13 +33,89 @@ class Operation:
     role: str | None
     path_params: list[str] = field(default_factory=list)
     produces: str = "application/json"
+    param_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 OPERATIONS: list[Operation] = []
 
+# Ids in paths: what the records can hold (String(200)), with no control characters
+# (Postgres text cannot hold NUL) and no "/" (it would be another path). An operation
+# may narrow this with ``params=``. A value outside it is refused with 400 before the
+# view runs, so no lookup sees it.
+PATH_PARAM_PATTERN = r"^[^\x00-\x1f\x7f/]+$"
+PATH_PARAM_MAX = 200
+
+
+def path_param_schema(pattern: str = PATH_PARAM_PATTERN, max_length: int = PATH_PARAM_MAX) -> dict:
+    return {"type": "string", "minLength": 1, "maxLength": max_length, "pattern": pattern}
+
 
 def _reject_constant(value: str) -> None:
     raise ValueError(f"{value} is not valid JSON")
+
+
+EXACT_INTEGERS = 2**53
+
+
+def _parse_float(literal: str) -> float | int:
+    """``4.0`` and ``1e3`` are integers to JSON Schema, so integer fields must take them too.
+
+    The OpenAPI document says ``"type": "integer"``, which a client may meet with
+    ``4.0``; strict models would refuse it. Integral values that a float holds
+    exactly become ints; anything else stays a float (and is refused by integer
+    fields as before).
+    """
+    value = float(literal)
+    if value.is_integer() and abs(value) <= EXACT_INTEGERS:
+        return int(value)
+    return value
+
+
+MAX_JSON_DEPTH = 32
+UNSTORABLE = "NUL characters and unpaired surrogates are not accepted"
+
+
+def _unstorable(text: str) -> bool:
+    """NUL, or an unpaired surrogate (``"\\ud800"``): neither Postgres nor UTF-8 can hold it."""
+    if "\x00" in text:
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _body_problem(payload: Any) -> tuple[str, str, str] | None:
+    """The first ``(field, type, message)`` that makes a parsed body unsafe to go further.
+
+    Iterative on purpose: a body nested a thousand levels deep must be refused,
+    not blow the stack (json.dumps, pydantic and this walk all recurse).
+    """
+    stack: list[tuple[Any, str, int]] = [(payload, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return where or "(body)", "too_deep", f"nested deeper than {MAX_JSON_DEPTH} levels"
+        if isinstance(value, str) and _unstorable(value):
+            return where or "(body)", "invalid_character", UNSTORABLE
+        items: list[tuple[Any, Any]] = []
+        if isinstance(value, list):
+            items = list(enumerate(value))
+        elif isinstance(value, dict):
+            items = list(value.items())
+        for key, item in reversed(items):
+            inner = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and _unstorable(key):
+                return inner, "invalid_character", UNSTORABLE
+            stack.append((item, inner, depth + 1))
+    return None
+
+
+def _too_deep() -> ApiError:
+    detail = {"field": "(body)", "type": "too_deep",
+              "message": f"nested deeper than {MAX_JSON_DEPTH} levels"}  # fmt: skip
+    return ApiError(400, "the request body is invalid", code="validation_failed", details=[detail])
 
 
 def parse_json_body() -> Any:
@@ -47,9 +123,45 @@ def parse_json_body() -> Any:
         raise ApiError(400, "Content-Type must be application/json", code="invalid_content_type")
     raw = request.get_data(cache=True)  # raises 413 past MAX_CONTENT_LENGTH
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        payload = json.loads(
+            raw.decode("utf-8"), parse_constant=_reject_constant, parse_float=_parse_float
+        )
+    except RecursionError:
+        raise _too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="malformed_json") from None
+    # Checked here, once, rather than failing as a 500 deep in the store.
+    problem = _body_problem(payload)
+    if problem is not None:
+        where, kind, message = problem
+        raise ApiError(
+            400,
+            "the request body is invalid",
+            code="validation_failed",
+            details=[{"field": where.encode("utf-8", "backslashreplace").decode(),
+                      "type": kind, "message": message}],
+        )  # fmt: skip
+    return payload
+
+
+def check_path_params(schemas: dict[str, dict[str, Any]], values: dict[str, Any]) -> None:
+    """Refuse (400) a path parameter outside its documented schema."""
+    for name, schema in schemas.items():
+        value = values.get(name)
+        if not isinstance(value, str):
+            continue
+        if not (
+            schema["minLength"] <= len(value) <= schema["maxLength"]
+            and re.fullmatch(schema["pattern"], value)  # fullmatch: "$" also matches before "\n"
+        ):
+            raise ApiError(
+                400,
+                f"invalid path parameter {name}",
+                code="validation_failed",
+                details=[{"field": name, "type": "path_parameter",
+                          "message": f"must match {schema['pattern']} "
+                                     f"({schema['minLength']}..{schema['maxLength']} chars)"}],
+            )  # fmt: skip
 
 
 def validation_details(error: ValidationError) -> list[dict[str, Any]]:
@@ -67,7 +179,10 @@ def validate(model: type[BaseModel], payload: Any) -> BaseModel:
     if not isinstance(payload, dict):
         raise ApiError(400, "the body must be a JSON object", code="validation_failed")
     try:
-        return model.model_validate(payload)
+        # Strict, in JSON mode, for the whole tree: nested models that are lax on their
+        # own (job-layer models such as a scheduler's template) refuse "5" for 5 here
+        # too, while ISO-8601 strings still read as datetimes.
+        return model.model_validate_json(json.dumps(payload), strict=True)
     except ValidationError as exc:
         raise ApiError(
             400,
@@ -93,23 +208,29 @@ def operation(
     authenticated: bool = True,
     role: str | None = None,
     produces: str = "application/json",
+    params: dict[str, str] | None = None,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
     The view receives the validated body as ``body=`` when ``body`` is set.
+    ``params`` narrows path parameters to a regex (else ``PATH_PARAM_PATTERN``);
+    both the document and the check before the view use it.
     """
+    prefix = blueprint.url_prefix or ""
+    path, names = _openapi_path(prefix + rule)
+    patterns = params or {}
+    param_schemas = {n: path_param_schema(patterns.get(n, PATH_PARAM_PATTERN)) for n in names}
 
     def register(view: Callable) -> Callable:
         @wraps(view)
         def with_body(*args: Any, **kwargs: Any) -> Any:
+            check_path_params(param_schemas, kwargs)
             if body is not None:
                 kwargs["body"] = validate(body, parse_json_body())
             return view(*args, **kwargs)
 
         endpoint = auth.require(role)(with_body) if authenticated else with_body
         blueprint.add_url_rule(rule, view.__name__, endpoint, methods=[method])
-        prefix = blueprint.url_prefix or ""
-        path, params = _openapi_path(prefix + rule)
         OPERATIONS.append(
             Operation(
                 method.lower(),
@@ -119,8 +240,9 @@ def operation(
                 responses,
                 authenticated,
                 role,
-                params,
+                names,
                 produces,
+                param_schemas,
             )
         )
         return endpoint

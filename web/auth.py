@@ -7,6 +7,7 @@ is ever read from a request body.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,10 +18,26 @@ import jwt
 from flask import current_app, g, request
 
 from tasks.jobs import Owner
+from web import ratelimit
 from web.errors import ApiError
 
 ALGORITHMS = ["HS256"]
 MAX_TOKEN_BYTES = 8192
+# Tenant and user ids are stored in String(200) columns and Postgres text cannot
+# hold NUL: an id outside this would fail as a 500 at the first write. (An empty
+# tenant is the system scope of job schedulers: no token may claim it.)
+MAX_ID_CHARS = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _is_id(value: object) -> bool:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
+        return False
+    try:
+        value.encode("utf-8")  # an unpaired surrogate cannot be stored either
+    except UnicodeEncodeError:
+        return False
+    return not _CONTROL.search(value) and not value.isspace()
 
 
 @dataclass(frozen=True)
@@ -59,8 +76,10 @@ def decode(token: str, secret: str) -> Principal:
     except jwt.PyJWTError as exc:
         raise _unauthorized(f"invalid token: {exc}") from None
     tenant, user, roles = claims.get("tenant"), claims.get("sub"), claims.get("roles", [])
-    if not isinstance(tenant, str) or not tenant or not isinstance(user, str) or not user:
-        raise _unauthorized("invalid token: tenant and sub must be non-empty strings")
+    if not _is_id(tenant) or not _is_id(user):
+        raise _unauthorized(
+            f"invalid token: tenant and sub must be strings of 1..{MAX_ID_CHARS} printable chars"
+        )
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise _unauthorized("invalid token: roles must be a list of strings")
     return Principal(tenant, user, tuple(roles))
@@ -83,6 +102,7 @@ def require(role: str | None = None) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
             principal = current_principal()
+            ratelimit.check(principal.tenant_id)  # after authentication: the key is the tenant
             if role is not None and role not in principal.roles:
                 raise ApiError(403, f"role {role!r} required")
             g.principal = principal

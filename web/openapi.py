@@ -35,19 +35,27 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
         responses.setdefault(
             "401", {"description": "401", "content": {"application/json": {"schema": error_ref}}}
         )
+        # the per-tenant request rate limit (web.ratelimit), with Retry-After
+        responses.setdefault(
+            "429", {"description": "429", "content": {"application/json": {"schema": error_ref}}}
+        )
         if op.role:
             responses.setdefault(
                 "403",
                 {"description": "403", "content": {"application/json": {"schema": error_ref}}},
             )
-    if op.body is not None:
+    if op.body is not None or op.path_params:  # bodies and path parameters are validated
         responses.setdefault(
             "400", {"description": "400", "content": {"application/json": {"schema": error_ref}}}
+        )
+    if op.body is not None:  # past MAX_CONTENT_LENGTH
+        responses.setdefault(
+            "413", {"description": "413", "content": {"application/json": {"schema": error_ref}}}
         )
     spec: dict[str, Any] = {"summary": op.summary, "responses": responses}
     if op.path_params:
         spec["parameters"] = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+            {"name": p, "in": "path", "required": True, "schema": op.param_schemas[p]}
             for p in op.path_params
         ]
     if op.body is not None:

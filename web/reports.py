@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from flask import Blueprint, current_app, g
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, field_validator
 
 from tasks.jobs.counts import counts
 from tasks.jobs.queries import describe, iso
@@ -99,6 +99,16 @@ class ScheduleReport(Strict):
     reportId: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
     rows: int = Field(ge=1, le=100_000)
     runAt: AwareDatetime = Field(strict=False, description="ISO-8601 with a time zone")
+
+    @field_validator("runAt")
+    @classmethod
+    def _representable_in_utc(cls, run_at: datetime) -> datetime:
+        """``9999-12-31T23:59:59-23:59`` parses but has no UTC time: 400, not an OverflowError."""
+        try:
+            run_at.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("runAt is outside the representable range") from None
+        return run_at
 
 
 class ReportScheduled(JobAccepted):

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from typing import Annotated
 
 from flask import Blueprint, g
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 
 from tasks.jobs import schedulers
+from tasks.jobs.options import Backoff, JobOptions, KeepJobs
+from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
 from tasks.jobs.schedulers import SchedulerSpec, Scope
 from web.api import operation
 from web.errors import ApiError
@@ -18,10 +22,72 @@ OPERATOR = "operator"
 ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 
 
+def _derived_by_the_scheduler(schema: dict) -> None:
+    """Document that a template's ``jobId``/``deduplication`` can only be null (see JobTemplate)."""
+    for name in ("jobId", "deduplication"):
+        schema["properties"][name] = {"type": "null", "description": "set by the scheduler"}
+
+
+# Bounds on what a tenant's scheduler may ask for. Past them the job layer's date,
+# interval and LIMIT arithmetic overflows when the scheduler *fires* — inside beat's
+# batch transaction, which then fails on every tick for every tenant.
+MAX_PERIOD_MS = 10 * 366 * 86_400_000  # ten years
+MAX_KEEP = 1_000_000
+Keep = Annotated[int, Field(ge=0, le=MAX_KEEP)]
+
+
+class TemplateBackoff(Backoff):
+    delay: int = Field(default=0, ge=0, le=MAX_PERIOD_MS, description="base delay in milliseconds")
+
+
+class TemplateKeepJobs(KeepJobs):
+    count: int | None = Field(default=None, ge=0, le=MAX_KEEP)
+    age: int | None = Field(default=None, ge=0, le=MAX_PERIOD_MS // 1000)
+
+
+class TemplateOptions(JobOptions):
+    """A scheduler template's job options: bounded, and the scheduler derives the job id."""
+
+    model_config = ConfigDict(json_schema_extra=_derived_by_the_scheduler)
+
+    backoff: TemplateBackoff | None = None
+    delay: int = Field(default=0, ge=0, le=MAX_PERIOD_MS, description="milliseconds")
+    remove_on_complete: bool | Keep | TemplateKeepJobs = Field(default=False,
+                                                               alias="removeOnComplete")
+    remove_on_fail: bool | Keep | TemplateKeepJobs = Field(default=False, alias="removeOnFail")
+
+
+class SchedulerTemplate(JobTemplate):
+    opts: TemplateOptions = Field(default_factory=TemplateOptions)
+
+
 class UpsertScheduler(SchedulerSpec):
     """A scheduler's rule and template (and optionally its queue)."""
 
+    # The document states the exactly-one rule that ``Rule._one_rule`` enforces.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": ["pattern"], "properties": {"pattern": {"type": "string"}}},
+        {"required": ["every"], "properties": {"every": {"type": "integer"}}},
+    ]})  # fmt: skip
+
+    every: int | None = Field(default=None, ge=100, le=MAX_PERIOD_MS, description="milliseconds")
+    template: SchedulerTemplate
     queue: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,99}$")
+
+    @model_validator(mode="after")
+    def _fires_within_range(self) -> UpsertScheduler:
+        """Refuse a rule whose fire times cannot be computed (a cron that never matches,
+        dates at the end of the calendar): upsert and beat would fail on it."""
+        if (self.pattern is None) == (self.every is None):
+            return self  # Rule._one_rule reports this one
+        now = datetime.now(UTC)
+        try:
+            first = first_fire(self, now, new=False)
+            if first is not None:
+                next_fire(self, first, first)
+        except (OverflowError, ValueError) as exc:  # CroniterBadDateError is a ValueError
+            raise ValueError(f"the rule has no computable fire time: {exc}") from None
+        return self
 
 
 class SchedulerView(Open):
@@ -46,7 +112,8 @@ def _checked_id(scheduler_id: str) -> str:
 
 
 @operation(bp, "/<scheduler_id>", "PUT", summary="Create or update a job scheduler",
-           body=UpsertScheduler, role=OPERATOR, responses={200: SchedulerView})  # fmt: skip
+           body=UpsertScheduler, role=OPERATOR, responses={200: SchedulerView},
+           params={"scheduler_id": ID})  # fmt: skip
 def upsert_scheduler(scheduler_id: str, body: UpsertScheduler):
     spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
     record = schedulers.upsert(_scope(), _checked_id(scheduler_id), spec, queue=body.queue)

@@ -1,0 +1,280 @@
+"""Scenario 6: every endpoint x two tenants (BOLA matrix).
+
+Pass figure: 0 cross-tenant (or cross-user) reads or writes, and a foreign id
+answers exactly like a missing one: same status, same body.
+
+The endpoints come from the served OpenAPI document, so a new endpoint is in
+the matrix the day it is added. Real objects are created as tenant A's
+operator alice: a report job and a campaign (owned by tenant + user) and a
+job scheduler (owned by the tenant). Then every method is tried on them by
+intruders who hold the operator role, so no 403 hides the ownership check:
+
+- tenant B's ``alice`` (same user id, other tenant), for every object;
+- tenant A's ``bob`` (same tenant, other user), for user-owned objects.
+
+"Unchanged" is read from the database after each foreign attempt; the owner's
+own attempt afterwards must differ from a missing id's (the object was really
+there, so the matrix is not vacuous).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from tasks.db import transaction
+from tasks.jobs.models import JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.jobs.producer import new_job_id
+from tasks.jobs.queries import describe, get
+from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
+from tests.support.client import bearer, unique
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+TENANT_A = unique("tenant-a")
+TENANT_B = unique("tenant-b")
+OWNER = bearer(tenant=TENANT_A, user="alice", roles=("operator",))
+INTRUDERS = {
+    "other tenant": bearer(tenant=TENANT_B, user="alice", roles=("operator",)),
+    "other user": bearer(tenant=TENANT_A, user="bob", roles=("operator",)),
+}
+ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+CHECKED: list[str] = []
+
+
+def in_a_month() -> str:
+    return (datetime.now(UTC) + timedelta(days=30)).isoformat()
+
+
+# A valid body for every request schema in the document. A new one fails the
+# matrix with a message saying to add it here.
+VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
+    "CreateReport": lambda: {"reportId": unique(), "rows": 5},
+    "ScheduleReport": lambda: {"reportId": unique(), "rows": 5, "runAt": in_a_month()},
+    "RetryJob": lambda: {"reason": "security matrix: retry by whoever asks"},
+    "UpsertScheduler": lambda: {"pattern": "0 0 1 1 *", "template": {"name": "security.noop"}},
+    "CreateCampaign": lambda: {
+        "name": "bola",
+        "category": "security",
+        "template": "hi {name}",
+        "recipientCount": 1,
+    },
+}
+
+
+def body_for(op: DocumentedOperation) -> dict[str, Any] | None:
+    if op.body_schema is None:
+        return None
+    if op.body_schema not in VALID_BODIES:
+        pytest.fail(f"{op.label}: add a valid {op.body_schema} body to VALID_BODIES")
+    return VALID_BODIES[op.body_schema]()
+
+
+def _created(response, key: str) -> str:
+    assert response.status_code in (200, 202), response.get_data(as_text=True)
+    return response.get_json()[key]
+
+
+def create_report_job(client) -> str:
+    """A delayed report job: nothing (no worker, no promoter) changes it during the test."""
+    response = client.post("/api/v1/reports/scheduled", json=VALID_BODIES["ScheduleReport"](),
+                           headers=OWNER)  # fmt: skip
+    return _created(response, "jobId")
+
+
+def create_scheduler(client) -> str:
+    scheduler_id = unique("sched")
+    response = client.put(f"/api/v1/schedulers/{scheduler_id}",
+                          json=VALID_BODIES["UpsertScheduler"](), headers=OWNER)  # fmt: skip
+    return _created(response, "id")
+
+
+def create_campaign(client) -> str:
+    response = client.post("/api/v1/campaigns", json=VALID_BODIES["CreateCampaign"](),
+                           headers=OWNER)  # fmt: skip
+    return _created(response, "campaignId")
+
+
+def job_fingerprint(job_id: str) -> Any:
+    """The record, and the audit rows a retry writes before anything else."""
+    job = get(job_id)
+    with transaction() as session:
+        audits = session.scalar(select(func.count()).where(RetryAudit.job_id == job_id))
+    return (describe(job) if job else None), audits
+
+
+def scheduler_fingerprint(scheduler_id: str) -> Any:
+    with transaction() as session:
+        record = session.get(JobSchedulerRecord, (TENANT_A, scheduler_id))
+        if record is None:
+            return None
+        return (record.spec, record.queue, record.created_by, record.updated_at,
+                record.next_run_at, record.iteration_count)  # fmt: skip
+
+
+def campaign_fingerprint(campaign_id: str) -> Any:
+    """What a resume writes: finalize jobs of its own (the plan's are ``:plan-N``) and audits."""
+    with transaction() as session:
+        resumes = session.scalar(
+            select(func.count()).where(
+                JobRecord.id.like(f"campaign.finalize:{campaign_id}:%"),
+                JobRecord.id.not_like("%:plan-%"),
+            )
+        )
+        audits = session.scalar(
+            select(func.count()).where(RetryAudit.ids["campaignId"].astext == campaign_id)
+        )
+    return resumes, audits
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What a path parameter names, how to make one, and how to see it was not touched."""
+
+    user_owned: bool
+    create: Callable[[Any], str]
+    missing: Callable[[], str]
+    fingerprint: Callable[[str], Any]
+
+
+KINDS: dict[str, Kind] = {
+    "job_id": Kind(True, create_report_job, new_job_id, job_fingerprint),
+    "scheduler_id": Kind(False, create_scheduler, lambda: unique("sched"), scheduler_fingerprint),
+    "campaign_id": Kind(True, create_campaign, new_job_id, campaign_fingerprint),
+}
+
+OPERATIONS = documented_operations()
+WITH_IDS = [op for op in OPERATIONS if op.path_params]
+WITHOUT_IDS = [op for op in OPERATIONS if not op.path_params]
+
+
+def matrix() -> list[Any]:
+    cases = []
+    for op in WITH_IDS:
+        [param] = op.path_params
+        kind = KINDS.get(param)
+        for intruder in INTRUDERS:
+            if kind is not None and intruder == "other user" and not kind.user_owned:
+                continue  # schedulers belong to the tenant: bob may manage them
+            cases.append(pytest.param(op, intruder, id=f"{op.label} as {intruder}"))
+    return cases
+
+
+def call(client, op: DocumentedOperation, headers: dict, object_id: str | None = None):
+    url = op.path
+    if object_id is not None:
+        url = url.replace("{" + op.path_params[0] + "}", object_id)
+    body = body_for(op)
+    return client.open(url, method=op.method.upper(), headers=headers,
+                       **({"json": body} if body is not None else {}))  # fmt: skip
+
+
+def _normalized(value: Any, object_id: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalized(v, object_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalized(v, object_id) for v in value]
+    if isinstance(value, str):
+        if ISO_TIME.match(value):
+            return "<time>"
+        return value.replace(object_id, "<id>") if object_id else value
+    return value
+
+
+def answer(response, object_id: str | None = None) -> tuple[int, Any]:
+    """Status and body, with the id asked for and timestamps blanked (a stream is not read)."""
+    if response.mimetype == "text/event-stream":
+        response.close()
+        return response.status_code, "<event stream>"
+    text = response.get_data(as_text=True)
+    try:
+        body: Any = json.loads(text) if text else None
+    except ValueError:
+        body = text
+    return response.status_code, _normalized(body, object_id)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_schedulers(drop_schedulers_of):
+    drop_schedulers_of.extend([TENANT_A, TENANT_B])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures():
+    yield
+    by_id = [c for c in CHECKED if " as " in c]
+    record_figure(
+        "BOLA matrix",
+        f"{len(by_id)} (operation, intruder) pairs on {len(WITH_IDS)} id-taking operations + "
+        f"{len(CHECKED) - len(by_id)} collection operations, tenant A vs tenant B and "
+        f"A's other user; 0 cross-tenant/cross-user reads or writes",
+    )
+
+
+@pytest.mark.parametrize("op,intruder", matrix())
+def test_a_foreign_object_answers_exactly_like_a_missing_one(client, op, intruder):
+    [param] = op.path_params
+    kind = KINDS.get(param)
+    if kind is None:
+        pytest.fail(f"{op.label}: teach test_bola how to create a {param!r} object (KINDS)")
+    headers = INTRUDERS[intruder]
+    # Given an object of tenant A's alice
+    object_id = kind.create(client)
+    before = kind.fingerprint(object_id)
+    missing_id = kind.missing()
+
+    # When the intruder tries the operation on it, and on an id that does not exist
+    foreign = answer(call(client, op, headers, object_id), object_id)
+    missing = answer(call(client, op, headers, missing_id), missing_id)
+
+    # Then both answers are identical, and nothing of A's changed
+    assert foreign == missing, f"{op.label} as {intruder}: foreign {foreign} != missing {missing}"
+    assert kind.fingerprint(object_id) == before, f"{op.label} as {intruder} changed A's object"
+    if op.method != "put":  # an upsert creates the intruder's own object: not a leak
+        assert foreign[0] == 404
+
+    # And the owner's same request finds the object (so the check above was not vacuous)
+    owner = answer(call(client, op, OWNER, object_id), object_id)
+    assert owner != missing or kind.fingerprint(object_id) != before, (
+        f"{op.label}: the owner's request looks like a missing object too"
+    )
+    CHECKED.append(f"{op.label} as {intruder}")
+
+
+@pytest.mark.parametrize("op", WITHOUT_IDS, ids=lambda op: op.label)
+def test_collection_endpoints_show_nothing_of_another_tenant(client, op):
+    # Given one object of each kind owned by tenant A
+    ids = [kind.create(client) for kind in KINDS.values()]
+    # When tenant B's operator calls the operation
+    response = call(client, op, INTRUDERS["other tenant"])
+    # Then no id of A's (nor A's name) is in the answer
+    assert response.status_code < 500
+    text = response.get_data(as_text=True)
+    leaked = [value for value in [*ids, TENANT_A] if value in text]
+    assert not leaked, f"{op.label} shows tenant A's {leaked} to tenant B"
+    CHECKED.append(op.label)
+
+
+def test_listing_shows_the_owner_its_own_objects(client):
+    # Given a scheduler of tenant A
+    scheduler_id = create_scheduler(client)
+    # Then A's listing shows it and B's does not (the collection check is not vacuous)
+    mine = client.get("/api/v1/schedulers", headers=OWNER).get_json()["schedulers"]
+    theirs = client.get("/api/v1/schedulers", headers=INTRUDERS["other tenant"]).get_json()
+    assert scheduler_id in [s["id"] for s in mine]
+    assert scheduler_id not in [s["id"] for s in theirs["schedulers"]]
+
+
+def test_the_matrix_covers_every_documented_id_operation():
+    """New endpoints are attacked without editing this file: the matrix is the document."""
+    served = {op.label for op in documented_operations()}
+    in_matrix = {p.values[0].label for p in matrix()} | {op.label for op in WITHOUT_IDS}
+    assert served == in_matrix
+    assert {p for op in WITH_IDS for p in op.path_params} <= set(KINDS)
