@@ -23,8 +23,14 @@ broker_connection_timeout = 2
 # timeout. Keel keeps it short: a redelivery of a job that is still running is
 # refused by the claim (the record is active and locked), so it costs nothing,
 # and delayed jobs never sit in the broker, so none is redelivered early.
+# kombu sweeps for such messages only every ~100 s by default, and a worker
+# killed mid-sweep holds the sweep mutex for 5 minutes: sweep every 2 s, and
+# let a dead sweeper's mutex lapse after 30 s.
 broker_transport_options = {
     "visibility_timeout": _settings.visibility_timeout_s,
+    "unacked_restore_interval": 2,
+    "unacked_restore_throttle": 1,
+    "unacked_mutex_expire": 30,
     "socket_timeout": 5,
 }
 task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]

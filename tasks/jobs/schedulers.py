@@ -140,10 +140,25 @@ def fire_due(limit: int = 100) -> list[str]:
             .with_for_update(skip_locked=True)
         ).all()
         for record in due:
-            job_id = _fire(session, record, now)
+            try:
+                with session.begin_nested():  # one broken scheduler must not stop the others
+                    job_id = _fire(session, record, now)
+            except Exception:
+                log.exception("scheduler %s/%s could not fire; parked", record.tenant_id,
+                              record.id)  # fmt: skip
+                _park(session, record)
+                continue
             if job_id:
                 fired.append(job_id)
     return fired
+
+
+def _park(session: Session, record: JobSchedulerRecord) -> None:
+    """A scheduler whose next fire cannot be computed stops firing (visible as next = null)."""
+    session.execute(
+        text("UPDATE job_schedulers SET next_run_at = NULL WHERE tenant_id = :t AND id = :i"),
+        {"t": record.tenant_id, "i": record.id},
+    )
 
 
 def seconds_until_next(cap: float) -> float:
