@@ -1,0 +1,63 @@
+"""Bare Celery, the baseline of P1 and P2: ``celery -A bench.bare worker``.
+
+Same Redis broker as Keel, a Redis result backend (so completion is
+observable the way a Celery user observes it), late acks, prefetch 1 and
+rejection on worker loss — the delivery guarantees Keel's own Celery config
+asks for — and nothing else: no job records, no events.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+QUEUE = "bench-bare"
+NOOP = "bench.bare.noop"
+FLAKY = "bench.bare.flaky"
+
+
+def _redis_url() -> str:
+    url = os.environ.get("KEEL_REDIS_URL")
+    if not url:
+        raise RuntimeError("KEEL_REDIS_URL is not set (python -m bench sets it for its workers)")
+    return url
+
+
+app = Celery("bench_bare", broker=_redis_url(), backend=_redis_url())
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_default_queue=QUEUE,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+
+class PlannedFailure(Exception):
+    """The first run of a flaky task fails on purpose."""
+
+
+@app.task(name=NOOP)
+def noop() -> None:
+    """Does nothing: what is left is the system's own cost per task."""
+    return None
+
+
+@app.task(
+    bind=True,
+    name=FLAKY,
+    autoretry_for=(PlannedFailure,),
+    max_retries=1,
+    retry_kwargs={"countdown": 0},
+    retry_backoff=False,
+)
+def flaky(self) -> None:
+    """Fails its first run and succeeds on the retry (Celery's ``autoretry_for``)."""
+    if self.request.retries == 0:
+        raise PlannedFailure("planned failure on the first run")
+    return None

@@ -1,0 +1,182 @@
+"""P1 (no-op jobs) and P2 (fail once, then succeed): bare Celery against Keel, end to end.
+
+A repetition enqueues N jobs from this process, one by one, into an idle,
+warmed-up worker (``-c 2``, prefork) and ends when the last one finished.
+The end is read from the systems' own timestamps — Celery's ``date_done``,
+Keel's ``finished_on`` — so the polling interval does not blur the figure.
+Each repetition gets a fresh worker; the other system's worker is not running.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from statistics import median
+
+import redis
+from sqlalchemy import text
+
+from bench import bare, jobs
+from bench.meters import CpuMeter
+from bench.plan import Run
+from bench.procs import CeleryWorker
+from bench.stats import Figure, Series, ratio
+
+POLL_S = 0.1
+
+
+def _timeout(n: int) -> float:
+    return 60 + n / 10  # at 10 jobs/s something is broken, not slow
+
+
+def _parse_done(value: str) -> float:
+    done = datetime.fromisoformat(value)
+    return (done if done.tzinfo else done.replace(tzinfo=UTC)).timestamp()
+
+
+Batch = tuple[dict, Callable[[], object]]  # the figures, and how to remove what it left
+
+
+def bare_batch(run: Run, task: Callable, n: int) -> Batch:
+    """Enqueue ``n`` bare tasks; wait for every result; jobs/s from first send to last done."""
+    client = redis.Redis.from_url(run.env.child_env()["KEEL_REDIS_URL"])
+    started = time.time()
+    ids = [task.apply_async(queue=bare.QUEUE).id for _ in range(n)]
+    enqueued = time.time() - started
+    pending, done, failed = set(ids), [], 0
+    deadline = time.monotonic() + _timeout(n)
+    while pending and time.monotonic() < deadline:
+        batch = list(pending)
+        for start in range(0, len(batch), 1000):
+            chunk = batch[start : start + 1000]
+            for task_id, raw in zip(
+                chunk, client.mget([f"celery-task-meta-{i}" for i in chunk]), strict=True
+            ):
+                meta = json.loads(raw) if raw else {}
+                if meta.get("status") in ("SUCCESS", "FAILURE"):
+                    pending.discard(task_id)
+                    done.append(_parse_done(meta["date_done"]))
+                    failed += meta["status"] == "FAILURE"
+        if pending:
+            time.sleep(POLL_S)
+    if pending:
+        raise TimeoutError(f"bare Celery: {len(pending)} of {n} tasks unfinished")
+    result = {"rate": n / (max(done) - started), "enqueue_rate": n / enqueued, "failed": failed}
+    return result, lambda: client.delete(*[f"celery-task-meta-{i}" for i in ids])
+
+
+_KEEL_PROGRESS = text(
+    "SELECT count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'failed'),"
+    " max(finished_on), coalesce(sum(attempts_made), 0) FROM jobs WHERE id = ANY(:ids)"
+)
+
+
+def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
+    """Add ``n`` Keel jobs with ``tasks.jobs.add``; finished when the records say so."""
+    from tasks.db import transaction
+    from tasks.jobs import add, counts
+
+    started = time.time()
+    ids = [add(name, {"i": i}, queue=jobs.QUEUE, opts=opts).job_id for i in range(n)]
+    enqueued = time.time() - started
+    deadline = time.monotonic() + _timeout(n)
+    while True:
+        with transaction() as session:
+            completed, failed, last, attempts = session.execute(_KEEL_PROGRESS, {"ids": ids}).one()
+        if completed + failed == n:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Keel: {n - completed - failed} of {n} jobs unfinished")
+        time.sleep(POLL_S)
+
+    def cleanup() -> None:  # keep every repetition on the same table size
+        with transaction() as session:
+            session.execute(text("DELETE FROM jobs WHERE id = ANY(:ids)"), {"ids": ids})
+        counts.compact(max_rows=10 * n)
+
+    return {
+        "rate": n / (last.timestamp() - started),
+        "enqueue_rate": n / enqueued,
+        "failed": failed,
+        "failed_runs": int(attempts),
+    }, cleanup
+
+
+def _measured(run: Run, worker: CeleryWorker, n: int, batch: Callable[[int], Batch]) -> dict:
+    """Warm the fresh worker up, then one measured batch with the CPU it cost per job."""
+    with worker:
+        batch(run.sizes.warmup_jobs)[1]()
+        meter = CpuMeter({"worker": worker.pid, **run.env.server_pids()})
+        before = meter.read()
+        result, cleanup = batch(n)
+        spent = CpuMeter.spent(before, meter.read())
+        cleanup()
+    result["cpu_ms_per_job"] = {group: 1000 * s / n for group, s in spent.items()}
+    result["cpu_ms_per_job_total"] = sum(result["cpu_ms_per_job"].values())
+    return result
+
+
+def _pair(
+    run: Run, fig: Figure, n: int, bare_task: Callable, keel_name: str, keel_opts: object | None
+) -> None:
+    conc = run.sizes.worker_concurrency
+    systems = {
+        "bare Celery": (
+            lambda: CeleryWorker(run.env, "bare-bench", "bench.bare", conc, ["-Q", bare.QUEUE]),
+            lambda k: bare_batch(run, bare_task, k),
+        ),
+        "Keel": (
+            lambda: CeleryWorker(run.env, "keel-bench", "tasks", conc, ["-I", "bench.jobs"]),
+            lambda k: keel_batch(run, keel_name, k, keel_opts),
+        ),
+    }
+    rates = {name: Series(name, "jobs/s") for name in systems}
+    cpu = {name: Series(f"{name} CPU per job", "ms", chart=False) for name in systems}
+    checks: list[dict] = []
+    for rep in range(run.repeat):
+        for name, (worker, batch) in systems.items():  # A, B, A, B, ...
+            run.log(f"{fig.key} rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
+            result = _measured(run, worker(), n, batch)
+            rates[name].samples.append(result["rate"])
+            cpu[name].samples.append(result["cpu_ms_per_job_total"])
+            checks.append({"system": name, "rep": rep, **result})
+            run.log(
+                f"  {name}: {result['rate']:.0f} jobs/s, "
+                f"{result['cpu_ms_per_job_total']:.1f} CPU ms/job"
+            )
+    bare_s, keel_s = rates["bare Celery"], rates["Keel"]
+    fig.series = [bare_s, keel_s, *cpu.values()]
+    fig.ratio = ratio(keel_s, bare_s)
+    fig.ratio_text = "Keel / bare Celery (jobs/s)"
+    fig.details = {"jobs_per_repetition": n, "runs": checks, "worker_concurrency": conc}
+    enqueue = {
+        name: median(c["enqueue_rate"] for c in checks if c["system"] == name) for name in systems
+    }
+    fig.notes.append(
+        f"enqueue alone (producer, one thread): bare {enqueue['bare Celery']:.0f}/s, "
+        f"Keel {enqueue['Keel']:.0f}/s; CPU per job (all processes: producer, worker tree, "
+        f"Postgres, Redis) Keel/bare = {ratio(cpu['Keel'], cpu['bare Celery']):.1f}x"
+    )
+    if any(c["failed"] for c in checks):
+        fig.error = "some jobs failed"
+
+
+def p1_noop(run: Run) -> Figure:
+    fig = Figure("P1", "No-op jobs, enqueue → all finished", target="Keel ≥ 1.0x bare Celery")
+    _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None)
+    fig.met = fig.ratio is not None and fig.ratio >= 1.0
+    return fig
+
+
+def p2_retry(run: Run) -> Figure:
+    from tasks.jobs import JobOptions
+
+    fig = Figure("P2", "Fail once, then succeed", target="Keel ≥ 3x bare Celery")
+    _pair(run, fig, run.sizes.retry_jobs, bare.flaky, jobs.FLAKY, JobOptions(attempts=2))
+    fig.met = fig.ratio is not None and fig.ratio >= 3.0
+    n = run.sizes.retry_jobs
+    if any(c["system"] == "Keel" and c["failed_runs"] != n for c in fig.details["runs"]):
+        fig.error = "Keel did not record exactly one failed run per job"
+    return fig

@@ -1,0 +1,30 @@
+"""Keel handlers for P1 and P2, loaded into a real Keel worker with ``-I bench.jobs``.
+
+They live in the bench, not in ``tasks/``: production workers never know them.
+"""
+
+from __future__ import annotations
+
+from tasks.jobs import JobContext, handler
+
+QUEUE = "default"
+NOOP = "bench.noop"
+FLAKY = "bench.flaky"
+
+
+class PlannedFailure(Exception):
+    """The first run of a flaky job fails on purpose."""
+
+
+@handler(NOOP, queue=QUEUE)
+def noop(job: JobContext) -> None:
+    """Does nothing: what is left is Keel's own cost per job (records, events, claims)."""
+    return None
+
+
+@handler(FLAKY, queue=QUEUE)
+def flaky(job: JobContext) -> None:
+    """Fails its first run; ``attempts=2`` with no backoff runs it again at once."""
+    if job.attempts_made == 0:
+        raise PlannedFailure("planned failure on the first run")
+    return None

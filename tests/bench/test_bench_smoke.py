@@ -1,0 +1,49 @@
+"""The benchmark's one test: ``python -m bench --quick`` runs and writes what it promises.
+
+It checks the plumbing (servers, workers, JSON, Markdown, PNG), never the
+figures: numbers on a shared CI host say nothing. It runs in a subprocess
+with its own temporary servers, so nothing of the suite's stack is shared.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
+    # The suite's conftest points KEEL_* at its own servers: the bench must start its own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    env["TMPDIR"] = str(tmp_path)
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--repeat", "1", "--only", "P1,P5",
+         "--results-dir", str(out)],
+        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=140,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    [report] = out.glob("*.json")
+    body = json.loads(report.read_text())
+    assert body["meta"]["quick"] is True and body["meta"]["repeat"] == 1
+    assert set(body["figures"]) == {"P1", "P5"}
+    for key, figure in body["figures"].items():
+        assert figure["error"] is None, (key, figure["error"])
+        assert isinstance(figure["met"], bool) and figure["ratio"] > 0
+        assert all(len(s["samples"]) == 1 and s["median"] > 0 for s in figure["series"])
+    assert [s["label"] for s in body["figures"]["P1"]["series"]][:2] == ["bare Celery", "Keel"]
+    png = out / f"{report.stem}.png"
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra is installed
+        assert png.read_bytes().startswith(b"\x89PNG")
+    assert "| P1 " in (out / "latest.md").read_text()
+    assert not list(tmp_path.glob("keel-bench-*")), "the bench left its servers' data behind"
