@@ -54,6 +54,12 @@ def publish(
     ``ctx`` carries the Celery canvas context a job had when it first ran
     (chord callback, group id and index), so a job that is retried through
     the delayed set still counts toward its chord when it finally ends.
+
+    ``ignore_result``: results live in the job records, so the publisher
+    does not subscribe to a result channel. (Without it, every publish
+    subscribed through the result backend's pubsub, whose reconnect policy
+    blocks ~20 s when Redis is down — a POST hung that long during an outage.)
+    Chord parts still count: the worker reports them whatever this flag says.
     """
     from tasks.celery import app
 
@@ -63,6 +69,7 @@ def publish(
         kwargs=data,
         task_id=job_id,
         queue=queue,
+        ignore_result=True,
         retry=True,
         retry_policy=PUBLISH_RETRY,
         chord=ctx.get("chord"),

@@ -10,15 +10,18 @@ through the durable delayed set rather than Celery ETA messages.
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import traceback
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Task, shared_task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from tasks.config import get_settings
 from tasks.db import transaction
@@ -27,6 +30,13 @@ from tasks.jobs.errors import Defer, UnrecoverableError
 from tasks.jobs.options import Backoff, backoff_delay_ms
 from tasks.jobs.producer import park_for_republish
 from tasks.jobs.records import ClaimedJob
+
+log = logging.getLogger(__name__)
+
+# The records cannot be reached (database down, restarting, or out of connections).
+STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)
+# How long a delivery that found the records unreachable waits before going back to the queue.
+STORE_UNAVAILABLE_PAUSE_S = 1.0
 
 
 class JobContext:
@@ -86,7 +96,10 @@ class KeelTask(Task):
         try:
             return limits.admit(self._delivered_queue())
         except limits.LimitReached as held:
-            park_for_republish([self.request.id], in_s=held.wait_s)
+            try:
+                park_for_republish([self.request.id], in_s=held.wait_s)
+            except STORE_UNAVAILABLE as exc:
+                self._requeue_while_store_unavailable(exc)
             raise Ignore() from None
 
     def _delivered_queue(self) -> str:
@@ -126,18 +139,35 @@ class KeelTask(Task):
     def _claim(self) -> ClaimedJob:
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
-        with transaction() as session:
-            claimed = records.claim(
-                session,
-                self.request.id,
-                uuid.uuid4().hex,
-                settings.lock_duration_s,
-                worker,
-                self._canvas_context(),
-            )
+        try:
+            with transaction() as session:
+                claimed = records.claim(
+                    session,
+                    self.request.id,
+                    uuid.uuid4().hex,
+                    settings.lock_duration_s,
+                    worker,
+                    self._canvas_context(),
+                )
+        except STORE_UNAVAILABLE as exc:
+            self._requeue_while_store_unavailable(exc)
         if claimed is None:
             raise Ignore()  # not ours to run: duplicate delivery or finished job
         return claimed
+
+    def _requeue_while_store_unavailable(self, exc: Exception) -> NoReturn:
+        """The records cannot be reached: put the message back rather than lose it.
+
+        Nothing has run and nothing was recorded, so the delivery is simply
+        given back to the broker (at the back of its queue) after a short
+        pause, and is tried again until the database answers. Acknowledging
+        it — what a plain exception here does — would leave a waiting record
+        that no message will ever wake.
+        """
+        log.warning("job store unavailable; job %s goes back to its queue: %s",
+                    self.request.id, exc.__class__.__name__)  # fmt: skip
+        time.sleep(STORE_UNAVAILABLE_PAUSE_S)
+        raise Reject(str(exc), requeue=True) from exc
 
     def _canvas_context(self) -> dict[str, Any] | None:
         """The chord this delivery belongs to, kept so a later run still counts toward it."""

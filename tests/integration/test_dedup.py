@@ -70,7 +70,9 @@ def test_another_user_is_not_deduplicated_against_me(client):
 
 
 def test_fifty_concurrent_identical_submissions_make_one_job(app):
-    body = {"reportId": unique(), "rows": 11}
+    # failing runs keep the first job unfinished (retrying) for seconds, so every
+    # submission lands while it is live, however slowly the 50 threads get going
+    body = {"reportId": unique(), "rows": 11, "failUntilAttempt": 3}
     barrier = threading.Barrier(50)
     answers: list[dict] = []
 

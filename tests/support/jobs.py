@@ -31,3 +31,19 @@ def sleep(job: JobContext) -> dict:
     """Hold a worker process for ``data["ms"]`` milliseconds (concurrency tests)."""
     time.sleep(job.data.get("ms", 0) / 1000)
     return {"slept": job.data.get("ms", 0)}
+
+
+@handler("test.hold", queue="default")
+def hold(job: JobContext) -> dict:
+    """Hold a worker process until the file ``data["until"]`` exists (at most ``data["maxMs"]``).
+
+    Lets a chaos test keep a worker connected but busy, so that jobs added
+    meanwhile wait in the broker instead of being taken at once.
+    """
+    from pathlib import Path
+
+    deadline = time.monotonic() + job.data.get("maxMs", 60_000) / 1000
+    until = Path(job.data["until"])
+    while not until.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"released": until.exists()}
