@@ -9,13 +9,17 @@ archive in the same statement that trims it.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
+from tasks.db import transaction
 from tasks.jobs import dedup
 from tasks.jobs.records import ClaimedJob
+
+log = logging.getLogger(__name__)
 
 _ARCHIVE = """
     WITH gone AS ({delete} RETURNING *)
@@ -65,6 +69,24 @@ def trim(session: Session, queue: str, state: str, setting: Any) -> int:
 
 
 def on_finished(session: Session, job: ClaimedJob | Any, state: str) -> None:
+    """Release the job's dedup claim now; trim the queue once this transaction commits.
+
+    Trimming inside the finishing transaction would not see jobs finishing
+    concurrently (their rows are not committed yet), and two last jobs could
+    each leave one record too many. After the commit every finish is visible.
+    """
     dedup.release(session, job.id)
     key = "removeOnComplete" if state == "completed" else "removeOnFail"
-    trim(session, job.queue, state, job.opts.get(key))
+    setting = job.opts.get(key)
+    if retention(setting) is None:
+        return
+    queue = job.queue
+
+    def trim_committed(_session: Session) -> None:
+        try:
+            with transaction() as fresh:
+                trim(fresh, queue, state, setting)
+        except Exception:  # retention is best effort; the next finish trims again
+            log.warning("could not trim %s records of %s", state, queue, exc_info=True)
+
+    event.listen(session, "after_commit", trim_committed, once=True)
