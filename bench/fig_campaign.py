@@ -53,7 +53,7 @@ def _verify(provider: HttpChild, n: int, groups: int, who: str) -> dict:
 
 def raw_loop(provider: HttpChild, n: int, capacity: int, tag: str) -> float:
     """Post the same batches straight to the sandbox; messages/s."""
-    from tasks.notifications.campaigns import render
+    from tasks.notifications.templates import render
 
     client = requests.Session()
     started = time.time()

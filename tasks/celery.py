@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tasks.catalog import JOB_MODULES
 from tasks.jobs.promoter import Promoter
-
-JOB_MODULES = [
-    "tasks.jobs.signals",
-    "tasks.reports.jobs",
-    "tasks.reports.schedules",
-    "tasks.notifications.jobs",
-    "tasks.notifications.schedules",
-]
 
 app = Celery("keel", include=JOB_MODULES)
 app.config_from_object("tasks.celeryconfig")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from kombu import Exchange, Queue
 
 from tasks.config import get_settings
+from tasks.jobs.tenancy import PRIORITY_STEPS
 
 QUEUES = ("reports", "notifications", "default")
 
@@ -32,6 +33,8 @@ broker_transport_options = {
     "unacked_restore_throttle": 1,
     "unacked_mutex_expire": 30,
     "socket_timeout": 5,
+    # A tenant's load on a queue lowers the priority of its next job (tasks.jobs.tenancy).
+    "priority_steps": list(PRIORITY_STEPS),
 }
 task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
 task_default_queue = "default"

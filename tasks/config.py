@@ -84,6 +84,8 @@ class Settings:
     provider_retry_delay_ms: int
     max_stalled_count: int
     queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
+    tenant_quotas: str = ""  # KEEL_TENANT_QUOTAS, JSON; parsed by tasks.quotas
+    token_max_ttl_s: int = 30 * 86_400  # KEEL_TOKEN_MAX_TTL_S
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -133,6 +135,8 @@ def get_settings() -> Settings:
         provider_retry_delay_ms=int(get("KEEL_PROVIDER_RETRY_DELAY_MS", "500") or 500),
         max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
         queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
+        tenant_quotas=get("KEEL_TENANT_QUOTAS", "") or "",
+        token_max_ttl_s=int(get("KEEL_TOKEN_MAX_TTL_S", str(30 * 86_400)) or 30 * 86_400),
     )
 
 

@@ -34,6 +34,7 @@ os.environ.update(
 
 import pytest  # noqa: E402
 
+import tests.support.jobs  # noqa: E402,F401  (the test job types, declared as in the test worker)
 from tests.support.stack import SandboxProcess, TestStack, WorkerProcess  # noqa: E402
 
 

@@ -20,15 +20,20 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.config.from_mapping(
         SECRET_KEY=settings.secret_key,
         KEEL_FAULT_INJECTION=settings.fault_injection,
+        KEEL_TOKEN_MAX_TTL_S=settings.token_max_ttl_s,
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         JSON_SORT_KEYS=False,
     )
     if test_config:
         app.config.update(test_config)
-    if not app.config["SECRET_KEY"]:
-        raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
 
+    # Imported here, not at the top: ``web.cli`` lives in this package and must stay fast.
+    from tasks import quotas
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
+    from web.auth import check_secret
+
+    check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
+    quotas.current()  # and with a malformed KEEL_TENANT_QUOTAS
 
     errors.init_app(app)
     ratelimit.init_app(app)

@@ -1,8 +1,14 @@
 """Bearer tokens: HS256 JWTs whose claims say who is asking.
 
-``sub`` is the user, ``tenant`` the tenant and ``roles`` the roles; ``exp``
-is required and only HS256 is accepted. Nothing about the caller's identity
-is ever read from a request body.
+``sub`` is the user, ``tenant`` the tenant and ``roles`` the roles; ``iat``
+and ``exp`` are required, and a token may live at most ``KEEL_TOKEN_MAX_TTL_S``
+(30 days by default) — a stolen token stops working. Only HS256 is accepted,
+with a key of at least 32 bytes. Nothing about the caller's identity is ever
+read from a request body.
+
+Tenant and user ids are plain names (``ID_PATTERN``): they appear in object
+keys and derived ids, so ``/``, ``..`` and other separators are refused with
+the token, before any of them could reach a path or a key.
 """
 
 from __future__ import annotations
@@ -21,23 +27,30 @@ from tasks.jobs import Owner
 from web import ratelimit
 from web.errors import ApiError
 
+OPERATOR = "operator"
 ALGORITHMS = ["HS256"]
 MAX_TOKEN_BYTES = 8192
-# Tenant and user ids are stored in String(200) columns and Postgres text cannot
-# hold NUL: an id outside this would fail as a 500 at the first write. (An empty
-# tenant is the system scope of job schedulers: no token may claim it.)
-MAX_ID_CHARS = 200
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MIN_SECRET_BYTES = 32
+# Letters, digits, ".", "_", "-"; 1..64 characters; never "." or ".." nor any "..".
+# (An empty tenant is the system scope of job schedulers: no token may claim it.)
+ID_PATTERN = re.compile(r"(?!.*\.\.)(?!\.$)[A-Za-z0-9._-]{1,64}")
+ID_RULE = "1..64 of A-Z a-z 0-9 . _ - without '..' (and not '.')"
 
 
-def _is_id(value: object) -> bool:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_CHARS:
-        return False
-    try:
-        value.encode("utf-8")  # an unpaired surrogate cannot be stored either
-    except UnicodeEncodeError:
-        return False
-    return not _CONTROL.search(value) and not value.isspace()
+def is_id(value: object) -> bool:
+    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
+
+
+def check_secret(secret: str | None) -> str:
+    """The signing key, or a ``RuntimeError`` saying why it cannot be used."""
+    if not secret:
+        raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
+    if len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
+        raise RuntimeError(
+            f"KEEL_SECRET_KEY is {len(secret.encode('utf-8'))} bytes; HS256 needs at least "
+            f"{MIN_SECRET_BYTES}: use a random one, e.g. secrets.token_urlsafe(48)"
+        )
+    return secret
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,11 @@ class Principal:
     def owner(self) -> Owner:
         return Owner(self.tenant_id, self.user_id)
 
+    @property
+    def operator(self) -> bool:
+        """Operators act on every object of their tenant; other users on their own."""
+        return OPERATOR in self.roles
+
 
 def issue_token(secret: str, tenant: str, user: str, roles: list[str], ttl_s: int = 3600) -> str:
     now = int(time.time())
@@ -59,11 +77,20 @@ def issue_token(secret: str, tenant: str, user: str, roles: list[str], ttl_s: in
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
+def _lifetime_problem(claims: dict[str, Any], max_ttl_s: int) -> str | None:
+    issued, expires = claims.get("iat"), claims.get("exp")
+    if not isinstance(issued, int | float) or not isinstance(expires, int | float):
+        return "iat and exp must be numbers"
+    if expires - issued > max_ttl_s:
+        return f"the token lives longer than the {max_ttl_s} s allowed"
+    return None
+
+
 def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, headers={"WWW-Authenticate": 'Bearer realm="keel"'})
 
 
-def decode(token: str, secret: str) -> Principal:
+def decode(token: str, secret: str, max_ttl_s: int) -> Principal:
     if len(token) > MAX_TOKEN_BYTES:
         raise _unauthorized("token too large")
     try:
@@ -71,15 +98,16 @@ def decode(token: str, secret: str) -> Principal:
             token,
             secret,
             algorithms=ALGORITHMS,
-            options={"require": ["exp", "sub", "tenant"]},
+            options={"require": ["exp", "iat", "sub", "tenant"]},
         )
     except jwt.PyJWTError as exc:
         raise _unauthorized(f"invalid token: {exc}") from None
+    lifetime = _lifetime_problem(claims, max_ttl_s)
+    if lifetime:
+        raise _unauthorized(f"invalid token: {lifetime}")
     tenant, user, roles = claims.get("tenant"), claims.get("sub"), claims.get("roles", [])
-    if not _is_id(tenant) or not _is_id(user):
-        raise _unauthorized(
-            f"invalid token: tenant and sub must be strings of 1..{MAX_ID_CHARS} printable chars"
-        )
+    if not is_id(tenant) or not is_id(user):
+        raise _unauthorized(f"invalid token: tenant and sub must be ids ({ID_RULE})")
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise _unauthorized("invalid token: roles must be a list of strings")
     return Principal(tenant, user, tuple(roles))
@@ -92,7 +120,8 @@ def current_principal() -> Principal:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("missing bearer token")
-    return decode(token.strip(), current_app.config["SECRET_KEY"])
+    config = current_app.config
+    return decode(token.strip(), config["SECRET_KEY"], config["KEEL_TOKEN_MAX_TTL_S"])
 
 
 def require(role: str | None = None) -> Callable:
@@ -102,7 +131,7 @@ def require(role: str | None = None) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
             principal = current_principal()
-            ratelimit.check(principal.tenant_id)  # after authentication: the key is the tenant
+            ratelimit.check(principal.tenant_id, principal.user_id)  # keys from the token
             if role is not None and role not in principal.roles:
                 raise ApiError(403, f"role {role!r} required")
             g.principal = principal

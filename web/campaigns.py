@@ -8,6 +8,7 @@ from typing import Any
 from flask import Blueprint, g
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from tasks import quotas
 from tasks.notifications import campaigns, service
 from web.api import operation
 from web.schemas import Open, Strict
@@ -89,14 +90,16 @@ def create_campaign(body: CreateCampaign):
         recipients=[r.model_dump() for r in body.recipients] if body.recipients else None,
         recipient_count=body.recipientCount, chunk_size=body.chunkSize,
     )  # fmt: skip
-    campaign = service.create(g.principal.owner, spec)
+    campaign = service.create(g.principal.owner, spec, quotas.current())
     return {"campaignId": campaign.id, "statusUrl": _status_url(campaign.id)}, 202
 
 
 @operation(bp, "/<campaign_id>", "GET", summary="A campaign's chunks, generations and report",
            responses={200: CampaignStatus, 404: None})  # fmt: skip
 def get_campaign(campaign_id: str):
-    return campaigns.describe(campaigns.get_owned(campaign_id, g.principal.owner))
+    principal = g.principal
+    found = campaigns.get_owned(campaign_id, principal.owner, tenant_wide=principal.operator)
+    return campaigns.describe(found)
 
 
 @operation(bp, "/<campaign_id>/resume", "POST", role="operator",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -18,7 +19,14 @@ def main() -> None:
 @main.command()
 def up() -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
+    from web.auth import check_secret
     from web.stack import Stack
+
+    if "KEEL_SECRET_KEY" in os.environ:  # unset: keel up generates a strong one
+        try:
+            check_secret(os.environ["KEEL_SECRET_KEY"])
+        except RuntimeError as exc:
+            raise click.ClickException(str(exc)) from None
 
     sys.exit(Stack().run())
 
@@ -27,14 +35,24 @@ def up() -> None:
 @click.option("--tenant", required=True)
 @click.option("--user", required=True)
 @click.option("--role", "roles", multiple=True, help="repeat for several roles")
-@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(1), help="seconds")
+@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(1),
+              help="seconds, at most KEEL_TOKEN_MAX_TTL_S (30 days by default)")  # fmt: skip
 def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
     """Print a signed bearer token."""
-    from web.auth import issue_token
+    from web.auth import ID_RULE, check_secret, is_id, issue_token
 
-    secret = get_settings().secret_key
-    if not secret:
+    settings = get_settings()
+    if ttl > settings.token_max_ttl_s:
+        raise click.BadParameter(f"at most {settings.token_max_ttl_s} s", param_hint="--ttl")
+    for name, value in (("--tenant", tenant), ("--user", user)):
+        if not is_id(value):
+            raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
+    if not settings.secret_key:
         raise click.ClickException("KEEL_SECRET_KEY is not set and no stack is running")
+    try:
+        secret = check_secret(settings.secret_key)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(issue_token(secret, tenant, user, list(roles), ttl))
 
 
@@ -80,25 +98,52 @@ def schedulers_list(tenant: str) -> None:
 @click.option("--data", default="{}", help="job data as JSON")
 @click.option("--opts", default="{}", help="job options as JSON (attempts, backoff, ...)")
 @click.option("--queue", help="default: the queue the job's handler is registered on")
-@click.option("--tenant", default="")
+@click.option("--tenant", default="", help="the tenant that owns it (default: the system)")
+@click.option("--user", help="with --tenant: the user its jobs belong to")
 def schedulers_upsert(scheduler_id: str, pattern: str | None, every: int | None, tz: str,
                       immediately: bool, limit: int | None, job_name: str, data: str, opts: str,
-                      queue: str | None, tenant: str) -> None:  # fmt: skip
-    """Create or update SCHEDULER_ID."""
+                      queue: str | None, tenant: str, user: str | None) -> None:  # fmt: skip
+    """Create or update SCHEDULER_ID.
+
+    A tenant's scheduler (--tenant, --user) follows the API's rules: only jobs
+    tenants may schedule, identity from --tenant/--user, the tenant's quotas.
+    """
     from pydantic import ValidationError
 
+    from tasks import catalog, quotas
     from tasks.jobs import schedulers
+    from tasks.jobs.errors import KeelError
     from tasks.jobs.schedulers import SchedulerSpec, Scope
+    from web.auth import ID_RULE, is_id
 
+    if bool(tenant) != bool(user):
+        raise click.UsageError("--tenant and --user go together (a tenant's jobs need a user)")
+    for name, value in (("--tenant", tenant), ("--user", user)):
+        if value and not is_id(value):
+            raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
     raw = {"pattern": pattern, "every": every, "tz": tz, "immediately": immediately,
            "limit": limit,
-           "template": {"name": job_name, "data": json.loads(data), "opts": json.loads(opts)}}
+           "template": {"name": job_name, "data": _json_option("--data", data),
+                        "opts": _json_option("--opts", opts)}}  # fmt: skip
+    catalog.load()
     try:
         spec = SchedulerSpec.model_validate({k: v for k, v in raw.items() if v is not None})
-    except ValidationError as exc:
+        quota = quotas.current().scheduling if tenant else None
+        record = schedulers.upsert(Scope(tenant, user or "cli"), scheduler_id, spec,
+                                   queue=queue, quota=quota)  # fmt: skip
+    except (ValidationError, KeelError) as exc:
         raise click.ClickException(str(exc)) from None
-    record = schedulers.upsert(Scope(tenant, "cli"), scheduler_id, spec, queue=queue)
     click.echo(json.dumps(schedulers.describe(record), default=str))
+
+
+def _json_option(name: str, raw: str) -> dict:
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=name) from None
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint=name)
+    return value
 
 
 @schedulers_group.command("remove")

@@ -8,7 +8,7 @@ from flask import Flask, jsonify
 from sqlalchemy.exc import OperationalError as DatabaseDown
 from werkzeug.exceptions import HTTPException
 
-from tasks.jobs.errors import InvalidJobState, JobConflict, JobNotFound, KeelError
+from tasks.jobs.errors import KeelError
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,6 @@ HTTP_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
-KEEL_STATUS = {JobNotFound: 404, InvalidJobState: 400, JobConflict: 409}
 
 
 class ApiError(Exception):
@@ -60,8 +59,10 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(KeelError)
     def _keel(error: KeelError):
-        status = next((s for t, s in KEEL_STATUS.items() if isinstance(error, t)), 400)
-        return error_response(ApiError(status, str(error), details=error.details))
+        """Keel's errors carry their own status and code."""
+        code = None if error.code == KeelError.code else error.code
+        return error_response(ApiError(error.status, str(error), code=code,
+                                       details=error.details))  # fmt: skip
 
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException):

@@ -118,7 +118,8 @@ def _resume_after() -> str:
 )
 def job_events(job_id: str):
     timeout_s = _timeout_s()
-    job = get_owned(job_id, g.principal.owner, queue=QUEUE)
+    principal = g.principal
+    job = get_owned(job_id, principal.owner, queue=QUEUE, tenant_wide=principal.operator)
     stream = JobEventStream(
         job_id=job.id,
         queue=job.queue,

@@ -7,7 +7,9 @@ with ``Retry-After``.
 
 ``KEEL_TENANT_RATE_LIMIT`` (env, or app config in tests) sets the limit in the
 ``limits`` notation, e.g. ``600/minute``; ``off`` disables it. The default is
-generous: the limit is a guard against floods, not a quota.
+generous: the limit is a guard against floods, not a quota. Within a tenant,
+one user may take only a share of it (``KEEL_USER_RATE_LIMIT``, half of the
+tenant's by default), so one user's runaway script leaves room for the others.
 
 The limiter fails open: if Redis cannot be reached the request goes through and
 the problem is logged (at most once per back-off period), because refusing all
@@ -45,10 +47,11 @@ REDIS_TIMEOUT_S = 0.5
 
 @dataclass
 class TenantRateLimiter:
-    """A moving-window limit per tenant in Redis, failing open when Redis is down."""
+    """Moving-window limits per tenant and per user in Redis, failing open when Redis is down."""
 
     item: RateLimitItem | None
     storage_url: str | None = None  # None: the stack's Redis (KEEL_REDIS_URL), read on first use
+    user_item: RateLimitItem | None = None
     _limiter: MovingWindowRateLimiter | None = None
     _down_until: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -65,52 +68,76 @@ class TenantRateLimiter:
                 self._limiter = MovingWindowRateLimiter(storage)
             return self._limiter
 
-    def check(self, tenant_id: str) -> None:
-        """Count one request for ``tenant_id``; raise 429 past the limit."""
+    def check(self, tenant_id: str, user_id: str | None = None) -> None:
+        """Count one request for the user, then its tenant; raise 429 past either limit.
+
+        The user's share is checked first, so requests refused for it do not
+        spend the budget the tenant's other users share.
+        """
         if self.item is None or time.monotonic() < self._down_until:
             return
-        try:
-            limiter = self._strategy()
-            if limiter.hit(self.item, tenant_id):
+        checks = [("tenant", self.item, (tenant_id,))]
+        if self.user_item is not None and user_id is not None:
+            checks.insert(0, ("user", self.user_item, (tenant_id, user_id)))
+        for who, item, keys in checks:
+            try:
+                limiter = self._strategy()
+                if limiter.hit(item, *keys):
+                    continue
+                reset_at = limiter.get_window_stats(item, *keys).reset_time
+            except Exception as exc:  # any storage failure: fail open, never 500
+                self._down_until = time.monotonic() + BACKOFF_S
+                log.warning("request rate limit unavailable, letting requests through: %s", exc)
                 return
-            reset_at = limiter.get_window_stats(self.item, tenant_id).reset_time
-        except Exception as exc:  # any storage failure: fail open, never 500
-            self._down_until = time.monotonic() + BACKOFF_S
-            log.warning("tenant rate limit unavailable, letting requests through: %s", exc)
-            return
+            raise self._refusal(who, item, reset_at)
+
+    @staticmethod
+    def _refusal(who: str, item: RateLimitItem, reset_at: float) -> ApiError:
         retry_after = max(1, math.ceil(reset_at - time.time()))
-        raise ApiError(
+        return ApiError(
             429,
-            f"tenant request rate limit exceeded ({self.item}); retry after {retry_after}s",
-            details=[{"limit": str(self.item), "retryAfterSeconds": retry_after}],
+            f"{who} request rate limit exceeded ({item}); retry after {retry_after}s",
+            details=[{"limit": f"{who}RequestRate", "rate": str(item),
+                      "retryAfterSeconds": retry_after}],
             headers={"Retry-After": str(retry_after)},
-        )
+        )  # fmt: skip
 
 
-def _parse(limit: str) -> RateLimitItem | None:
+def _parse(limit: str, name: str = "KEEL_TENANT_RATE_LIMIT") -> RateLimitItem | None:
     if limit.strip().lower() in ("", "off", "none", "0"):
         return None
     try:
         return parse(limit)
     except ValueError:
-        raise RuntimeError(
-            f"KEEL_TENANT_RATE_LIMIT={limit!r} is not a rate such as '600/minute'"
-        ) from None
+        raise RuntimeError(f"{name}={limit!r} is not a rate such as '600/minute'") from None
+
+
+def _user_share(tenant: RateLimitItem | None) -> str:
+    """Half of the tenant's limit, over the same window."""
+    if tenant is None:
+        return "off"
+    return f"{max(1, tenant.amount // 2)}/{tenant.multiples} {tenant.GRANULARITY.name}"
 
 
 def init_app(app: Flask) -> None:
-    """Read the limit (test config wins over env) and attach the limiter to ``app``."""
+    """Read the limits (test config wins over env) and attach the limiter to ``app``."""
     app.config.setdefault(
         "KEEL_TENANT_RATE_LIMIT", os.environ.get("KEEL_TENANT_RATE_LIMIT", DEFAULT_LIMIT)
     )
+    tenant = _parse(str(app.config["KEEL_TENANT_RATE_LIMIT"]))
+    app.config.setdefault(
+        "KEEL_USER_RATE_LIMIT", os.environ.get("KEEL_USER_RATE_LIMIT", _user_share(tenant))
+    )
     app.config.setdefault("KEEL_RATELIMIT_STORAGE_URL", None)
     app.extensions[EXTENSION] = TenantRateLimiter(
-        _parse(str(app.config["KEEL_TENANT_RATE_LIMIT"])), app.config["KEEL_RATELIMIT_STORAGE_URL"]
+        tenant,
+        app.config["KEEL_RATELIMIT_STORAGE_URL"],
+        _parse(str(app.config["KEEL_USER_RATE_LIMIT"]), "KEEL_USER_RATE_LIMIT"),
     )
 
 
-def check(tenant_id: str) -> None:
-    """Apply the current app's tenant limit (apps without one are unlimited)."""
+def check(tenant_id: str, user_id: str | None = None) -> None:
+    """Apply the current app's tenant and user limits (apps without them are unlimited)."""
     limiter: TenantRateLimiter | None = current_app.extensions.get(EXTENSION)
     if limiter is not None:
-        limiter.check(tenant_id)
+        limiter.check(tenant_id, user_id)

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from flask import Blueprint, current_app, g
 from pydantic import AwareDatetime, Field, field_validator
 
+from tasks import quotas
 from tasks.jobs.counts import counts
 from tasks.jobs.queries import describe, iso
 from tasks.reports import service
-from tasks.reports.jobs import QUEUE
+from tasks.reports.jobs import QUEUE, ReportRequest
 from web.api import operation
 from web.errors import ApiError
 from web.schemas import JobAccepted, JobStatus, Open, Strict
 
 bp = Blueprint("reports", __name__, url_prefix="/api/v1/reports")
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 
 
-class CreateReport(Strict):
-    reportId: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    rows: int = Field(ge=1, le=100_000)
+class CreateReport(ReportRequest):
     failUntilAttempt: int | None = Field(
         default=None,
         ge=0,
@@ -75,11 +73,12 @@ def create_report(body: CreateReport):
     bp,
     "/jobs/<job_id>",
     "GET",
-    summary="A report job's state, progress and result",
+    summary="A report job's state, progress and result (operators: any job of their tenant)",
     responses={200: JobStatus, 401: None, 404: None},
 )
 def get_job(job_id: str):
-    return describe(service.get_job(g.principal.owner, job_id))
+    principal = g.principal
+    return describe(service.get_job(principal.owner, job_id, tenant_wide=principal.operator))
 
 
 class RetryJob(Strict):
@@ -95,9 +94,7 @@ def retry_job(job_id: str, body: RetryJob):
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
 
 
-class ScheduleReport(Strict):
-    reportId: str = Field(min_length=1, max_length=200, pattern=ID_PATTERN)
-    rows: int = Field(ge=1, le=100_000)
+class ScheduleReport(ReportRequest):
     runAt: AwareDatetime = Field(strict=False, description="ISO-8601 with a time zone")
 
     @field_validator("runAt")
@@ -123,6 +120,11 @@ def schedule_report(body: ScheduleReport):
         raise ApiError(400, "runAt must be in the future", code="validation_failed",
                        details=[{"field": "runAt", "message": "not in the future",
                                  "type": "value_error"}])  # fmt: skip
+    horizon = quotas.current().max_delay_seconds
+    if body.runAt > now + timedelta(seconds=horizon):
+        raise ApiError(400, f"runAt may be at most {horizon} s ahead", code="validation_failed",
+                       details=[{"field": "runAt", "limit": "maxDelaySeconds", "max": horizon,
+                                 "type": "value_error"}])  # fmt: skip
     submitted = service.submit(g.principal.owner, body.reportId, body.rows, run_at=body.runAt,
                                now=now)  # fmt: skip
     return {
@@ -141,9 +143,9 @@ class QueueHealth(Open):
     failed: int
 
 
-@operation(bp, "/queue/health", "GET", summary="Jobs per state in the reports queue",
+@operation(bp, "/queue/health", "GET", summary="The tenant's jobs per state in the reports queue",
            role="operator", responses={200: QueueHealth})  # fmt: skip
 def queue_health():
-    found = counts(QUEUE)
+    found = counts(QUEUE, g.principal.tenant_id)
     return {state: found[state] for state in ("waiting", "active", "delayed", "completed",
                                               "failed")}  # fmt: skip

@@ -1,4 +1,9 @@
-"""``/api/v1/schedulers``: job schedulers of the operator's tenant."""
+"""``/api/v1/schedulers``: job schedulers of the operator's tenant.
+
+A template may name only jobs declared schedulable by tenants, with data their
+declaration accepts and no identity of its own: the fired jobs belong to the
+scheduler's tenant and the operator who last upserted it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Annotated
 from flask import Blueprint, g
 from pydantic import ConfigDict, Field, model_validator
 
+from tasks import catalog, quotas
 from tasks.jobs import schedulers
 from tasks.jobs.options import Backoff, JobOptions, KeepJobs
 from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
@@ -115,8 +121,10 @@ def _checked_id(scheduler_id: str) -> str:
            body=UpsertScheduler, role=OPERATOR, responses={200: SchedulerView},
            params={"scheduler_id": ID})  # fmt: skip
 def upsert_scheduler(scheduler_id: str, body: UpsertScheduler):
+    catalog.load()  # every job type declared, whichever this process imported so far
     spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
-    record = schedulers.upsert(_scope(), _checked_id(scheduler_id), spec, queue=body.queue)
+    record = schedulers.upsert(_scope(), _checked_id(scheduler_id), spec, queue=body.queue,
+                               quota=quotas.current().scheduling)  # fmt: skip
     return schedulers.describe(record)
 
 

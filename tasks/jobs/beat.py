@@ -5,6 +5,7 @@ Keel's config). Each tick fires the schedulers that are due and sleeps until
 the next one, at most ``max_interval`` so changes made through the API reach
 a running beat within a second. Several beats may run at once: row locks
 with SKIP LOCKED and derived job ids keep it at one job per scheduled time.
+A tenant's scheduler fires under the tenant's quotas (``tasks.quotas``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 
 from celery.beat import Scheduler
 
+from tasks import quotas
 from tasks.jobs import schedulers
 
 log = logging.getLogger(__name__)
@@ -24,12 +26,13 @@ class KeelScheduler(Scheduler):
     max_interval = 1.0
 
     def setup_schedule(self) -> None:
+        quotas.current()  # a malformed KEEL_TENANT_QUOTAS stops beat at start, loudly
         if self.app.conf.beat_schedule:
             log.warning("beat_schedule entries are ignored: use job schedulers (keel schedulers)")
 
     def tick(self, *args, **kwargs) -> float:
         try:
-            for job_id in schedulers.fire_due():
+            for job_id in schedulers.fire_due(job_limits=quotas.current().jobs):
                 log.info("scheduler fired job %s", job_id)
             return schedulers.seconds_until_next(self.max_interval)
         except Exception:  # the database may be briefly away; try again shortly

@@ -3,7 +3,9 @@
 A trigger appends ``±1`` deltas on every state change; ``compact`` folds
 them into ``job_counts`` (one compactor at a time, by advisory lock), and
 readers add the compacted counts to whatever deltas are still pending. The
-cost of a read stays flat however many records the queue holds.
+cost of a read stays flat however many records the queue holds. Counts are
+kept per tenant (``""`` for system jobs), so a tenant's view counts only its
+own jobs; a queue's total sums its tenants.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ def compact(max_rows: int = 50_000) -> int:
                 WITH folded AS (
                     DELETE FROM job_count_deltas WHERE id IN (
                         SELECT id FROM job_count_deltas ORDER BY id LIMIT :max)
-                    RETURNING queue, state, n),
-                summed AS (SELECT queue, state, sum(n) AS n FROM folded GROUP BY queue, state)
-                INSERT INTO job_counts (queue, state, n) SELECT queue, state, n FROM summed
-                ON CONFLICT (queue, state) DO UPDATE SET n = job_counts.n + EXCLUDED.n
+                    RETURNING queue, tenant_id, state, n),
+                summed AS (SELECT queue, tenant_id, state, sum(n) AS n FROM folded
+                           GROUP BY queue, tenant_id, state)
+                INSERT INTO job_counts (queue, tenant_id, state, n)
+                SELECT queue, tenant_id, state, n FROM summed
+                ON CONFLICT (queue, tenant_id, state) DO UPDATE SET n = job_counts.n + EXCLUDED.n
                 """
                 ),
                 {"max": max_rows},
@@ -41,20 +45,22 @@ def compact(max_rows: int = 50_000) -> int:
         )
 
 
-def counts(queue: str) -> dict[str, int]:
-    """Jobs per state in ``queue``, exact as of this transaction."""
+def counts(queue: str, tenant_id: str | None = None) -> dict[str, int]:
+    """Jobs per state in ``queue`` (only ``tenant_id``'s if given), exact as of this transaction."""
+    mine = "" if tenant_id is None else " AND tenant_id = :tenant"
     with transaction() as session:
         rows = session.execute(
             text(
-                """
+                f"""
                 SELECT state, sum(n) FROM (
-                    SELECT state, n FROM job_counts WHERE queue = :queue
+                    SELECT state, n FROM job_counts WHERE queue = :queue{mine}
                     UNION ALL
-                    SELECT state, n FROM job_count_deltas WHERE queue = :queue) AS all_counts
+                    SELECT state, n FROM job_count_deltas WHERE queue = :queue{mine}
+                ) AS all_counts
                 GROUP BY state
                 """
             ),
-            {"queue": queue},
+            {"queue": queue, "tenant": tenant_id},
         ).all()
     found = dict.fromkeys(STATES, 0)
     found.update({state: int(n) for state, n in rows})

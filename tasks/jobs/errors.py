@@ -4,9 +4,13 @@ from __future__ import annotations
 
 
 class KeelError(Exception):
-    """Keel could not do what was asked."""
+    """Keel could not do what was asked.
+
+    ``status`` and ``code`` say how the HTTP API answers it (one handler maps them).
+    """
 
     code = "keel_error"
+    status = 400
 
     def __init__(self, message: str | None = None, *, details: list | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -17,6 +21,7 @@ class JobNotFound(KeelError):
     """No such job."""
 
     code = "not_found"
+    status = 404
 
 
 class InvalidJobState(KeelError):
@@ -29,6 +34,26 @@ class JobConflict(KeelError):
     """Another job or result already covers this operation."""
 
     code = "conflict"
+    status = 409
+
+
+class TemplateRefused(KeelError):
+    """A scheduler's job template asks for something its owner may not schedule."""
+
+    code = "validation_failed"
+
+
+class QuotaExceeded(KeelError):
+    """The tenant is at one of its quotas (``details`` name the limit)."""
+
+    code = "quota_exceeded"
+    status = 429
+
+
+class LimitExceeded(KeelError):
+    """The request is bigger or further out than a tenant may ask for (a shape limit)."""
+
+    code = "validation_failed"
 
 
 class UnrecoverableError(Exception):
@@ -39,6 +64,7 @@ class BrokerUnavailable(KeelError):
     """The broker could not be reached."""
 
     code = "broker_unavailable"
+    status = 503
 
 
 class Defer(Exception):

@@ -28,6 +28,7 @@ from tasks.db import Base
 
 STATES = ("waiting", "active", "delayed", "completed", "failed", "waiting-children")
 FINISHED_STATES = ("completed", "failed")
+LIVE_STATES = ("waiting", "active", "delayed", "waiting-children")
 
 
 class JobRecord(Base):
@@ -73,9 +74,17 @@ class JobRecord(Base):
         Index(
             "ix_jobs_finished",
             "queue",
+            "tenant_id",
             "state",
             "finished_on",
             postgresql_where=text("state IN ('completed','failed')"),
+        ),
+        Index(
+            "ix_jobs_tenant_live",
+            "tenant_id",
+            "queue",
+            "state",
+            postgresql_where=text("state IN ('waiting', 'active', 'delayed', 'waiting-children')"),
         ),
         Index("ix_jobs_owner", "tenant_id", "user_id"),
         Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
@@ -179,11 +188,15 @@ class JobSchedulerRecord(Base):
 
 
 class JobCount(Base):
-    """Compacted per-state job counts (see ``tasks.jobs.counts``)."""
+    """Compacted job counts per queue, tenant (``""``: system jobs) and state.
+
+    See ``tasks.jobs.counts``.
+    """
 
     __tablename__ = "job_counts"
 
     queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")
     state: Mapped[str] = mapped_column(String(20), primary_key=True)
     n: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
@@ -195,5 +208,6 @@ class JobCountDelta(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     queue: Mapped[str] = mapped_column(String(100), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
     state: Mapped[str] = mapped_column(String(20))
     n: Mapped[int] = mapped_column(Integer)

@@ -18,8 +18,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import dedup, events
+from tasks.jobs import dedup, events, tenancy
 from tasks.jobs.options import Deduplication, JobOptions
+from tasks.jobs.tenancy import TenantLimits
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,13 @@ def new_job_id() -> str:
 
 
 def publish(
-    job_id: str, name: str, queue: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+    job_id: str,
+    name: str,
+    queue: str,
+    data: dict[str, Any],
+    ctx: dict[str, Any] | None = None,
+    *,
+    priority: int = 0,
 ) -> None:
     """Send the wake-up message for a waiting job (its data rides along for Flower).
 
@@ -60,6 +67,9 @@ def publish(
     subscribed through the result backend's pubsub, whose reconnect policy
     blocks ~20 s when Redis is down — a POST hung that long during an outage.)
     Chord parts still count: the worker reports them whatever this flag says.
+
+    ``priority`` places the message among the queue's priority lists (0 first;
+    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it).
     """
     from tasks.celery import app
 
@@ -75,6 +85,7 @@ def publish(
         chord=ctx.get("chord"),
         group_id=ctx.get("group"),
         group_index=ctx.get("group_index"),
+        priority=priority,
     )
 
 
@@ -113,19 +124,26 @@ def add(
     opts: JobOptions | None = None,
     owner: Owner | None = None,
     publish_now: bool = True,
+    limits: TenantLimits | None = None,
 ) -> AddedJob:
     """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing.
 
     ``publish_now=False`` records the job for a caller that publishes it
-    itself, e.g. as part of a Celery chord.
+    itself, e.g. as part of a Celery chord. ``limits`` (with an ``owner``)
+    applies the tenant's quota: what tenant-facing doors pass, so that
+    ``QuotaExceeded`` refuses the add and nothing is recorded.
     """
     opts = opts or JobOptions()
     job_id = opts.job_id or new_job_id()
     state = "delayed" if opts.delay > 0 else "waiting"
     rule = opts.deduplication
+    priority = 0
     with transaction() as session:
         kept, replaced = _deduplicate(session, queue, rule, job_id) if rule else (None, None)
         if kept is None:
+            if owner is not None and (limits is not None or publish_now):
+                load = tenancy.admit(session, owner.tenant_id, queue, opts.delay, limits)
+                priority = tenancy.priority_for(load.on_queue)
             row = _row(job_id, name, data, queue, opts, owner, state)
             created = session.execute(_INSERT, row).first() is not None
     if kept is not None:
@@ -139,7 +157,7 @@ def add(
                     deduplicationId=rule.id, deduplicatedJobId=replaced)  # fmt: skip
     events.emit(queue, state, job_id, name, **({"delay": opts.delay} if opts.delay else {}))
     if state == "waiting" and publish_now:
-        publish_or_park(job_id, name, queue, data)
+        publish_or_park(job_id, name, queue, data, priority=priority)
     return AddedJob(job_id=job_id, created=True, state=state)
 
 
@@ -186,11 +204,17 @@ def _row(
 
 
 def publish_or_park(
-    job_id: str, name: str, queue: str, data: dict[str, Any], ctx: dict[str, Any] | None = None
+    job_id: str,
+    name: str,
+    queue: str,
+    data: dict[str, Any],
+    ctx: dict[str, Any] | None = None,
+    *,
+    priority: int = 0,
 ) -> None:
     """Publish a waiting job; if the broker is down, park it for the promoter."""
     try:
-        publish(job_id, name, queue, data, ctx)
+        publish(job_id, name, queue, data, ctx, priority=priority)
     except Exception:  # the record is safe; the promoter publishes it later
         log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
         park_for_republish([job_id])

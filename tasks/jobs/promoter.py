@@ -23,7 +23,7 @@ from celery import bootsteps
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import broker_reset, counts, events, records
+from tasks.jobs import broker_reset, counts, events, records, tenancy
 from tasks.jobs.producer import park_for_republish, publish, publish_or_park
 
 log = logging.getLogger(__name__)
@@ -33,10 +33,12 @@ def promote_once() -> int:
     """Publish every job that is due now; returns how many were published."""
     with transaction() as session:
         due = records.promote_due(session)
+        priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in due])
     failed: list[str] = []
     for job in due:
         try:
-            publish(job.id, job.name, job.queue, job.data, job.celery_ctx)
+            publish(job.id, job.name, job.queue, job.data, job.celery_ctx,
+                    priority=priority.get(job.id, 0))  # fmt: skip
         except Exception:
             failed.append(job.id)
             continue

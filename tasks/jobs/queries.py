@@ -38,16 +38,19 @@ def describe(job: JobRecord) -> dict[str, Any]:
     }
 
 
-def get_owned(job_id: str, owner: Owner, *, queue: str | None = None) -> JobRecord:
-    """The job if ``owner`` owns it; anything else looks exactly like a missing job."""
+def owned_by(job: JobRecord | None, owner: Owner, *, tenant_wide: bool = False) -> bool:
+    """Whether ``owner`` may see ``job``: its own, or (``tenant_wide``, operators) its tenant's."""
+    if job is None or job.tenant_id != owner.tenant_id:
+        return False
+    return tenant_wide or job.user_id == owner.user_id
+
+
+def get_owned(job_id: str, owner: Owner, *, queue: str | None = None,
+              tenant_wide: bool = False) -> JobRecord:  # fmt: skip
+    """The job if ``owner`` may see it; anything else looks exactly like a missing job."""
     with transaction() as session:
         job = session.get(JobRecord, job_id)
-    if (
-        job is None
-        or job.tenant_id != owner.tenant_id
-        or job.user_id != owner.user_id
-        or (queue is not None and job.queue != queue)
-    ):
+    if not owned_by(job, owner, tenant_wide=tenant_wide) or (queue and job.queue != queue):
         raise JobNotFound("job not found")
     return job
 

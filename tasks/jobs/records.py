@@ -262,6 +262,7 @@ class DueJob:
     queue: str
     data: dict[str, Any]
     celery_ctx: dict[str, Any] | None = None
+    tenant_id: str | None = None
 
 
 def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
@@ -274,12 +275,13 @@ def promote_due(session: Session, limit: int = 200) -> list[DueJob]:
                          WHERE state IN ('delayed', 'waiting-children')
                            AND run_at <= clock_timestamp()
                          ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, celery_ctx
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at
             """
         ),
         {"limit": limit},
     ).all()
-    return [DueJob(r.id, r.name, r.queue, r.data, r.celery_ctx) for r in rows]
+    rows = sorted(rows, key=lambda r: r.run_at)  # RETURNING keeps no order: publish oldest first
+    return [DueJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,7 @@ class StalledJob:
     opts: dict[str, Any]
     state: str
     celery_ctx: dict[str, Any] | None = None
+    tenant_id: str | None = None
 
 
 STALLED_TOO_OFTEN = "job stalled more than allowable limit"
@@ -314,12 +317,13 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
             WHERE id IN (SELECT id FROM jobs
                          WHERE state = 'active' AND locked_until < clock_timestamp()
                          LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, opts, state, celery_ctx
+            RETURNING id, name, queue, data, opts, state, celery_ctx, tenant_id
             """
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
     ).all()
-    return [StalledJob(r.id, r.name, r.queue, r.data, r.opts, r.state, r.celery_ctx) for r in rows]
+    return [StalledJob(r.id, r.name, r.queue, r.data, r.opts, r.state, r.celery_ctx, r.tenant_id)
+            for r in rows]  # fmt: skip
 
 
 def get(session: Session, job_id: str) -> JobRecord | None:

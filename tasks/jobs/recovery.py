@@ -19,11 +19,10 @@ from sqlalchemy.orm import Session
 from tasks.db import transaction
 from tasks.jobs import dedup, events
 from tasks.jobs.errors import InvalidJobState, JobConflict, JobNotFound
-from tasks.jobs.models import JobRecord, RetryAudit
+from tasks.jobs.models import LIVE_STATES, JobRecord, RetryAudit
 from tasks.jobs.options import Deduplication
 from tasks.jobs.producer import Owner, publish_or_park
-
-LIVE_STATES = ("waiting", "active", "delayed", "waiting-children")
+from tasks.jobs.queries import owned_by
 
 # The domain says what else makes a retry pointless (e.g. a stored result): a message, or None.
 ConflictCheck = Callable[[Session, JobRecord], str | None]
@@ -31,22 +30,22 @@ ConflictCheck = Callable[[Session, JobRecord], str | None]
 
 @dataclass(frozen=True)
 class RetryRequest:
+    """An operator's retry: ``owner`` is the operator's tenant (``tenant_wide``) or itself."""
+
     job_id: str
     queue: str
     owner: Owner
     actor: str
     reason: str
+    tenant_wide: bool = True
 
 
 def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
     job = session.scalars(
         select(JobRecord).where(JobRecord.id == request.job_id).with_for_update()
     ).first()
-    if (
-        job is None
-        or job.queue != request.queue
-        or (job.tenant_id, job.user_id) != (request.owner.tenant_id, request.owner.user_id)
-    ):
+    visible = owned_by(job, request.owner, tenant_wide=request.tenant_wide)
+    if job is None or not visible or job.queue != request.queue:
         raise JobNotFound("job not found")
     return job
 

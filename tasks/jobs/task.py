@@ -13,19 +13,19 @@ from __future__ import annotations
 import logging
 import socket
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
+from pydantic import BaseModel
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import events, heartbeat, limits, metrics, records
+from tasks.jobs import events, failures, heartbeat, limits, metrics, records, registry
 from tasks.jobs.errors import Defer, UnrecoverableError
 from tasks.jobs.options import Backoff, backoff_delay_ms
 from tasks.jobs.producer import park_for_republish
@@ -198,8 +198,8 @@ class KeelTask(Task):
         from tasks.jobs import lifecycle
 
         delay = retry_delay_ms(claimed, exc)
-        reason = str(exc) or type(exc).__name__
-        stack = ["".join(traceback.format_exception(exc))]
+        reason = failures.reason(exc)
+        stack = failures.stack(exc)
         with transaction() as session:
             outcome = records.fail(session, claimed, reason, stack, delay)
             if outcome is False:
@@ -228,10 +228,21 @@ class KeelTask(Task):
         raise Retry(reason, exc=exc, when=outcome)
 
 
-def handler(name: str, *, queue: str) -> Callable[[Callable[[JobContext], Any]], Task]:
-    """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``."""
+def handler(
+    name: str,
+    *,
+    queue: str,
+    schedulable: registry.Schedulable = "system",
+    data: type[BaseModel] | None = None,
+) -> Callable[[Callable[[JobContext], Any]], Task]:
+    """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
+
+    ``schedulable`` says who may put it in a job scheduler (``"tenant"`` or only
+    the ``"system"``); ``data`` is the model of the data a tenant may give it.
+    """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
+    registry.declare(registry.JobType(name, queue, schedulable, data))
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
         return shared_task(name=name, base=KeelTask, queue=queue)(fn)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import string
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +13,7 @@ from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import JobNotFound, Owner, events
 from tasks.jobs.queries import iso
+from tasks.notifications import templates
 from tasks.notifications.models import (
     Campaign,
     CampaignChunk,
@@ -41,11 +40,14 @@ def get(campaign_id: str) -> Campaign:
     return campaign
 
 
-def get_owned(campaign_id: str, who: Owner) -> Campaign:
-    """The campaign if ``who`` owns it; anything else looks exactly like a missing one."""
+def get_owned(campaign_id: str, who: Owner, *, tenant_wide: bool = False) -> Campaign:
+    """The campaign if ``who`` may see it (``tenant_wide``: any of its tenant's, for operators);
+    anything else looks exactly like a missing one."""
     with transaction() as session:
         campaign = session.get(Campaign, campaign_id)
-    if campaign is None or (campaign.tenant_id, campaign.user_id) != (who.tenant_id, who.user_id):
+    if campaign is None or campaign.tenant_id != who.tenant_id:
+        raise JobNotFound("campaign not found")
+    if not tenant_wide and campaign.user_id != who.user_id:
         raise JobNotFound("campaign not found")
     return campaign
 
@@ -74,11 +76,6 @@ def create_chunks(campaign: Campaign) -> None:
         )  # fmt: skip
 
 
-def render(template: str, values: dict[str, Any]) -> str:
-    """``{name}`` placeholders; missing values render empty rather than failing a send."""
-    return string.Formatter().vformat(template, (), defaultdict(str, values))
-
-
 def _recipients(campaign: Campaign, first: int, last: int) -> list[tuple[int, str, dict]]:
     if campaign.synthetic:
         return [(seq, f"+82-10-{seq:08d}", {"seq": seq}) for seq in range(first, last)]
@@ -92,16 +89,19 @@ def _recipients(campaign: Campaign, first: int, last: int) -> list[tuple[int, st
     return [(r.seq, r.to, r.vars) for r in rows]
 
 
-def message_batches(campaign: Campaign, chunk_no: int) -> Iterator[list[dict[str, str]]]:
-    """The chunk's messages, at most ``BATCH`` per provider request; ids are stable."""
+def _messages(campaign: Campaign, chunk_no: int) -> Iterator[dict[str, str]]:
+    """The chunk's messages, rendered one at a time; ids are stable."""
     first = chunk_no * campaign.chunk_size
     last = min(campaign.recipient_count, first + campaign.chunk_size)
     for start in range(first, last, BATCH):
-        yield [
-            {"messageId": f"{campaign.id}:{seq}", "to": to,
-             "text": render(campaign.template, values)}
-            for seq, to, values in _recipients(campaign, start, min(last, start + BATCH))
-        ]  # fmt: skip
+        for seq, to, values in _recipients(campaign, start, min(last, start + BATCH)):
+            yield {"messageId": f"{campaign.id}:{seq}", "to": to,
+                   "text": templates.render(campaign.template, values)}  # fmt: skip
+
+
+def message_batches(campaign: Campaign, chunk_no: int) -> Iterator[list[dict[str, str]]]:
+    """The chunk's provider requests, bounded in count and in text (``templates.batches``)."""
+    return templates.batches(_messages(campaign, chunk_no))
 
 
 def _summary(campaign_id: str) -> dict[str, Any]:

@@ -18,7 +18,9 @@ from urllib3.util import Retry
 
 from tasks.config import get_settings
 
+# The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000
+MAX_TEXT_LENGTH = 10_000
 TIMEOUT = (2.0, 10.0)
 # A few quick transport-level retries absorb isolated 503s and lost responses; every call is
 # safe to repeat (stable message ids, idempotency keys on create, the provider refuses a

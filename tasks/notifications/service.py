@@ -6,16 +6,18 @@ import math
 from dataclasses import dataclass
 
 from sqlalchemy import insert, text
+from sqlalchemy.orm import Session
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobOptions, Owner, add
-from tasks.jobs.errors import InvalidJobState
+from tasks.jobs import JobOptions, Owner, add, tenancy
+from tasks.jobs.errors import InvalidJobState, LimitExceeded
 from tasks.jobs.models import JobRecord
 from tasks.jobs.producer import new_job_id
 from tasks.jobs.recovery import RetryRequest, retry_failed
-from tasks.notifications import campaigns, generations, jobs
+from tasks.notifications import campaigns, generations, jobs, templates
 from tasks.notifications.models import Campaign, CampaignRecipient
+from tasks.quotas import TenantQuotas
 
 DEFAULT_CHUNK = 5000
 
@@ -30,11 +32,52 @@ class NewCampaign:
     chunk_size: int | None
 
 
-def create(who: Owner, spec: NewCampaign) -> Campaign:
-    """Store the campaign and its recipients, then enqueue its plan job."""
+def _longest_message(spec: NewCampaign, count: int) -> int:
+    if spec.recipients is not None:
+        return templates.longest(spec.template, (r.get("vars", {}) for r in spec.recipients))
+    return templates.longest(spec.template, [{"seq": count - 1}])  # synthetic: {seq} only
+
+
+def _check_shape(spec: NewCampaign, count: int, quota: TenantQuotas) -> None:
+    """Shape limits (400): the provider's message length, and chunks that are not too small."""
+    longest = _longest_message(spec, count)
+    if longest > templates.MAX_TEXT_LENGTH:
+        raise LimitExceeded(
+            f"the longest message would be {longest} characters; the provider takes at most "
+            f"{templates.MAX_TEXT_LENGTH}",
+            details=[{"field": "template", "limit": "maxMessageLength",
+                      "max": templates.MAX_TEXT_LENGTH, "longest": longest}],
+        )  # fmt: skip
+    if spec.chunk_size is not None and spec.chunk_size < quota.min_chunk_size:
+        raise LimitExceeded(f"chunkSize must be at least {quota.min_chunk_size}",
+                            details=[{"field": "chunkSize", "limit": "minChunkSize",
+                                      "min": quota.min_chunk_size}])  # fmt: skip
+
+
+def _check_recipients(session: Session, who: Owner, count: int, limit: int) -> None:
+    """The tenant's recipients in unfinished campaigns stay within ``limit`` (429)."""
+    tenancy.lock(session, who.tenant_id, "campaigns")
+    held = session.execute(
+        text("SELECT COALESCE(sum(recipient_count), 0) FROM campaigns "
+             "WHERE tenant_id = :t AND reported_at IS NULL"), {"t": who.tenant_id},
+    ).scalar_one()  # fmt: skip
+    if held + count > limit:
+        raise tenancy.exceeded("campaignRecipients", limit, int(held),
+                               f"the tenant's unfinished campaigns hold {held} recipients; "
+                               f"{count} more would pass its quota of {limit}")  # fmt: skip
+
+
+def create(who: Owner, spec: NewCampaign, quota: TenantQuotas | None = None) -> Campaign:
+    """Store the campaign and its recipients, then enqueue its plan job.
+
+    ``quota`` (the API passes the tenant's) refuses a campaign whose messages the
+    provider would refuse, chunks that are too small, or recipients past the quota.
+    """
     capacity = get_settings().provider_capacity
     count = len(spec.recipients) if spec.recipients is not None else spec.recipient_count
     assert count
+    if quota is not None:
+        _check_shape(spec, count, quota)
     chunk_size = min(spec.chunk_size or DEFAULT_CHUNK, capacity)
     campaign = Campaign(
         id=new_job_id(), tenant_id=who.tenant_id, user_id=who.user_id, name=spec.name,
@@ -43,6 +86,8 @@ def create(who: Owner, spec: NewCampaign) -> Campaign:
         chunk_count=math.ceil(count / chunk_size), capacity=capacity, current_generation=0,
     )  # fmt: skip
     with transaction() as session:
+        if quota is not None:
+            _check_recipients(session, who, count, quota.campaign_recipients)
         session.add(campaign)
         session.flush()
         if spec.recipients:
@@ -78,8 +123,10 @@ def _requeue(job: JobRecord, actor: str) -> None:
 
 
 def resume(who: Owner, campaign_id: str, actor: str) -> dict:
-    """Re-dispatch unloaded chunks, unsent generations and a finalize; every step idempotent."""
-    campaign = campaigns.get_owned(campaign_id, who)
+    """Re-dispatch unloaded chunks, unsent generations and a finalize; every step idempotent.
+
+    An operator's action: any campaign of the operator's tenant."""
+    campaign = campaigns.get_owned(campaign_id, who, tenant_wide=True)
     if campaign.reported_at is not None:
         raise InvalidJobState("the campaign is already complete")
     owner = campaigns.owner(campaign)

@@ -6,6 +6,8 @@ import os
 import signal
 import time
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import JobContext, UnrecoverableError, handler
@@ -17,24 +19,48 @@ QUEUE = "reports"
 GENERATE = "report.generate"
 CLEANUP = "reports.cleanup"
 STEPS = (("load", 20), ("render", 70), ("upload", 95), ("upload", 100))
+REPORT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+MAX_ROWS = 100_000
+
+
+class ReportRequest(BaseModel):
+    """What a report job's data holds; who asked is the job's owner, never its data."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    reportId: str = Field(min_length=1, max_length=200, pattern=REPORT_ID_PATTERN)
+    rows: int = Field(ge=1, le=MAX_ROWS)
 
 
 class TemporaryStorageFailure(Exception):
     """The artifact storage failed for now (injected in tests with ``failUntilAttempt``)."""
 
 
-def _object_key(tenant_id: str, key: str) -> str:
+def object_key(tenant_id: str, key: str) -> str:
+    """``reports/<tenant>/<operation key>.csv``: the tenant id must be a plain name."""
+    if "/" in tenant_id or ".." in tenant_id or not tenant_id.strip("."):
+        raise UnrecoverableError("the job's tenant id cannot name an object")
     return f"reports/{tenant_id}/{key}.csv"
 
 
-@handler(GENERATE, queue=QUEUE)
+def requested_by(job: JobContext) -> tuple[str, str]:
+    """The tenant and user a report is for: the job's owner."""
+    if not job.tenant_id or not job.user_id:
+        raise UnrecoverableError(f"{GENERATE} needs an owner (a tenant and a user)")
+    return job.tenant_id, job.user_id
+
+
+@handler(GENERATE, queue=QUEUE, schedulable="tenant", data=ReportRequest)
 def generate_report(job: JobContext) -> dict:
     """Generate one report, or return the one already stored for its operation key."""
     data = job.data
+    tenant_id, user_id = requested_by(job)
     rows = data.get("rows")
     if not isinstance(rows, int) or rows < 1:
         raise UnrecoverableError("rows must be greater than zero")
-    key = operation_key(data["tenantId"], data["requestedBy"], data["reportId"], rows)
+    if not isinstance(data.get("reportId"), str):
+        raise UnrecoverableError("reportId must be a string")
+    key = operation_key(tenant_id, user_id, data["reportId"], rows)
     with transaction() as session:
         existing = artifacts.find(session, key)
         if existing is not None:
@@ -57,9 +83,9 @@ def generate_report(job: JobContext) -> dict:
             session,
             ReportArtifact(
                 operation_key=key,
-                tenant_id=data["tenantId"],
+                tenant_id=tenant_id,
                 report_id=data["reportId"],
-                object_key=_object_key(data["tenantId"], key),
+                object_key=object_key(tenant_id, key),
                 generated_rows=rows,
                 job_id=job.id,
             ),

@@ -59,16 +59,16 @@ def assert_invariants(campaign_id: str) -> list:
 
 
 def test_a_listed_campaign_is_sent_once_in_one_group(client, sandbox):
-    # Given 25 listed recipients in chunks of 10
-    recipients = [{"to": f"+82-10-0000-{n:04d}", "vars": {"name": f"user{n}"}} for n in range(25)]
-    campaign_id = start(client, recipients=recipients, chunkSize=10)
+    # Given 250 listed recipients in chunks of 100 (the smallest chunk a tenant may ask for)
+    recipients = [{"to": f"+82-10-0000-{n:04d}", "vars": {"name": f"user{n}"}} for n in range(250)]
+    campaign_id = start(client, recipients=recipients, chunkSize=100)
     # When it runs
     status = finished(client, campaign_id)
     # Then one generation, one group, every chunk loaded, sent once, reported once
     assert status["chunks"] == {"planned": 3, "assigned": 3, "loaded": 3}
     [generation] = status["generations"]
-    assert generation["sent"] and generation["messages"] == 25
-    assert status["report"]["messages"] == 25 and status["stalled"] is False
+    assert generation["sent"] and generation["messages"] == 250
+    assert status["report"]["messages"] == 250 and status["stalled"] is False
     assert_invariants(campaign_id)
     # And the chord's callback ran (it may find the work already done: it is idempotent)
     finalize = wait_state(f"campaign.finalize:{campaign_id}:plan-1", "completed")

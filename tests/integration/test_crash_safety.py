@@ -33,13 +33,7 @@ def test_sigkill_after_storing_reruns_and_reuses_the_artifact(stack, worker):
     victim.start()
     report_id = unique()
     key = operation_key("acme", "alice", report_id, 3)
-    data = {
-        "reportId": report_id,
-        "tenantId": "acme",
-        "requestedBy": "alice",
-        "rows": 3,
-        "crashAfterStoreOnRun": 1,
-    }
+    data = {"reportId": report_id, "rows": 3, "crashAfterStoreOnRun": 1}
     added = add(GENERATE, data, queue=queue, opts=report_options(key), owner=Owner("acme", "alice"))
     # When it dies before recording completion
     wait_for(lambda: victim.process.poll() is not None, timeout=30)

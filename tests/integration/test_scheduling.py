@@ -12,7 +12,7 @@ from tasks.broker import redis_client
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.models import JobRecord
-from tasks.jobs.schedulers import Scope, get
+from tasks.jobs.schedulers import Scope, fire_prefix, get
 from tasks.reports.schedules import DAILY_CLEANUP_ID
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import BeatProcess, WorkerProcess, wait_for
@@ -33,7 +33,7 @@ def beats(stack):
 
 
 def fired_jobs(tenant: str, scheduler_id: str) -> list[tuple[str, datetime]]:
-    prefix = f"repeat:{tenant}:{scheduler_id}:"
+    prefix = fire_prefix(tenant, scheduler_id)
     with transaction() as session:
         ids = session.scalars(select(JobRecord.id).where(JobRecord.id.startswith(prefix))).all()
     fires = [(i, datetime.fromtimestamp(int(i.rsplit(":", 1)[1]) / 1000, UTC)) for i in ids]

@@ -28,7 +28,7 @@ def add_reports(queue: str, count: int) -> dict[str, str]:
     for _ in range(count):
         report_id = unique()
         key = operation_key("acme", "alice", report_id, 5)
-        data = {"reportId": report_id, "tenantId": "acme", "requestedBy": "alice", "rows": 5}
+        data = {"reportId": report_id, "rows": 5}
         job = add(
             GENERATE, data, queue=queue, opts=report_options(key), owner=Owner("acme", "alice")
         )

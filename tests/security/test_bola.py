@@ -7,10 +7,13 @@ The endpoints come from the served OpenAPI document, so a new endpoint is in
 the matrix the day it is added. Real objects are created as tenant A's
 operator alice: a report job and a campaign (owned by tenant + user) and a
 job scheduler (owned by the tenant). Then every method is tried on them by
-intruders who hold the operator role, so no 403 hides the ownership check:
+intruders:
 
-- tenant B's ``alice`` (same user id, other tenant), for every object;
-- tenant A's ``bob`` (same tenant, other user), for user-owned objects.
+- tenant B's operator ``alice`` (same user id, other tenant), for every
+  object — the role is held, so no 403 hides the ownership check;
+- tenant A's ``bob`` without a role (same tenant, other user), for
+  user-owned objects on the operations any user may call. (An operator of
+  tenant A may act on every object of tenant A: ``test_tenant_safety``.)
 
 "Unchanged" is read from the database after each foreign attempt; the owner's
 own attempt afterwards must differ from a missing id's (the object was really
@@ -43,7 +46,7 @@ TENANT_B = unique("tenant-b")
 OWNER = bearer(tenant=TENANT_A, user="alice", roles=("operator",))
 INTRUDERS = {
     "other tenant": bearer(tenant=TENANT_B, user="alice", roles=("operator",)),
-    "other user": bearer(tenant=TENANT_A, user="bob", roles=("operator",)),
+    "other user": bearer(tenant=TENANT_A, user="bob"),
 }
 ISO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 CHECKED: list[str] = []
@@ -59,7 +62,9 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
     "CreateReport": lambda: {"reportId": unique(), "rows": 5},
     "ScheduleReport": lambda: {"reportId": unique(), "rows": 5, "runAt": in_a_month()},
     "RetryJob": lambda: {"reason": "security matrix: retry by whoever asks"},
-    "UpsertScheduler": lambda: {"pattern": "0 0 1 1 *", "template": {"name": "security.noop"}},
+    "UpsertScheduler": lambda: {"pattern": "0 0 1 1 *",
+                                "template": {"name": "report.generate",
+                                             "data": {"reportId": "yearly", "rows": 10}}},
     "CreateCampaign": lambda: {
         "name": "bola",
         "category": "security",
@@ -163,6 +168,8 @@ def matrix() -> list[Any]:
         for intruder in INTRUDERS:
             if kind is not None and intruder == "other user" and not kind.user_owned:
                 continue  # schedulers belong to the tenant: bob may manage them
+            if intruder == "other user" and op.operator_only:
+                continue  # bob holds no role: 403 before any lookup (test_roles)
             cases.append(pytest.param(op, intruder, id=f"{op.label} as {intruder}"))
     return cases
 

@@ -36,7 +36,9 @@ LIST_URL = "/api/v1/schedulers"  # an operator GET of the caller's own tenant: c
 
 
 def limited_app(limit: str, **config: object) -> Flask:
-    return create_app({"TESTING": True, "KEEL_TENANT_RATE_LIMIT": limit, **config})
+    """An app with the tenant limit ``limit`` (and no per-user share unless ``config`` sets one)."""
+    return create_app({"TESTING": True, "KEEL_TENANT_RATE_LIMIT": limit,
+                       "KEEL_USER_RATE_LIMIT": "off", **config})  # fmt: skip
 
 
 def operator_of(tenant: str) -> dict[str, str]:
@@ -129,6 +131,30 @@ def test_one_tenants_flood_does_not_starve_another(figures):
     figures["tenant rate limit"] = (
         f"flooder {statuses[200]} ok / {statuses[429]} x 429 (limit {LIMIT}/minute), "
         f"neighbour {NEIGHBOUR_REQUESTS}/{NEIGHBOUR_REQUESTS} ok, 0 starved"
+    )
+
+
+def test_one_user_takes_only_its_share_of_the_tenants_budget(figures):
+    # Given a tenant budget of 20 a minute, of which one user may take 10
+    app = limited_app(f"{LIMIT}/minute", KEEL_USER_RATE_LIMIT=f"{LIMIT // 2}/minute")
+    client = app.test_client()
+    tenant = unique("shared")
+    # When one user of the tenant sends the whole tenant budget
+    runaway = [client.get(LIST_URL, headers=bearer(tenant=tenant, user="script",
+                                                   roles=("operator",)))
+               for _ in range(LIMIT)]  # fmt: skip
+    # Then it gets its share, and 429s naming the per-user limit for the rest
+    assert Counter(r.status_code for r in runaway) == {200: LIMIT // 2, 429: LIMIT // 2}
+    refused = runaway[-1].get_json()
+    assert refused["details"][0]["limit"] == "userRequestRate"
+    # And another user of the same tenant is still served from what is left
+    colleague = [client.get(LIST_URL, headers=bearer(tenant=tenant, user="human",
+                                                     roles=("operator",)))
+                 for _ in range(LIMIT // 2)]  # fmt: skip
+    assert [r.status_code for r in colleague] == [200] * (LIMIT // 2)
+    figures["per-user share"] = (
+        f"one user {LIMIT // 2}/{LIMIT} ok then 429 (userRequestRate), colleague "
+        f"{LIMIT // 2}/{LIMIT // 2} ok"
     )
 
 

@@ -39,7 +39,9 @@ FORBIDDEN: list[str] = []
 
 BODIES = {
     "RetryJob": {"reason": "a viewer would like this re-run"},
-    "UpsertScheduler": {"every": 60_000, "template": {"name": "security.noop"}},
+    "UpsertScheduler": {"pattern": "0 0 1 1 *",
+                        "template": {"name": "report.generate",
+                                     "data": {"reportId": "yearly", "rows": 10}}},
 }
 
 

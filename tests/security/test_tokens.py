@@ -18,6 +18,7 @@ import hmac
 import json
 import os
 import time
+from functools import lru_cache
 from typing import Any
 
 import jwt
@@ -61,6 +62,7 @@ def hand_signed(header: dict[str, Any], payload: dict[str, Any], key: bytes | No
     return f"{head}.{body}." + (b64(signature.digest()) if key is not None else "")
 
 
+@lru_cache(maxsize=1)
 def rsa_pair() -> tuple[bytes, bytes]:
     private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private_pem = private.private_bytes(
@@ -81,6 +83,8 @@ def tampered() -> str:
 
 
 def forged_tokens() -> dict[str, str]:
+    """Made when a test runs, not at collection: a token made minutes earlier could have
+    expired (or its ``nbf`` passed) by the time a late test in a long run presents it."""
     private_pem, public_pem = rsa_pair()
     now = int(time.time())
     return {
@@ -96,6 +100,10 @@ def forged_tokens() -> dict[str, str]:
         "expired": signed(claims(exp=now - 10)),
         "nbf in the future": signed(claims(nbf=now + 600)),
         "missing exp": signed(claims(exp=DROP)),
+        "missing iat": signed(claims(iat=DROP)),
+        "lives ten years": signed(claims(exp=now + 10 * 366 * 86_400)),
+        "exp = 2^53": signed(claims(exp=2**53)),
+        "iat in the future": signed(claims(iat=now + 3600, exp=now + 7200)),
         "exp not a number": signed(claims(exp="tomorrow")),
         "missing tenant": signed(claims(tenant=DROP)),
         "empty tenant (the system scope)": signed(claims(tenant="")),
@@ -103,6 +111,14 @@ def forged_tokens() -> dict[str, str]:
         "tenant is a list": signed(claims(tenant=["acme"])),
         "tenant over 200 chars": signed(claims(tenant="t" * 201)),
         "tenant with a NUL": signed(claims(tenant="acme\x00")),
+        "tenant ../x": signed(claims(tenant="../x")),
+        "tenant ..": signed(claims(tenant="..")),
+        "tenant .": signed(claims(tenant=".")),
+        "tenant with ..": signed(claims(tenant="a..b")),
+        "tenant with a slash": signed(claims(tenant="a/b")),
+        "tenant with a colon": signed(claims(tenant="X:ops")),
+        "tenant over 64 chars": signed(claims(tenant="t" * 65)),
+        "sub ../../etc": signed(claims(sub="../../etc")),
         "missing sub": signed(claims(sub=DROP)),
         "sub is a number": signed(claims(sub=7)),
         "roles is a string": signed(claims(roles="operator")),
@@ -111,7 +127,7 @@ def forged_tokens() -> dict[str, str]:
     }
 
 
-FORGED = forged_tokens()
+FORGERIES = list(forged_tokens())
 
 
 def url_of(op) -> str:
@@ -133,15 +149,15 @@ def figures():
     yield
     record_figure(
         "forged tokens",
-        f"{len(REJECTED)} requests rejected 401 ({len(FORGED)} forged tokens + 4 carrier "
+        f"{len(REJECTED)} requests rejected 401 ({len(FORGERIES)} forged tokens + 4 carrier "
         f"tricks, x {len(PROTECTED)} authenticated operations), 0 accepted",
     )
 
 
-@pytest.mark.parametrize("forgery", list(FORGED))
+@pytest.mark.parametrize("forgery", FORGERIES)
 def test_a_forged_token_is_401_on_every_authenticated_endpoint(client, forgery):
     # Given a forged token that claims the operator role
-    headers = {"Authorization": f"Bearer {FORGED[forgery]}"}
+    headers = {"Authorization": f"Bearer {forged_tokens()[forgery]}"}
     # When it is presented to every authenticated operation of the document
     for op in PROTECTED:
         response = client.open(url_of(op), method=op.method.upper(), headers=headers)
@@ -152,7 +168,7 @@ def test_a_forged_token_is_401_on_every_authenticated_endpoint(client, forgery):
 
 def test_the_8kb_token_is_over_the_limit_and_otherwise_valid():
     # The size check, not the claims, must be what rejects it
-    big = FORGED["token over 8 KB"]
+    big = forged_tokens()["token over 8 KB"]
     assert len(big) > 8192
     assert jwt.decode(big, SECRET, algorithms=["HS256"])["tenant"] == "acme"
 
@@ -188,5 +204,6 @@ def test_the_forgeries_cover_the_brief():
     expected = {"alg none", "RS256 with its own key pair",
                 "HS256 keyed with the RSA public key PEM", "bad signature", "expired",
                 "nbf in the future", "missing exp", "missing tenant", "tenant is a number",
-                "tenant is a list", "token over 8 KB"}  # fmt: skip
-    assert expected <= set(FORGED)
+                "tenant is a list", "token over 8 KB", "missing iat", "lives ten years",
+                "tenant ../x"}  # fmt: skip
+    assert expected <= set(FORGERIES)

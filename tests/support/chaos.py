@@ -26,14 +26,9 @@ from tasks.reports.service import report_options
 CHAOS_OWNER = Owner("acme", "chaos")
 
 
-def report_data(report_id: str, rows: int = 5, owner: Owner = CHAOS_OWNER) -> dict[str, Any]:
+def report_data(report_id: str, rows: int = 5) -> dict[str, Any]:
     """A report job's data, as ``tasks.reports.service.submit`` builds it."""
-    return {
-        "reportId": report_id,
-        "tenantId": owner.tenant_id,
-        "requestedBy": owner.user_id,
-        "rows": rows,
-    }
+    return {"reportId": report_id, "rows": rows}
 
 
 def add_reports(

@@ -21,7 +21,7 @@ def unrecoverable(job: JobContext) -> None:
     raise UnrecoverableError("this input can never succeed")
 
 
-@handler("test.echo", queue="default")
+@handler("test.echo", queue="default", schedulable="tenant")
 def echo(job: JobContext) -> dict:
     return {"echo": job.data}
 
@@ -47,3 +47,14 @@ def hold(job: JobContext) -> dict:
     while not until.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     return {"released": until.exists()}
+
+
+@handler("test.db_error", queue="default")
+def db_error(job: JobContext) -> None:
+    """Fail inside the database, the way an oversized value would (the SQL must not leak)."""
+    from sqlalchemy import text
+
+    from tasks.db import transaction
+
+    with transaction() as session:
+        session.execute(text("SELECT CAST(:v AS varchar(3))::int"), {"v": "secret-value-xyz"})

@@ -1,0 +1,141 @@
+"""A tenant's share of the job system: its live-job quota and its place on shared queues.
+
+**Quota.** A job added on a tenant's behalf through a tenant-facing door (the
+API, a tenant's scheduler) is refused with ``QuotaExceeded`` once the tenant
+has ``live_jobs`` jobs waiting, delayed or active. The count and the insert
+happen under a per-tenant transaction lock, so concurrent requests cannot
+overshoot it; another tenant's adds never wait on that lock.
+
+**Fairness.** Queues are shared, and a broker queue is first in, first out:
+a tenant that posts a hundred reports would make the next tenant wait behind
+all of them. Keel publishes every job with a priority that falls as its
+tenant's load on that queue grows — the tenant's jobs already running or
+waiting there — using kombu's Redis priority lists, served lowest number
+first: the job of a tenant with nothing on the queue goes to the front, a
+tenant's hundredth job to the back. Within one priority, order is still
+first in, first out, so each tenant's own jobs keep their order. A single
+job of an idle tenant therefore waits at most for one running job to
+finish, whatever another tenant has queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from tasks.jobs.errors import LimitExceeded, QuotaExceeded
+
+# kombu's Redis priority lists (``priority_steps``); 0 is served first.
+PRIORITY_STEPS = (0, 3, 6, 9)
+# A job whose tenant has no job running or waiting on its queue gets priority 0,
+# fewer than 4 gets 3, fewer than 16 gets 6, else 9.
+LOAD_STEPS = (1, 4, 16)
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """What one tenant may have: live jobs at once, and how far ahead a job may be delayed."""
+
+    live_jobs: int
+    max_delay_ms: int
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    """The tenant's live jobs (all queues) and its jobs running or waiting on one queue."""
+
+    live: int
+    on_queue: int
+
+
+def priority_for(on_queue: int) -> int:
+    """The broker priority of a job whose tenant has ``on_queue`` jobs running or waiting."""
+    for step, bound in zip(PRIORITY_STEPS, LOAD_STEPS, strict=False):
+        if on_queue < bound:
+            return step
+    return PRIORITY_STEPS[-1]
+
+
+_LOAD = text(
+    """
+    SELECT count(*) AS live,
+           count(*) FILTER (WHERE queue = :queue AND state IN ('waiting', 'active')) AS on_queue
+    FROM jobs WHERE tenant_id = :tenant
+      AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
+    """
+)
+
+
+def load(session: Session, tenant_id: str, queue: str) -> TenantLoad:
+    row = session.execute(_LOAD, {"tenant": tenant_id, "queue": queue}).one()
+    return TenantLoad(int(row.live), int(row.on_queue))
+
+
+def lock(session: Session, tenant_id: str, what: str) -> None:
+    """Serialise this tenant's quota checks of kind ``what`` until the transaction ends."""
+    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                    {"key": f"keel:quota:{what}:{tenant_id}"})  # fmt: skip
+
+
+def exceeded(limit: str, maximum: int, current: int, message: str) -> QuotaExceeded:
+    details: list[dict[str, Any]] = [{"limit": limit, "max": maximum, "current": current}]
+    return QuotaExceeded(message, details=details)
+
+
+def delay_too_long(limits: TenantLimits) -> LimitExceeded:
+    most = limits.max_delay_ms // 1000
+    return LimitExceeded(f"a job may be delayed at most {most} s",
+                         details=[{"limit": "maxDelaySeconds", "max": most}])  # fmt: skip
+
+
+def admit(session: Session, tenant_id: str, queue: str, delay_ms: int,
+          limits: TenantLimits | None) -> TenantLoad:  # fmt: skip
+    """Check ``limits`` for one more job of the tenant (locking first); its load for priority."""
+    if limits is not None:
+        if delay_ms > limits.max_delay_ms:
+            raise delay_too_long(limits)
+        lock(session, tenant_id, "jobs")
+    found = load(session, tenant_id, queue)
+    if limits is not None and found.live >= limits.live_jobs:
+        raise exceeded("liveJobs", limits.live_jobs, found.live,
+                       f"the tenant has {found.live} live jobs, its quota is "
+                       f"{limits.live_jobs}")  # fmt: skip
+    return found
+
+
+_LOADS = text(
+    """
+    SELECT tenant_id, queue, count(*) AS on_queue FROM jobs
+    WHERE state IN ('waiting', 'active') AND (tenant_id, queue) IN (SELECT * FROM unnest(
+        CAST(:tenants AS text[]), CAST(:queues AS text[])))
+    GROUP BY tenant_id, queue
+    """
+)
+
+
+def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:
+    """Priorities of jobs ``(id, tenant, queue)`` that just became waiting in this transaction.
+
+    Each is placed after what its tenant already has on its queue, in the
+    given order, so a burst promoted at once (a hundred reports scheduled for
+    the same minute) is spread over the priorities like a burst of adds.
+    """
+    pairs = sorted({(tenant, queue) for _, tenant, queue in jobs if tenant is not None})
+    if not pairs:
+        return {}
+    rows = session.execute(_LOADS, {"tenants": [t for t, _ in pairs],
+                                    "queues": [q for _, q in pairs]})  # fmt: skip
+    loads = {(row.tenant_id, row.queue): int(row.on_queue) for row in rows}
+    mine = [(job_id, (tenant, queue)) for job_id, tenant, queue in jobs if tenant is not None]
+    # What was there before these were promoted; then each new one queues behind the last.
+    ahead = {pair: loads.get(pair, 0) for pair in pairs}
+    for _, pair in mine:
+        ahead[pair] -= 1
+    found: dict[str, int] = {}
+    for job_id, pair in mine:
+        found[job_id] = priority_for(max(0, ahead[pair]))
+        ahead[pair] += 1
+    return found
