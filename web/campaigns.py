@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from tasks import quotas
 from tasks.notifications import campaigns, service
 from web.api import operation
-from web.schemas import Open, Strict
+from web.schemas import Open, Strict, configured_bound
 
 bp = Blueprint("campaigns", __name__, url_prefix="/api/v1/campaigns")
 MAX_LISTED_RECIPIENTS = 10_000
@@ -40,9 +40,19 @@ class CreateCampaign(Strict):
                           description="{name} placeholders only; {{ }} for braces")  # fmt: skip
     recipients: list[Recipient] | None = Field(default=None, min_length=1,
                                                max_length=MAX_LISTED_RECIPIENTS)  # fmt: skip
-    recipientCount: int | None = Field(default=None, ge=1, le=MAX_SYNTHETIC_RECIPIENTS,
-                                       description="synthetic recipients, for load tests")
-    chunkSize: int | None = Field(default=None, ge=1, le=10_000)
+    recipientCount: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SYNTHETIC_RECIPIENTS,
+        description="synthetic recipients, for load tests",
+    )
+    chunkSize: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="at least the tenant quota minChunkSize",
+        json_schema_extra=configured_bound("minimum", lambda: quotas.current().min_chunk_size),
+    )
 
     @field_validator("template")
     @classmethod

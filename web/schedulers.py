@@ -21,7 +21,7 @@ from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
 from tasks.jobs.schedulers import SchedulerSpec, Scope
 from web.api import operation
 from web.errors import ApiError
-from web.schemas import Open
+from web.schemas import Open, configured_bound
 
 bp = Blueprint("schedulers", __name__, url_prefix="/api/v1/schedulers")
 OPERATOR = "operator"
@@ -57,9 +57,18 @@ class TemplateOptions(JobOptions):
     model_config = ConfigDict(json_schema_extra=_derived_by_the_scheduler)
 
     backoff: TemplateBackoff | None = None
-    delay: int = Field(default=0, ge=0, le=MAX_PERIOD_MS, description="milliseconds")
-    remove_on_complete: bool | Keep | TemplateKeepJobs = Field(default=False,
-                                                               alias="removeOnComplete")
+    delay: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PERIOD_MS,
+        description="milliseconds, at most the tenant quota maxDelaySeconds",
+        json_schema_extra=configured_bound(
+            "maximum", lambda: quotas.current().max_delay_seconds * 1000
+        ),
+    )
+    remove_on_complete: bool | Keep | TemplateKeepJobs = Field(
+        default=False, alias="removeOnComplete"
+    )
     remove_on_fail: bool | Keep | TemplateKeepJobs = Field(default=False, alias="removeOnFail")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -52,3 +53,15 @@ class JobStatus(Open):
 
 class Health(Open):
     status: str
+
+
+def configured_bound(key: str, read: Callable[[], int]) -> Callable[[dict[str, Any]], None]:
+    """``json_schema_extra`` setting ``key`` (``minimum``/``maximum``) of an integer field to a
+    configured value, read when the document is built — so it states the limit in force."""
+
+    def apply(schema: dict[str, Any]) -> None:
+        for variant in [schema, *schema.get("anyOf", [])]:
+            if variant.get("type") == "integer":
+                variant[key] = read()
+
+    return apply

@@ -141,8 +141,9 @@ def add(
     with transaction() as session:
         kept, replaced = _deduplicate(session, queue, rule, job_id) if rule else (None, None)
         if kept is None:
-            if owner is not None and (limits is not None or publish_now):
-                load = tenancy.admit(session, owner.tenant_id, queue, opts.delay, limits)
+            if limits is not None or (publish_now and state == "waiting"):
+                tenant = owner.tenant_id if owner else None
+                load = tenancy.admit(session, tenant, queue, opts.delay, limits)
                 priority = tenancy.priority_for(load.on_queue)
             row = _row(job_id, name, data, queue, opts, owner, state)
             created = session.execute(_INSERT, row).first() is not None

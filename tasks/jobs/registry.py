@@ -84,13 +84,13 @@ def check_template(name: str, data: dict[str, Any], queue: str | None, *, tenant
         raise _refuse("queue", f"{name!r} runs on queue {job_type.queue!r}, not {queue!r}")
     claimed = owner_fields_in(data)
     if claimed:
-        raise _refuse(f"template.data.{claimed[0]}",
-                      "identity comes from the scheduler's owner, never from data")  # fmt: skip
+        raise _refuse("template.data", f"{claimed[0]}: identity comes from the scheduler's "
+                      "owner, never from data")  # fmt: skip
     if job_type.data is not None:
         try:
             job_type.data.model_validate(data)
         except ValidationError as exc:
             first = exc.errors(include_url=False, include_input=False)[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise _refuse(f"template.data.{where}".rstrip("."), first["msg"]) from None
+            where = ".".join(str(p) for p in first["loc"]) or "(data)"
+            raise _refuse("template.data", f"{where}: {first['msg']}") from None
     return job_type

@@ -112,8 +112,9 @@ def _check_room(session: Session, tenant_id: str, limit: int) -> None:
     tenancy.lock(session, tenant_id, "schedulers")
     held = session.scalar(select(func.count()).where(JobSchedulerRecord.tenant_id == tenant_id))
     if held is not None and held >= limit:
-        raise tenancy.exceeded("schedulers", limit, held,
-                               f"the tenant has {held} job schedulers, its quota is {limit}")
+        raise tenancy.exceeded(
+            "schedulers", limit, held, f"the tenant has {held} job schedulers, its quota is {limit}"
+        )
 
 
 def _rule_of(stored: dict[str, Any]) -> dict[str, Any]:

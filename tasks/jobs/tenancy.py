@@ -9,13 +9,15 @@ overshoot it; another tenant's adds never wait on that lock.
 **Fairness.** Queues are shared, and a broker queue is first in, first out:
 a tenant that posts a hundred reports would make the next tenant wait behind
 all of them. Keel publishes every job with a priority that falls as its
-tenant's load on that queue grows — the tenant's jobs already running or
-waiting there — using kombu's Redis priority lists, served lowest number
-first: the job of a tenant with nothing on the queue goes to the front, a
-tenant's hundredth job to the back. Within one priority, order is still
-first in, first out, so each tenant's own jobs keep their order. A single
-job of an idle tenant therefore waits at most for one running job to
-finish, whatever another tenant has queued.
+party's load on that queue grows — the jobs of the same tenant (or, for jobs
+without an owner, of the system) already running or waiting there — using
+kombu's Redis priority lists, served lowest number first across all the
+queues a worker consumes: the job of a party with nothing on the queue goes
+to the front, a party's hundredth job to the back. Within one priority,
+order is still first in, first out, so each party's own jobs keep their
+order. A single job of an idle tenant therefore waits at most for one
+running job to finish, whatever another tenant — or a burst of system jobs —
+has queued.
 """
 
 from __future__ import annotations
@@ -45,32 +47,38 @@ class TenantLimits:
 
 @dataclass(frozen=True)
 class TenantLoad:
-    """The tenant's live jobs (all queues) and its jobs running or waiting on one queue."""
+    """A party's live jobs (all queues) and its jobs running or waiting on one queue."""
 
     live: int
     on_queue: int
 
 
 def priority_for(on_queue: int) -> int:
-    """The broker priority of a job whose tenant has ``on_queue`` jobs running or waiting."""
+    """The broker priority of a job whose party has ``on_queue`` jobs running or waiting."""
     for step, bound in zip(PRIORITY_STEPS, LOAD_STEPS, strict=False):
         if on_queue < bound:
             return step
     return PRIORITY_STEPS[-1]
 
 
-_LOAD = text(
-    """
-    SELECT count(*) AS live,
-           count(*) FILTER (WHERE queue = :queue AND state IN ('waiting', 'active')) AS on_queue
-    FROM jobs WHERE tenant_id = :tenant
-      AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
-    """
-)
+def _party(tenant_id: str | None) -> str:
+    """The rows of one party: a tenant's, or the system's (jobs without an owner)."""
+    return "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
 
 
-def load(session: Session, tenant_id: str, queue: str) -> TenantLoad:
-    row = session.execute(_LOAD, {"tenant": tenant_id, "queue": queue}).one()
+def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:
+    row = session.execute(
+        text(
+            f"""
+            SELECT count(*) AS live,
+                   count(*) FILTER (WHERE queue = :queue
+                                    AND state IN ('waiting', 'active')) AS on_queue
+            FROM jobs WHERE {_party(tenant_id)}
+              AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
+            """
+        ),
+        {"tenant": tenant_id, "queue": queue},
+    ).one()
     return TenantLoad(int(row.live), int(row.on_queue))
 
 
@@ -91,10 +99,15 @@ def delay_too_long(limits: TenantLimits) -> LimitExceeded:
                          details=[{"limit": "maxDelaySeconds", "max": most}])  # fmt: skip
 
 
-def admit(session: Session, tenant_id: str, queue: str, delay_ms: int,
+def admit(session: Session, tenant_id: str | None, queue: str, delay_ms: int,
           limits: TenantLimits | None) -> TenantLoad:  # fmt: skip
-    """Check ``limits`` for one more job of the tenant (locking first); its load for priority."""
-    if limits is not None:
+    """Check ``limits`` for one more job of the tenant (locking first); its load for priority.
+
+    Jobs without an owner (``tenant_id`` None) are the system's: no quota, a load all the same.
+    """
+    if tenant_id is None:
+        limits = None
+    if limits is not None and tenant_id is not None:
         if delay_ms > limits.max_delay_ms:
             raise delay_too_long(limits)
         lock(session, tenant_id, "jobs")
@@ -106,36 +119,21 @@ def admit(session: Session, tenant_id: str, queue: str, delay_ms: int,
     return found
 
 
-_LOADS = text(
-    """
-    SELECT tenant_id, queue, count(*) AS on_queue FROM jobs
-    WHERE state IN ('waiting', 'active') AND (tenant_id, queue) IN (SELECT * FROM unnest(
-        CAST(:tenants AS text[]), CAST(:queues AS text[])))
-    GROUP BY tenant_id, queue
-    """
-)
-
-
 def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:
     """Priorities of jobs ``(id, tenant, queue)`` that just became waiting in this transaction.
 
-    Each is placed after what its tenant already has on its queue, in the
+    Each is placed after what its party already has on its queue, in the
     given order, so a burst promoted at once (a hundred reports scheduled for
     the same minute) is spread over the priorities like a burst of adds.
     """
-    pairs = sorted({(tenant, queue) for _, tenant, queue in jobs if tenant is not None})
-    if not pairs:
-        return {}
-    rows = session.execute(_LOADS, {"tenants": [t for t, _ in pairs],
-                                    "queues": [q for _, q in pairs]})  # fmt: skip
-    loads = {(row.tenant_id, row.queue): int(row.on_queue) for row in rows}
-    mine = [(job_id, (tenant, queue)) for job_id, tenant, queue in jobs if tenant is not None]
-    # What was there before these were promoted; then each new one queues behind the last.
-    ahead = {pair: loads.get(pair, 0) for pair in pairs}
-    for _, pair in mine:
-        ahead[pair] -= 1
+    ahead: dict[tuple[str | None, str], int] = {}
+    for _, tenant, queue in jobs:
+        if (tenant, queue) not in ahead:
+            ahead[(tenant, queue)] = load(session, tenant, queue).on_queue
+    for _, tenant, queue in jobs:  # what was there before these were promoted
+        ahead[(tenant, queue)] -= 1
     found: dict[str, int] = {}
-    for job_id, pair in mine:
-        found[job_id] = priority_for(max(0, ahead[pair]))
-        ahead[pair] += 1
+    for job_id, tenant, queue in jobs:
+        found[job_id] = priority_for(max(0, ahead[(tenant, queue)]))
+        ahead[(tenant, queue)] += 1
     return found

@@ -7,12 +7,15 @@ the queue's global limits apply to all of them (seed 004).
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 from celery import chord, current_app
 
 from tasks.config import get_settings
-from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler
+from tasks.db import transaction
+from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler, tenancy
 from tasks.jobs.errors import Defer
+from tasks.jobs.queries import get as get_job
 from tasks.notifications import campaigns, generations
 from tasks.notifications.generations import Rollover
 from tasks.notifications.provider import GroupConflict, ProviderClient, ProviderRejected
@@ -33,11 +36,16 @@ CHUNK_OPTS = JobOptions(attempts=_settings.provider_retry_attempts, backoff=PROV
 CREATE_OPTS = CHUNK_OPTS
 SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
 GROUP_WAIT_MS = 200
+GROUP_WAIT_MAX_MS = 5000
 ROLLOVER_WAIT_MS = 100
 
 
 class Stragglers(Exception):
     """A chunk assigned to this generation is still loading; the send waits for it."""
+
+
+class GroupUnavailable(Exception):
+    """The generation's group creator failed for good; the chunk cannot load (yet)."""
 
 
 def _provider() -> ProviderClient:
@@ -50,16 +58,31 @@ def chunk_job_id(campaign_id: str, chunk_no: int) -> str:
 
 @handler(PLAN, queue=QUEUE)
 def plan_campaign(job: JobContext) -> dict:
-    """Split the campaign into chunks and fan them in with a chord."""
+    """Split the campaign into chunks and fan them in with a chord.
+
+    The chunks queue behind what their tenant already has on the queue, like any
+    burst of adds (``tasks.jobs.tenancy``): a big campaign does not hold others up.
+    """
     campaign = campaigns.get(job.data["campaignId"])
     campaigns.create_chunks(campaign)
+    owner = campaigns.owner(campaign)
+    with transaction() as session:
+        ahead = tenancy.load(session, owner.tenant_id, QUEUE).on_queue
     header = []
     for chunk_no in range(campaign.chunk_count):
         data = {"campaignId": campaign.id, "chunk": chunk_no}
         job_id = chunk_job_id(campaign.id, chunk_no)
         add(LOAD, data, queue=QUEUE, opts=CHUNK_OPTS.model_copy(update={"job_id": job_id}),
-            owner=campaigns.owner(campaign), publish_now=False)  # fmt: skip
-        header.append(current_app.signature(LOAD, kwargs=data, task_id=job_id, queue=QUEUE))
+            owner=owner, publish_now=False)  # fmt: skip
+        header.append(
+            current_app.signature(
+                LOAD,
+                kwargs=data,
+                task_id=job_id,
+                queue=QUEUE,
+                priority=tenancy.priority_for(ahead + chunk_no),
+            )
+        )
     finalize_id = f"{FINALIZE}:{campaign.id}:plan-{job.attempts_started}"
     add(FINALIZE, {"campaignId": campaign.id}, queue=QUEUE, owner=campaigns.owner(campaign),
         opts=JobOptions(jobId=finalize_id), publish_now=False)  # fmt: skip
@@ -87,22 +110,37 @@ def load_chunk(job: JobContext) -> dict:
         maybe_send(campaign_id, full)
     group_id = generations.readiness(campaign_id, generation).group_id
     if group_id is None:
-        add(
-            CREATE,
-            {"campaignId": campaign_id, "generation": generation},
-            queue=QUEUE,
-            opts=CREATE_OPTS.model_copy(
-                update={
-                    "job_id": f"{CREATE}:{campaign_id}:{generation}"
-                    f":{chunk_no}:{job.attempts_started}"
-                }
-            ),
-        )
-        raise Defer(GROUP_WAIT_MS, "waiting for the generation's group", waiting_children=True)
+        _await_group(job, campaign_id, generation)
     loaded = _load_messages(campaign, chunk_no, group_id)
     generations.record_load(campaign_id, chunk_no)
     after_load(campaign_id, generation)
     return {"generation": generation, "groupId": group_id, "messages": loaded}
+
+
+def create_job_id(campaign_id: str, generation: int) -> str:
+    """One creator job per generation: its retries reuse one idempotency key, so one group."""
+    return f"{CREATE}:{campaign_id}:{generation}"
+
+
+def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn:
+    """Make sure the generation's creator exists, then wait for its group without an attempt.
+
+    The wait grows with each look (up to ``GROUP_WAIT_MAX_MS``), so chunks waiting out a
+    provider outage cost little. A creator that failed for good fails this run instead:
+    the chunk then fails closed once its attempts are spent, and a resume restarts both.
+    """
+    created = add(CREATE, {"campaignId": campaign_id, "generation": generation}, queue=QUEUE,
+                  opts=CREATE_OPTS.model_copy(
+                      update={"job_id": create_job_id(campaign_id, generation)}))  # fmt: skip
+    if not created.created and _state_of(created.job_id) == "failed":
+        raise GroupUnavailable(f"the group of generation {generation} could not be created")
+    wait_ms = min(GROUP_WAIT_MS * max(1, job.attempts_started), GROUP_WAIT_MAX_MS)
+    raise Defer(wait_ms, "waiting for the generation's group", waiting_children=True)
+
+
+def _state_of(job_id: str) -> str | None:
+    found = get_job(job_id)
+    return found.state if found is not None else None
 
 
 def _load_messages(campaign: campaigns.Campaign, chunk_no: int, group_id: str) -> int:

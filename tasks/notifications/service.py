@@ -131,6 +131,14 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
         raise InvalidJobState("the campaign is already complete")
     owner = campaigns.owner(campaign)
     requeued = 0
+    for generation in generations.generations(campaign.id):
+        ready = generations.readiness(campaign.id, generation)
+        creator = _job(jobs.create_job_id(campaign.id, generation))
+        if ready.group_id is None and creator is not None and creator.state == "failed":
+            _requeue(creator, actor)  # before the chunks that wait for its group
+        send_job = _job(f"{jobs.SEND}:{ready.group_id}") if ready.group_id else None
+        if send_job is not None and send_job.state == "failed" and not ready.sent:
+            _requeue(send_job, actor)
     for chunk_no, job in _unfinished_chunk_jobs(campaign):
         if job is None:
             add(jobs.LOAD, {"campaignId": campaign.id, "chunk": chunk_no}, queue=jobs.QUEUE,
@@ -140,11 +148,6 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
         elif job.state == "failed":
             _requeue(job, actor)
             requeued += 1
-    for generation in generations.generations(campaign.id):
-        ready = generations.readiness(campaign.id, generation)
-        send_job = _job(f"{jobs.SEND}:{ready.group_id}") if ready.group_id else None
-        if send_job is not None and send_job.state == "failed" and not ready.sent:
-            _requeue(send_job, actor)
     add(jobs.FINALIZE, {"campaignId": campaign.id}, queue=jobs.QUEUE, owner=owner,
         opts=JobOptions(jobId=f"{jobs.FINALIZE}:{campaign.id}:{new_job_id()}"))  # fmt: skip
     return {"campaignId": campaign.id, "requeuedChunks": requeued}

@@ -86,8 +86,8 @@ def _result_exists(session: Session, job: JobRecord) -> str | None:
 
 def _audit_ids(job: JobRecord) -> dict:
     """Non-secret identifiers only: never the whole payload."""
-    ids = {"name": job.name, "reportId": job.data.get("reportId"), "rows": job.data.get("rows")}
-    return {**ids, "operationKey": _key_of(job)}
+    return {"reportId": job.data.get("reportId"), "rows": job.data.get("rows"),
+            "operationKey": _key_of(job)}  # fmt: skip
 
 
 def retry(owner: Owner, job_id: str, *, actor: str, reason: str) -> None:

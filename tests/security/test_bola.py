@@ -62,9 +62,10 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
     "CreateReport": lambda: {"reportId": unique(), "rows": 5},
     "ScheduleReport": lambda: {"reportId": unique(), "rows": 5, "runAt": in_a_month()},
     "RetryJob": lambda: {"reason": "security matrix: retry by whoever asks"},
-    "UpsertScheduler": lambda: {"pattern": "0 0 1 1 *",
-                                "template": {"name": "report.generate",
-                                             "data": {"reportId": "yearly", "rows": 10}}},
+    "UpsertScheduler": lambda: {
+        "pattern": "0 0 1 1 *",
+        "template": {"name": "report.generate", "data": {"reportId": "yearly", "rows": 10}},
+    },
     "CreateCampaign": lambda: {
         "name": "bola",
         "category": "security",

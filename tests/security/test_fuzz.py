@@ -43,11 +43,19 @@ MAX_FUZZ_RECIPIENTS = 20
 
 # (method, path) -> {body field: the rule JSON Schema cannot state}
 CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
-    ("POST", "/api/v1/reports/scheduled"): {"runAt": "must be in the future"},
+    ("POST", "/api/v1/reports/scheduled"): {
+        "runAt": "must be in the future, and at most maxDelaySeconds ahead",
+    },
     ("PUT", "/api/v1/schedulers/{scheduler_id}"): {
         "pattern": "must be a valid cron expression",
         "tz": "must be an IANA time zone",
         "(body)": "endDate after startDate, and fire times inside the calendar",
+        "template.name": "must name a job its tenant may schedule",
+        "template.data": "must be data that job takes, with no identity fields",
+        "queue": "must be the queue of the template's job",
+    },
+    ("POST", "/api/v1/campaigns"): {
+        "template": "must render no message past the provider's 10,000 characters",
     },
 }
 

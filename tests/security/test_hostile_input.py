@@ -18,7 +18,7 @@ from tests.support.client import bearer, unique
 pytestmark = pytest.mark.usefixtures("stack")
 TENANT = unique("hostile")
 OPERATOR = bearer(tenant=TENANT, user="mallory", roles=("operator",))
-TEMPLATE = {"name": "security.noop"}
+TEMPLATE = {"name": "report.generate", "data": {"reportId": "hostile", "rows": 1}}
 SCHEDULER = "/api/v1/schedulers/{id}"
 DEEP = "[" * 5000 + "]" * 5000
 SEEN: list[int] = []

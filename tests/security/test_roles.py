@@ -39,9 +39,10 @@ FORBIDDEN: list[str] = []
 
 BODIES = {
     "RetryJob": {"reason": "a viewer would like this re-run"},
-    "UpsertScheduler": {"pattern": "0 0 1 1 *",
-                        "template": {"name": "report.generate",
-                                     "data": {"reportId": "yearly", "rows": 10}}},
+    "UpsertScheduler": {
+        "pattern": "0 0 1 1 *",
+        "template": {"name": "report.generate", "data": {"reportId": "yearly", "rows": 10}},
+    },
 }
 
 

@@ -88,8 +88,18 @@ def test_a_template_a_tenant_may_not_schedule_is_400_at_upsert(client, what):
     error = response.get_json()
     assert error["error"] == "validation_failed" and error["details"], error
     # And through the CLI, for the same tenant: refused as well
-    args = ["--every", "1000", "--name", template["name"], "--data",
-            json.dumps(template.get("data", {})), "--tenant", TENANT, "--user", "olga"]
+    args = [
+        "--every",
+        "1000",
+        "--name",
+        template["name"],
+        "--data",
+        json.dumps(template.get("data", {})),
+        "--tenant",
+        TENANT,
+        "--user",
+        "olga",
+    ]
     result = cli(unique("s"), *args, *(["--queue", queue] if queue else []))
     assert result.exit_code != 0 and "refused" in result.output, result.output
     assert schedulers_of(TENANT) == 0
@@ -153,8 +163,11 @@ def assert_report_scheduler_works(tenant: str, user: str, scheduler_id: str, rep
 def test_a_report_scheduler_made_through_the_api_fires_the_tenants_reports(client):
     # Given a report scheduler made the way a user would, through the API
     scheduler_id, report_id = unique("nightly"), unique("q")
-    body = {"every": 1000, "limit": 3,
-            "template": {"name": "report.generate", "data": {"reportId": report_id, "rows": 5}}}
+    body = {
+        "every": 1000,
+        "limit": 3,
+        "template": {"name": "report.generate", "data": {"reportId": report_id, "rows": 5}},
+    }
     response = client.put(f"/api/v1/schedulers/{scheduler_id}", json=body, headers=OPERATOR)
     assert response.status_code == 200, response.get_json()
     assert response.get_json()["queue"] == "reports"

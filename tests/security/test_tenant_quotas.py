@@ -136,6 +136,7 @@ def test_another_tenants_traffic_never_trims_my_finished_records(client):
     ids = [client.post("/api/v1/reports", json={"reportId": unique(), "rows": 1},
                        headers=bearer(tenant=theirs)).get_json()["jobId"]
            for _ in range(150)]  # fmt: skip
+
     def states() -> list[str]:
         return [job.state if job else "trimmed" for job in map(get, ids)]
 

@@ -93,9 +93,11 @@ def test_an_operator_retry_of_a_job_with_unexpected_data_is_not_a_500(client):
               opts=JobOptions(attempts=1)).job_id  # fmt: skip
     assert "rows" in wait_state(job, "failed")["failedReason"]
     # When the tenant's operator retries it
-    response = client.post(f"/api/v1/reports/jobs/{job}/retry",
-                           json={"reason": "retrying odd data on purpose"},
-                           headers=bearer(tenant=tenant, user="olga", roles=("operator",)))
+    response = client.post(
+        f"/api/v1/reports/jobs/{job}/retry",
+        json={"reason": "retrying odd data on purpose"},
+        headers=bearer(tenant=tenant, user="olga", roles=("operator",)),
+    )
     # Then it is accepted (and fails again, visibly), not a 500
     assert response.status_code == 202, response.get_json()
 
