@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from tasks.jobs.liveness import Heartbeat
 from tasks.jobs.promoter import Promoter
 
 JOB_MODULES = [
@@ -17,3 +18,4 @@ JOB_MODULES = [
 app = Celery("keel", include=JOB_MODULES)
 app.config_from_object("tasks.celeryconfig")
 app.steps["worker"].add(Promoter)
+app.steps["consumer"].add(Heartbeat)

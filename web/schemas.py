@@ -52,3 +52,8 @@ class JobStatus(Open):
 
 class Health(Open):
     status: str
+
+
+class Readiness(Open):
+    status: str
+    checks: dict[str, str]
