@@ -84,6 +84,7 @@ class Settings:
     provider_retry_delay_ms: int
     max_stalled_count: int
     queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
+    sandbox_admin_key: str = ""  # KEEL_SANDBOX_ADMIN_KEY: the sandbox's /admin and /v1/ledger
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -133,6 +134,7 @@ def get_settings() -> Settings:
         provider_retry_delay_ms=int(get("KEEL_PROVIDER_RETRY_DELAY_MS", "500") or 500),
         max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
         queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
+        sandbox_admin_key=get("KEEL_SANDBOX_ADMIN_KEY", "") or "",
     )
 
 

@@ -30,6 +30,7 @@ os.environ.update(
     KEEL_STALLED_INTERVAL_S="1",
     KEEL_VISIBILITY_TIMEOUT_S="15",
     KEEL_PROVIDER_URL=f"http://127.0.0.1:{_SANDBOX_PORT}",
+    KEEL_SANDBOX_ADMIN_KEY="test-sandbox-admin-key-0123456789",
 )
 
 import pytest  # noqa: E402
