@@ -43,7 +43,7 @@ class KeelScheduler(Scheduler):
             return self.max_interval
 
     def _heartbeat(self) -> None:
-        """Say this beat is alive (``python -m tasks.jobs.liveness beat``)."""
+        """Say this beat is alive (``python -m tasks.jobs.healthcheck beat``)."""
         if time.monotonic() - self._last_heartbeat < liveness.HEARTBEAT_S:
             return
         self._last_heartbeat = time.monotonic()

@@ -12,16 +12,14 @@ process subscribed at the time sees, so a readiness probe would have to
 listen for a whole heartbeat interval, or every web process would have to
 keep an event consumer running. A sorted-set read is one bounded command.
 
-``python -m tasks.jobs.liveness worker|beat`` exits 0 when this host's
-process of that kind beat recently: the compose health check.
+``python -m tasks.jobs.healthcheck worker|beat`` reads them for a container
+health check.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import socket
-import sys
 
 import redis
 from celery import bootsteps
@@ -113,21 +111,3 @@ class Heartbeat(bootsteps.StartStopStep):
                 forget(self.client, "worker", c.hostname)
 
     shutdown = stop
-
-
-def main(argv: list[str]) -> int:
-    """Exit 0 if a ``worker``/``beat`` of this host beat recently (a container health check)."""
-    role = argv[0] if argv else "worker"
-    host = socket.gethostname()
-    try:
-        members = fresh(quick_client(), role)
-    except redis.RedisError as exc:
-        print(f"{role}: redis unavailable: {exc}", file=sys.stderr)
-        return 1
-    mine = [m for m in members if m == host or m.endswith(f"@{host}")]
-    print(f"{role}: {'alive' if mine else 'no recent heartbeat'} ({', '.join(mine) or host})")
-    return 0 if mine else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

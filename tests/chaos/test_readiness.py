@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -84,3 +86,14 @@ def test_no_recent_worker_heartbeat_is_named(stack, client, worker):
     assert failing(body) == {"workers"}
     # And once they run again, they beat again
     wait_for(lambda: client.get("/readyz").status_code == 200, timeout=30)
+
+
+def test_the_container_health_check_sees_this_hosts_worker(worker):
+    # Given the session's worker on this host; when compose's health check runs
+    check = [sys.executable, "-m", "tasks.jobs.healthcheck"]
+    alive = subprocess.run([*check, "worker"], capture_output=True, text=True, timeout=60)
+    nobody = subprocess.run([*check, "nobody"], capture_output=True, text=True, timeout=60)
+    # Then it passes for the worker, and fails for a kind of process that never beat
+    assert alive.returncode == 0, alive.stdout + alive.stderr
+    assert f"{worker.name}@" in alive.stdout
+    assert nobody.returncode == 1 and "no recent heartbeat" in nobody.stdout
