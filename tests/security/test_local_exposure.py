@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import requests
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
 from tests.security.conftest import record_figure
@@ -36,7 +38,8 @@ def secrets_of(up: KeelUp) -> dict[str, str]:
 def test_the_embedded_redis_wants_a_password_and_refuses_config(keel_up: KeelUp):
     url = urlsplit(keel_up.stack_env["KEEL_REDIS_URL"])
     # Without the password: nothing, CONFIG SET included
-    anonymous = redis.Redis(host=url.hostname, port=url.port, socket_timeout=5)
+    anonymous = redis.Redis(host=url.hostname, port=url.port, socket_timeout=5,
+                            retry=Retry(NoBackoff(), 0))  # fmt: skip
     with pytest.raises(redis.AuthenticationError):
         anonymous.config_set("dir", "/tmp")
     with pytest.raises(redis.AuthenticationError):
