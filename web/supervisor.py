@@ -34,6 +34,8 @@ TICK_S = 0.2
 
 
 class Unit(Protocol):
+    """A child or an embedded server: anything with a name that can report its death."""
+
     name: str
 
     def poll(self) -> int | None: ...
@@ -130,6 +132,8 @@ class RestartPolicy:
 
 @dataclass
 class Watched:
+    """A unit, how to start it, and its restart history."""
+
     unit: Unit
     start: Callable[[], object]
     policy: RestartPolicy = field(default_factory=RestartPolicy)
