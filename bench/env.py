@@ -37,6 +37,8 @@ class BenchEnv:
             "KEEL_SECRET_KEY": os.environ.get("KEEL_SECRET_KEY") or secrets.token_urlsafe(32),
             "KEEL_SANDBOX_PORT": str(self.sandbox_port),
             "KEEL_PROVIDER_URL": f"http://127.0.0.1:{self.sandbox_port}",
+            "KEEL_SANDBOX_ADMIN_KEY": os.environ.get("KEEL_SANDBOX_ADMIN_KEY")
+            or secrets.token_urlsafe(32),
         }
         if not self.external_db:
             postgres = EmbeddedPostgres(self.home)

@@ -31,10 +31,18 @@ def _groups(n: int, capacity: int) -> int:
     return -(-n // capacity)
 
 
+def _admin() -> dict[str, str]:
+    """The sandbox's admin key (``BenchEnv`` exports it to the sandbox and to us)."""
+    from tasks.config import get_settings
+    from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+
+    return {ADMIN_KEY_HEADER: get_settings().sandbox_admin_key}
+
+
 def _verify(provider: HttpChild, n: int, groups: int, who: str) -> dict:
     """The provider's ledger must show exactly ``n`` messages accepted and sent, once each."""
     totals = requests.get(
-        provider.url + "/v1/ledger", params={"summary": "true"}, timeout=300
+        provider.url + "/v1/ledger", params={"summary": "true"}, headers=_admin(), timeout=300
     ).json()["totals"]
     expected = {
         "accepted": n,
@@ -49,6 +57,12 @@ def _verify(provider: HttpChild, n: int, groups: int, who: str) -> dict:
     if wrong:
         raise RuntimeError(f"P4 {who}: provider ledger differs from {expected}: {wrong}")
     return {k: totals[k] for k in expected}
+
+
+def _reset(provider: HttpChild) -> None:
+    requests.post(
+        provider.url + "/admin/reset", json={}, headers=_admin(), timeout=120
+    ).raise_for_status()
 
 
 def raw_loop(provider: HttpChild, n: int, capacity: int, tag: str) -> float:
@@ -145,11 +159,11 @@ def p4_campaign(run: Run) -> Figure:
     with provider:
         for rep in range(run.repeat):
             run.log(f"P4 rep {rep + 1}/{run.repeat}: raw loop, {n:,} messages")
-            requests.post(provider.url + "/admin/reset", timeout=120).raise_for_status()
+            _reset(provider)
             raw_s.samples.append(raw_loop(provider, n, capacity, f"{run.tag}-raw{rep}"))
             ledgers.append({"system": "raw", **_verify(provider, n, _groups(n, capacity), "raw")})
             run.log(f"  raw {raw_s.samples[-1]:,.0f} msgs/s; now a Keel campaign")
-            requests.post(provider.url + "/admin/reset", timeout=120).raise_for_status()
+            _reset(provider)
             worker = CeleryWorker(run.env, "keel-bench", "tasks", run.sizes.worker_concurrency)
             with worker, RssSampler(worker.pid) as rss:  # the worker is up before the sampler
                 idle_s.samples.append(rss.sample()[0] / 2**20)

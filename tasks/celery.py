@@ -5,8 +5,10 @@ from __future__ import annotations
 from celery import Celery
 
 from tasks.catalog import JOB_MODULES
+from tasks.jobs.liveness import Heartbeat
 from tasks.jobs.promoter import Promoter
 
 app = Celery("keel", include=JOB_MODULES)
 app.config_from_object("tasks.celeryconfig")
 app.steps["worker"].add(Promoter)
+app.steps["consumer"].add(Heartbeat)

@@ -86,6 +86,7 @@ class Settings:
     queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
     tenant_quotas: str = ""  # KEEL_TENANT_QUOTAS, JSON; parsed by tasks.quotas
     token_max_ttl_s: int = 30 * 86_400  # KEEL_TOKEN_MAX_TTL_S
+    sandbox_admin_key: str = ""  # KEEL_SANDBOX_ADMIN_KEY: the sandbox's /admin and /v1/ledger
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -137,6 +138,7 @@ def get_settings() -> Settings:
         queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
         tenant_quotas=get("KEEL_TENANT_QUOTAS", "") or "",
         token_max_ttl_s=int(get("KEEL_TOKEN_MAX_TTL_S", str(30 * 86_400)) or 30 * 86_400),
+        sandbox_admin_key=get("KEEL_SANDBOX_ADMIN_KEY", "") or "",
     )
 
 

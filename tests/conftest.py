@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -30,6 +31,7 @@ os.environ.update(
     KEEL_STALLED_INTERVAL_S="1",
     KEEL_VISIBILITY_TIMEOUT_S="15",
     KEEL_PROVIDER_URL=f"http://127.0.0.1:{_SANDBOX_PORT}",
+    KEEL_SANDBOX_ADMIN_KEY="test-sandbox-admin-key-0123456789",
 )
 
 import pytest  # noqa: E402
@@ -72,6 +74,17 @@ def app(stack):
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+@pytest.fixture(scope="session")
+def keel_up(tmp_path_factory):
+    """One real ``keel up`` on a fresh home, shared by every test that does not kill it."""
+    from tests.support.keel_up import KeelUp
+
+    up = KeelUp(tmp_path_factory.mktemp("keel-up") / "home").start()
+    yield up
+    if up.process is not None and up.process.poll() is None:
+        up.stop(signal.SIGINT)
 
 
 @pytest.fixture(scope="session")

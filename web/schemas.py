@@ -65,3 +65,8 @@ def configured_bound(key: str, read: Callable[[], int]) -> Callable[[dict[str, A
                 variant[key] = read()
 
     return apply
+
+
+class Readiness(Open):
+    status: str
+    checks: dict[str, str]

@@ -1,29 +1,45 @@
 """``keel up``: the whole stack under one supervisor.
 
-Starts embedded Postgres and Redis when no URLs are configured, migrates,
-writes ``$KEEL_HOME/env`` and runs the web app, a worker, beat, Flower and
-the provider sandbox as children in their own sessions. A signal to the
-supervisor is forwarded to every child (web first, workers last, so jobs in
-flight finish); if any child dies, the rest are stopped too.
+Takes the home's lock, starts embedded Postgres and Redis when no URLs are
+configured, migrates, writes ``$KEEL_HOME/env`` and runs the web app, a
+worker, beat, Flower and the provider sandbox as children
+(``web.supervisor``): each restarted if it dies, none outliving ``keel up``.
+A signal to the supervisor stops every child (web first, workers last, so
+jobs in flight finish), then the servers. Everything it creates under
+``$KEEL_HOME`` is private to its user from the first byte (umask 077).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 from tasks.config import ENV_FILE_NAME, keel_home, reload_settings, write_env_file
 from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
+from tasks.embedded.lifeline import PRIVATE_UMASK
+from tasks.embedded.private import create_private
+from tasks.jobs import liveness
+from web.home import HomeBusy, HomeLock
+from web.supervisor import Child, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-STOP_TIMEOUT_S = 60
+READY_PROBE_S = 1.0
+READY_REPORT_S = 15.0
+# What a child gets if the supervisor dies without stopping it (kill -9): a quick exit.
+# Gunicorn and Celery take SIGQUIT as "stop now" (a Celery cold shutdown hands unacked
+# messages back to the broker); the rest stop at once on SIGTERM.
+DEATH_SIGNALS = {"worker": signal.SIGQUIT, "web": signal.SIGQUIT}
 
 
 def alembic_config():
@@ -46,18 +62,8 @@ def secret_key(home: Path) -> str:
     if os.environ.get("KEEL_SECRET_KEY"):
         return os.environ["KEEL_SECRET_KEY"]
     path = home / "secret"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(48))
-        path.chmod(0o600)
+    create_private(path, secrets.token_urlsafe(48))
     return path.read_text().strip()
-
-
-@dataclass
-class Child:
-    name: str
-    args: list[str]
-    process: subprocess.Popen | None = None
 
 
 @dataclass
@@ -65,11 +71,17 @@ class Stack:
     """The supervisor behind ``keel up``."""
 
     home: Path = field(default_factory=keel_home)
-    children: list[Child] = field(default_factory=list)
-    embedded: list[EmbeddedPostgres | EmbeddedRedis] = field(default_factory=list)
+    supervisor: Supervisor = field(default_factory=Supervisor)
+    env: dict[str, str] = field(default_factory=dict)
     stopping: bool = False
+    starting: bool = True  # a signal now interrupts the start itself
+    ready: bool = False
+    _next_probe: float = 0.0
+    _next_report: float = 0.0
+    _children_started_at: float = 0.0
 
     def environment(self) -> dict[str, str]:
+        """The stack's settings; starts the embedded servers that no URL replaces."""
         env = {
             "KEEL_HOME": str(self.home),
             "KEEL_WEB_PORT": os.environ.get("KEEL_WEB_PORT", "8000"),
@@ -78,6 +90,8 @@ class Stack:
             "KEEL_FAULT_INJECTION": os.environ.get("KEEL_FAULT_INJECTION", "0"),
             "KEEL_SECRET_KEY": secret_key(self.home),
             "KEEL_FLOWER_USER": os.environ.get("KEEL_FLOWER_USER", "keel"),
+            "KEEL_SANDBOX_ADMIN_KEY": os.environ.get("KEEL_SANDBOX_ADMIN_KEY")
+            or secrets.token_urlsafe(32),
         }
         env["KEEL_FLOWER_PASSWORD"] = os.environ.get(
             "KEEL_FLOWER_PASSWORD",
@@ -91,19 +105,19 @@ class Stack:
         if not database_url:
             postgres = EmbeddedPostgres(self.home)
             database_url = postgres.start()
-            self.embedded.append(postgres)
+            self.supervisor.add(postgres, postgres.start, running=True)
         redis_url = os.environ.get("KEEL_REDIS_URL")
         if not redis_url:
-            redis_server = EmbeddedRedis(self.home)
+            # A fresh password each run: only this stack's processes learn it (env file, environ).
+            redis_server = EmbeddedRedis(self.home, password=secrets.token_urlsafe(32))
             redis_url = redis_server.start()
-            self.embedded.append(redis_server)
+            self.supervisor.add(redis_server, redis_server.start, running=True)
         env["KEEL_DATABASE_URL"] = database_url
         env["KEEL_REDIS_URL"] = redis_url
         return env
 
     def plan(self, env: dict[str, str]) -> list[Child]:
         celery = [sys.executable, "-m", "celery", "-A", "tasks"]
-        flower_auth = f"{env['KEEL_FLOWER_USER']}:{env['KEEL_FLOWER_PASSWORD']}"
         web_bind = f"127.0.0.1:{env['KEEL_WEB_PORT']}"
         return [
             Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
@@ -112,31 +126,87 @@ class Stack:
             Child("sandbox", [sys.executable, "-m", "tasks.notifications.sandbox",
                               "--port", env["KEEL_SANDBOX_PORT"]]),
             Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
-                             "--address=127.0.0.1", f"--basic-auth={flower_auth}"]),
+                             "--address=127.0.0.1"]),
             Child("web", [sys.executable, "-m", "gunicorn", "-b", web_bind, "-w", "2",
                           "--graceful-timeout", "20", "web:create_app()"]),
         ]  # fmt: skip
 
     def run(self) -> int:
+        os.umask(PRIVATE_UMASK)
+        lock = HomeLock(self.home)
+        try:
+            lock.acquire()
+        except HomeBusy as exc:
+            print(f"keel: {exc}", file=sys.stderr)
+            return 1
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
         try:
-            env = self.environment()
-            os.environ.update(env)
-            reload_settings()
-            migrate()
-            write_env_file(self.home / ENV_FILE_NAME, env)
-            (self.home / ENV_FILE_NAME).chmod(0o600)
-            child_env = {**os.environ, **env}
-            for child in self.plan(env):
-                child.process = subprocess.Popen(
-                    child.args, env=child_env, cwd=PROJECT_ROOT, start_new_session=True
-                )
-                self.children.append(child)
-            self._announce(env)
-            return self._watch()
+            self._start()
+            self.starting = False
+            return self.supervisor.watch(lambda: self.stopping, self._announce_when_ready)
+        except KeyboardInterrupt:  # a signal while starting: stop what is already up
+            return 0
         finally:
-            self._stop_all()
+            self.starting = False
+            self.supervisor.stop_all()
+            lock.release()
+
+    def _start(self) -> None:
+        env = self.environment()
+        os.environ.update(env)
+        reload_settings()
+        migrate()
+        write_env_file(self.home / ENV_FILE_NAME, env)  # atomic: a temporary file, renamed
+        # Secrets reach children through their environment, never their command line
+        # (``/proc/<pid>/cmdline`` is readable by every local user).
+        flower_auth = f"{env['KEEL_FLOWER_USER']}:{env['KEEL_FLOWER_PASSWORD']}"
+        child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "FLOWER_BASIC_AUTH": flower_auth}
+        self.env = env
+        self._next_report = time.monotonic() + READY_REPORT_S
+        self._children_started_at = time.monotonic()
+        for child in self.plan(env):
+            child.env, child.cwd = child_env, str(PROJECT_ROOT)
+            child.death_signal = DEATH_SIGNALS.get(child.name, signal.SIGTERM)
+            self.supervisor.add(child, lambda child=child: child.start(self.supervisor.output))
+
+    def _announce_when_ready(self) -> None:
+        """Print "Keel is up" once ``/readyz`` says so (probed every second until then)."""
+        now = time.monotonic()
+        if self.ready or now < self._next_probe:
+            return
+        self._next_probe = now + READY_PROBE_S
+        problem = self._readiness()
+        if problem is None:
+            self.ready = True
+            self._announce(self.env)
+        elif now >= self._next_report:
+            self._next_report = now + READY_REPORT_S
+            self.supervisor.output.say(f"waiting until ready: {problem}")
+
+    def _readiness(self) -> str | None:
+        """``/readyz``'s complaint, if any; and the heartbeat must come from *this* worker.
+
+        A worker of the previous run (killed a few seconds ago) is still "recent"
+        to ``/readyz``, so a heartbeat older than this start does not count here.
+        """
+        url = f"{self.env['KEEL_WEB_URL']}/readyz"
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+        try:
+            with direct.open(url, timeout=3):
+                pass
+        except urllib.error.HTTPError as exc:
+            return exc.read().decode(errors="replace")[:300]
+        except OSError as exc:
+            return f"web not answering ({exc})"
+        since_start_s = time.monotonic() - self._children_started_at
+        try:
+            if liveness.fresh(liveness.quick_client(), "worker", within_s=since_start_s):
+                return None
+        except redis.RedisError as exc:
+            return f"redis not answering ({exc})"
+        return "no heartbeat yet from a worker of this stack"
 
     def _announce(self, env: dict[str, str]) -> None:
         print(
@@ -151,31 +221,7 @@ class Stack:
             flush=True,
         )
 
-    def _watch(self) -> int:
-        while not self.stopping:
-            for child in self.children:
-                code = child.process.poll() if child.process else None
-                if code is not None:
-                    print(f"keel: {child.name} exited with {code}; stopping", file=sys.stderr)
-                    return 1
-            time.sleep(0.5)
-        return 0
-
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True
-
-    def _stop_all(self) -> None:
-        for child in reversed(self.children):  # web first, worker last
-            if child.process and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in reversed(self.children):
-            if child.process is None:
-                continue
-            try:
-                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(child.process.pid, signal.SIGKILL)
-                child.process.wait()
-        for server in reversed(self.embedded):
-            server.stop()
+        if self.starting:
+            raise KeyboardInterrupt

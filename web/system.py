@@ -1,4 +1,4 @@
-"""Liveness, metrics and the API description."""
+"""Liveness, readiness, metrics and the API description."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from tasks.celeryconfig import QUEUES
 from tasks.jobs import metrics as job_metrics
 from tasks.jobs.counts import counts
+from web import readiness
 from web.api import operation
+from web.errors import ApiError
 from web.openapi import document
-from web.schemas import Health, Open
+from web.schemas import Health, Open, Readiness
 
 bp = Blueprint("system", __name__)
 
@@ -68,6 +70,28 @@ REGISTRY.register(JobActivityCollector())
 @operation(bp, "/healthz", "GET", summary="Liveness", responses={200: Health}, authenticated=False)
 def healthz():
     return {"status": "ok"}
+
+
+@operation(
+    bp,
+    "/readyz",
+    "GET",
+    summary="Readiness: Postgres, Redis and a recent worker heartbeat, answered within ~2 s",
+    responses={200: Readiness, 503: None},
+    authenticated=False,
+)
+def readyz():
+    checks = readiness.check_all()
+    failing = [check for check in checks if not check.ok]
+    if failing:
+        raise ApiError(
+            503,
+            f"not ready: {', '.join(check.name for check in failing)}",
+            code="not_ready",
+            details=[{"check": check.name, "problem": check.problem} for check in failing],
+            headers={"Retry-After": "2"},
+        )
+    return {"status": "ready", "checks": {check.name: "ok" for check in checks}}
 
 
 @operation(

@@ -123,8 +123,13 @@ class ProviderClient:
         self._call("DELETE", f"/v1/groups/{group_id}")
 
     def ledger(self, **params: str) -> dict[str, Any]:
+        """The sandbox's ledger (not a real provider's API): needs ``KEEL_SANDBOX_ADMIN_KEY``."""
+        from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+
+        headers = {ADMIN_KEY_HEADER: get_settings().sandbox_admin_key}
         try:
-            response = self.session.get(self.base_url + "/v1/ledger", params=params, timeout=60)
+            response = self.session.get(self.base_url + "/v1/ledger", params=params,
+                                        headers=headers, timeout=60)  # fmt: skip
         except requests.RequestException as exc:
             raise ProviderUnavailable(f"ledger: {exc}") from exc
         response.raise_for_status()

@@ -1,129 +1,130 @@
-"""``keel up`` on a machine with nothing configured: the README's walk-through, for real."""
+"""``keel up`` on a machine with nothing configured: the README's walk-through, for real.
+
+These tests share one running stack (the ``keel_up`` fixture); the ones that
+kill a stack outright are in ``test_supervisor.py``.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-from pathlib import Path
+import time
 
 import psutil
 import requests
 
-from tasks.config import read_env_file
-from tasks.embedded import free_port
-from tests.support.stack import wait_for
-from web.stack import PROJECT_ROOT
-
-KEEL = str(Path(sys.executable).with_name("keel"))
+from tests.support.keel_up import KEEL, KeelUp, alive
+from tests.support.stack import PROJECT_ROOT, wait_for
 
 
-def clean_env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-    env.update(
-        KEEL_HOME=str(home),
-        KEEL_WEB_PORT=str(free_port()),
-        KEEL_FLOWER_PORT=str(free_port()),
-        KEEL_SANDBOX_PORT=str(free_port()),
-    )
-    return env
-
-
-def start(env: dict[str, str], home: Path) -> subprocess.Popen:
-    log = (home / "up.log").open("ab")
-    process = subprocess.Popen(
-        [KEEL, "up"], env=env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT
-    )
-    web = f"http://127.0.0.1:{env['KEEL_WEB_PORT']}"
-
-    def healthy() -> bool:
-        assert process.poll() is None, (home / "up.log").read_text()[-3000:]
-        try:
-            return requests.get(f"{web}/healthz", timeout=1).ok
-        except requests.RequestException:
-            return False
-
-    wait_for(healthy, timeout=90, interval=0.3)
-    return process
-
-
-def stop(process: subprocess.Popen) -> list[psutil.Process]:
-    tree = psutil.Process(process.pid).children(recursive=True)
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=90) == 0
-    return tree
-
-
-def walk_through(env: dict[str, str], home: Path) -> str:
-    stack_env = read_env_file(home / "env")
+def user_token(up: KeelUp) -> dict[str, str]:
     token = subprocess.run(
         [KEEL, "token", "--tenant", "acme", "--user", "alice"],
-        env={**env, "KEEL_HOME": str(home)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    headers = {"Authorization": f"Bearer {token}"}
-    web = stack_env["KEEL_WEB_URL"]
-    accepted = requests.post(
-        f"{web}/api/v1/reports", json={"reportId": "q3", "rows": 1000}, headers=headers, timeout=5
-    )
+        env=up.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    return {"Authorization": f"Bearer {token}"}
+
+
+def run_report(up: KeelUp, rows: int = 1000, timeout: float = 60) -> dict:
+    """POST a report through the stack's web child and wait until it completed."""
+    headers = user_token(up)
+    accepted = requests.post(f"{up.web}/api/v1/reports", json={"reportId": f"q{time.time_ns()}",
+                             "rows": rows}, headers=headers, timeout=10)  # fmt: skip
     assert accepted.status_code == 202, accepted.text
 
     def completed() -> dict | None:
-        job = requests.get(web + accepted.json()["statusUrl"], headers=headers, timeout=5).json()
+        url = up.web + accepted.json()["statusUrl"]
+        job = requests.get(url, headers=headers, timeout=10).json()
         return job if job["state"] == "completed" else None
 
-    job = wait_for(completed, timeout=60, interval=0.3)
+    job = wait_for(completed, timeout=timeout, interval=0.3)
+    assert job["result"]["generatedRows"] == rows
+    return {**job, "statusUrl": accepted.json()["statusUrl"]}
+
+
+def test_keel_up_runs_the_readme_walk_through(keel_up: KeelUp):
+    # Given `keel up` on a home with nothing configured, announced as up
+    stack_env = keel_up.stack_env
+    assert {"KEEL_DATABASE_URL", "KEEL_REDIS_URL", "KEEL_SECRET_KEY", "KEEL_WEB_URL"} <= set(
+        stack_env
+    )
+    # Then it is ready right away, and a report runs to completion
+    ready = requests.get(f"{keel_up.web}/readyz", timeout=5)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"] == {"postgres": "ok", "redis": "ok", "workers": "ok"}
+    job = run_report(keel_up)
     assert job["progress"]["percent"] == 100
-    assert job["result"]["generatedRows"] == 1000
-    return accepted.json()["statusUrl"]
+    # And Flower answers with the password from the env file
+    auth = (stack_env["KEEL_FLOWER_USER"], stack_env["KEEL_FLOWER_PASSWORD"])
+    flower = f"http://127.0.0.1:{keel_up.env['KEEL_FLOWER_PORT']}/api/workers"
+    wait_for(lambda: _ok(flower, auth), timeout=30, interval=0.5)
+    assert requests.get(flower, timeout=5).status_code == 401
 
 
-def test_keel_up_runs_the_readme_walk_through_and_stops_cleanly(tmp_path):
-    env = clean_env(tmp_path)
-    process = start(env, tmp_path)
+def _ok(url: str, auth: tuple[str, str]) -> bool:
     try:
-        stack_env = read_env_file(tmp_path / "env")
-        assert {"KEEL_DATABASE_URL", "KEEL_REDIS_URL", "KEEL_SECRET_KEY", "KEEL_WEB_URL"} <= set(
-            stack_env
-        )
-        status_url = walk_through(env, tmp_path)
-        flower = f"http://127.0.0.1:{env['KEEL_FLOWER_PORT']}/api/workers"
+        return requests.get(url, timeout=2, auth=auth).ok
+    except requests.RequestException:
+        return False
 
-        def flower_up() -> bool:
-            try:
-                auth = (stack_env["KEEL_FLOWER_USER"], stack_env["KEEL_FLOWER_PASSWORD"])
-                return requests.get(flower, timeout=2, auth=auth).ok
-            except requests.RequestException:
-                return False
 
-        wait_for(flower_up, timeout=30, interval=0.5)
-    finally:
-        tree = stop(process)
-    # nothing it started outlives it, embedded Postgres included
-    assert tree and not [p for p in tree if p.is_running() and p.status() != "zombie"]
-    assert not [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if str(tmp_path / "pg") in " ".join(p.info["cmdline"] or [])
-    ]
+def test_output_is_prefixed_with_each_childs_name_and_announced_once(keel_up: KeelUp):
+    log = keel_up.log()
+    for name in ("worker", "beat", "web", "flower", "sandbox"):
+        assert f" {name:<8}| " in log, name
+    assert log.count("Keel is up.") == 1
 
-    # a second `keel up` finds the same data
-    process = start(env, tmp_path)
+
+def test_a_second_keel_up_on_the_same_home_is_refused_at_once(keel_up: KeelUp):
+    # Given a running stack and its env file
+    env_file = keel_up.home / "env"
+    before = env_file.read_bytes()
+    # When a second `keel up` starts on the same home (other ports, so nothing else collides)
+    env = {**keel_up.env, "KEEL_WEB_PORT": "1"}
+    again = subprocess.run([KEEL, "up"], env=env, cwd=PROJECT_ROOT, capture_output=True,
+                           text=True, timeout=60)  # fmt: skip
+    # Then it refuses, naming the running supervisor, and leaves the env file as it was
+    assert again.returncode != 0
+    assert f"pid {keel_up.process.pid}" in again.stderr, again.stderr
+    assert "Keel is up" not in again.stdout
+    assert env_file.read_bytes() == before
+    # And the first stack still serves
+    assert requests.get(f"{keel_up.web}/readyz", timeout=5).status_code == 200
+
+
+def test_a_crashed_worker_is_restarted_and_jobs_still_complete(keel_up: KeelUp):
+    # Given the stack's worker
+    worker = keel_up.child("celery -A tasks worker")
+    # When it is killed
+    worker.send_signal(signal.SIGKILL)
+    # Then the supervisor logs the exit, starts a new one, and the stack keeps running
+    wait_for(lambda: "worker restarted" in keel_up.log(), timeout=30, interval=0.3)
+    assert keel_up.process.poll() is None
+    assert keel_up.child("celery -A tasks worker").pid != worker.pid
+    assert "worker exited with code -9" in keel_up.log()
+    run_report(keel_up, rows=50)
+
+
+def test_a_killed_embedded_redis_is_restarted_and_readyz_says_so_meanwhile(keel_up: KeelUp):
+    # Given the stack's embedded Redis, and its supervisor held still so the outage lasts
+    redis_server = keel_up.child("redis-server")
+    supervisor = psutil.Process(keel_up.process.pid)
+    supervisor.suspend()
     try:
-        token = subprocess.run(
-            [KEEL, "token", "--tenant", "acme", "--user", "alice"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        web = read_env_file(tmp_path / "env")["KEEL_WEB_URL"]
-        again = requests.get(
-            web + status_url, headers={"Authorization": f"Bearer {token}"}, timeout=5
-        )
-        assert again.status_code == 200 and again.json()["state"] == "completed"
+        # When Redis is killed
+        redis_server.send_signal(signal.SIGKILL)
+        wait_for(lambda: not alive([redis_server]), timeout=10)
+        # Then /readyz answers 503 within 2 s, naming Redis
+        started = time.monotonic()
+        response = requests.get(f"{keel_up.web}/readyz", timeout=5)
+        took = time.monotonic() - started
     finally:
-        stop(process)
+        supervisor.resume()
+    assert response.status_code == 503 and took < 2, (response.status_code, took)
+    body = response.json()
+    assert body["error"] == "not_ready" and "redis" in body["message"]
+    assert {"check": "redis", "problem": "unavailable (ConnectionError)"} in body["details"]
+    # And the supervisor starts it again: ready again, and new jobs complete
+    wait_for(lambda: "redis restarted" in keel_up.log(), timeout=30, interval=0.3)
+    wait_for(lambda: requests.get(f"{keel_up.web}/readyz", timeout=5).ok, timeout=30)
+    run_report(keel_up, rows=60)

@@ -29,6 +29,7 @@ from tasks.reports.operation_key import operation_key
 from tests.support.chaos import settle, stragglers
 from tests.support.client import bearer, unique
 from tests.support.outages import embedded_redis
+from tests.support.stack import sandbox_admin_headers
 
 SOAK_SECONDS = float(os.environ.get("KEEL_SOAK_SECONDS", "600"))
 SOAK_SEED = int(os.environ.get("KEEL_SOAK_SEED", "11"))
@@ -40,7 +41,9 @@ POOL_SIZE = 2
 
 
 def faults(sandbox, **settings) -> None:
-    response = requests.put(f"{sandbox.url}/admin/faults", json=settings, timeout=5)
+    response = requests.put(
+        f"{sandbox.url}/admin/faults", json=settings, headers=sandbox_admin_headers(), timeout=5
+    )
     assert response.status_code == 200, response.text
 
 

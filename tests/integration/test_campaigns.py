@@ -11,7 +11,7 @@ import requests
 from tasks.db import transaction
 from tasks.notifications.verify import verify
 from tests.support.client import bearer, wait_state
-from tests.support.stack import WorkerProcess, wait_for
+from tests.support.stack import WorkerProcess, sandbox_admin_headers, wait_for
 
 pytestmark = pytest.mark.usefixtures("worker", "sandbox")
 URL = "/api/v1/campaigns"
@@ -114,7 +114,9 @@ def test_campaigns_are_tenant_scoped_and_validated(client):
 
 
 def faults(sandbox, **settings) -> None:
-    response = requests.put(f"{sandbox.url}/admin/faults", json=settings, timeout=5)
+    response = requests.put(
+        f"{sandbox.url}/admin/faults", json=settings, headers=sandbox_admin_headers(), timeout=5
+    )
     assert response.status_code == 200, response.text
 
 

@@ -25,7 +25,8 @@ import pytest
 import requests
 
 from tasks.embedded import free_port
-from tests.support.stack import PROJECT_ROOT, wait_for
+from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+from tests.support.stack import PROJECT_ROOT, sandbox_admin_headers, wait_for
 
 TIMEOUT_S = 10
 
@@ -81,7 +82,9 @@ class Provider:
     timeout: float = TIMEOUT_S
 
     def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """Every call carries the admin key; the provider API ignores it."""
         kwargs.setdefault("timeout", self.timeout)
+        kwargs["headers"] = {**sandbox_admin_headers(), **kwargs.get("headers", {})}
         return requests.request(method, f"{self.url}{path}", **kwargs)
 
     def create_group(self, name: str | None = None) -> str:
@@ -156,8 +159,9 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess
 @pytest.fixture
 def provider(sandbox: SandboxProcess) -> Provider:
     """The shared sandbox, reset to a fresh server for each test."""
-    assert requests.post(f"{sandbox.url}/admin/reset", timeout=TIMEOUT_S).status_code == 204
-    return Provider(sandbox.url)
+    provider = Provider(sandbox.url)
+    assert provider.call("POST", "/admin/reset", json={}).status_code == 204
+    return provider
 
 
 # --- the group API ----------------------------------------------------------------------
@@ -322,6 +326,26 @@ def test_other_bad_requests_are_json_errors(provider: Provider):
     assert_error(provider.call("PUT", "/admin/config", json={"capacity": 0}), 400)
     assert_error(provider.call("GET", "/v2/anything"), 404)
     assert_error(provider.call("PATCH", "/v1/groups"), 405)
+
+
+def test_admin_and_ledger_need_the_admin_key_and_json_bodies(provider: Provider):
+    # Given the sandbox of the session, whose key the provider client sends
+    routes = [("GET", "/v1/ledger"), ("GET", "/admin/faults"), ("PUT", "/admin/faults"),
+              ("GET", "/admin/config"), ("PUT", "/admin/config"),
+              ("POST", "/admin/reset")]  # fmt: skip
+    for method, path in routes:
+        # When called without the key, or with another one: 401 in the error shape
+        for headers in ({}, {ADMIN_KEY_HEADER: "not-the-key"}):
+            response = requests.request(method, f"{provider.url}{path}", json={},
+                                        headers=headers, timeout=TIMEOUT_S)  # fmt: skip
+            assert_error(response, 401, "unauthorized")
+    # And a body that is not JSON (a cross-origin form or text/plain post): 415, key or not
+    for content_type in ("text/plain", "application/x-www-form-urlencoded"):
+        response = provider.call("POST", "/admin/reset", data="{}",
+                                 headers={"Content-Type": content_type})  # fmt: skip
+        assert_error(response, 415, "unsupported_media_type")
+    # While the provider API itself needs no admin key
+    assert requests.post(f"{provider.url}/v1/groups", json={}, timeout=TIMEOUT_S).status_code == 201
 
 
 def test_the_ledger_counts_a_message_accepted_by_several_groups(provider: Provider):

@@ -15,7 +15,15 @@ def test_compose_has_every_part_on_official_images():
     assert services["redis"]["image"].startswith("redis:")
     assert services["migrate"]["command"] == ["keel", "db", "upgrade"]
     assert services["worker"]["command"][:4] == ["celery", "-A", "tasks", "worker"]
-    assert any(arg.startswith("--basic-auth=") for arg in services["flower"]["command"])
+    # Flower's password in its environment, not on its command line
+    assert services["flower"]["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_USER")
+    assert not any("basic-auth" in arg for arg in services["flower"]["command"])
+    # health checks: web's liveness, a fresh heartbeat of the worker and of beat
+    assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
+    for name in ("worker", "beat"):
+        assert services[name]["healthcheck"]["test"] == [
+            "CMD", "python", "-m", "tasks.jobs.healthcheck", name
+        ]  # fmt: skip
     for name in ("web", "worker", "flower"):
         env = services[name]["environment"]
         assert env["KEEL_DATABASE_URL"].startswith("postgresql://")

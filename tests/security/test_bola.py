@@ -39,7 +39,7 @@ from tasks.jobs.queries import describe, get
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
 from tests.support.client import bearer, unique
 
-pytestmark = pytest.mark.usefixtures("stack")
+pytestmark = pytest.mark.usefixtures("stack", "worker")  # a worker: GET /readyz is 200
 
 TENANT_A = unique("tenant-a")
 TENANT_B = unique("tenant-b")

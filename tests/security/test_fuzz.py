@@ -72,7 +72,8 @@ APP = create_app({"TESTING": True, "KEEL_TENANT_RATE_LIMIT": "off"})
 SCHEMA = schemathesis.openapi.from_wsgi(OPENAPI, APP)
 SCHEMA.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 
-pytestmark = pytest.mark.usefixtures("stack", "fuzz_tenant")
+# a worker too, so that GET /readyz answers 200 (ready), not 503
+pytestmark = pytest.mark.usefixtures("stack", "worker", "fuzz_tenant")
 
 _TALLY_LOCK = threading.Lock()
 # tier ("fast" / "slow") -> operation -> {"requests", "5xx"}

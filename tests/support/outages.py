@@ -1,9 +1,8 @@
 """Outages of the embedded servers, for the chaos tests.
 
 Redis is stopped and started on the same port (it keeps nothing: the test
-stack runs it without persistence). Postgres is stopped with ``pg_ctl stop
--m fast`` and started again on the same data directory and socket, through
-pgserver, so the session's cleanup still finds and stops the new postmaster.
+stack runs it without persistence). Postgres gets a fast shutdown (clients
+are cut off) and is started again on the same data directory and socket.
 
 Every helper refuses (``pytest.skip``) when the suite runs against external
 servers (``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL``): those are not
@@ -30,7 +29,7 @@ def embedded_redis(stack: TestStack) -> EmbeddedRedis:
 
 def embedded_postgres(stack: TestStack) -> EmbeddedPostgres:
     found = [s for s in stack.servers if isinstance(s, EmbeddedPostgres)]
-    if not found or found[0]._server is None:
+    if not found:
         pytest.skip("Postgres is external: the chaos tests only stop the embedded one")
     return found[0]
 
@@ -57,25 +56,16 @@ def redis_down(stack: TestStack) -> Iterator[None]:
         start_redis(stack)
 
 
-def _pg(stack: TestStack):
-    return embedded_postgres(stack)._server
-
-
 def stop_postgres(stack: TestStack) -> None:
-    """``pg_ctl stop -m fast``: clients are disconnected, new connections are refused."""
-    from pgserver._commands import pg_ctl
-
-    server = _pg(stack)
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60)
+    """Fast shutdown: clients are disconnected, new connections are refused."""
+    embedded_postgres(stack).stop()
 
 
 def start_postgres(stack: TestStack) -> None:
-    """Start the cluster again (same data, same socket); pgserver tracks the new postmaster."""
-    server = _pg(stack)
-    info = server._postmaster_info
-    if info is not None and info.process is not None and info.process.is_running():
-        return
-    server.ensure_postgres_running()
+    """Start the cluster again (same data, same socket)."""
+    server = embedded_postgres(stack)
+    if server.process is None:
+        server.start()
 
 
 @contextmanager

@@ -173,6 +173,13 @@ class BeatProcess:
                 self.process.wait()
 
 
+def sandbox_admin_headers() -> dict[str, str]:
+    """What the sandbox's ``/admin`` and ``/v1/ledger`` routes require (the session's key)."""
+    from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+
+    return {ADMIN_KEY_HEADER: os.environ["KEEL_SANDBOX_ADMIN_KEY"]}
+
+
 @dataclass
 class SandboxProcess:
     """The provider sandbox as a real subprocess (``keel provider-sandbox``)."""

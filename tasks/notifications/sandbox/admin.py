@@ -3,20 +3,44 @@
 Tests steer the sandbox through ``/admin`` (faults, capacity, reset) and
 check its account through ``GET /v1/ledger``. Faults never touch these
 routes, so the oracle stays readable while the provider API misbehaves.
+
+Both need the admin key (``KEEL_SANDBOX_ADMIN_KEY``, which ``keel up``
+generates) in the ``X-Sandbox-Admin-Key`` header, and bodies must be
+``application/json``: a web page open in a browser on the same machine can
+send neither, so it cannot reset the sandbox or read its ledger. Without a
+configured key the routes are closed.
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, request
+import hmac
+
+from flask import Blueprint, current_app, request
 
 from tasks.notifications.sandbox import payloads
-from tasks.notifications.sandbox.errors import InvalidRequest
+from tasks.notifications.sandbox.errors import AdminKeyRequired, InvalidRequest, JsonOnly
 from tasks.notifications.sandbox.faults import Faults
 from tasks.notifications.sandbox.ledger import ledger
 from tasks.notifications.sandbox.state import current
 
+ADMIN_KEY_HEADER = "X-Sandbox-Admin-Key"
+ADMIN_KEY_CONFIG = "SANDBOX_ADMIN_KEY"
+
 admin = Blueprint("admin", __name__, url_prefix="/admin")
 ledger_bp = Blueprint("ledger", __name__)
+
+
+def _require_admin() -> None:
+    expected = current_app.config.get(ADMIN_KEY_CONFIG) or ""
+    given = request.headers.get(ADMIN_KEY_HEADER, "")
+    if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise AdminKeyRequired()
+    if request.method in ("POST", "PUT", "PATCH") and request.mimetype != "application/json":
+        raise JsonOnly()
+
+
+admin.before_request(_require_admin)
+ledger_bp.before_request(_require_admin)
 
 
 @admin.get("/faults")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from flask import Flask
 
-from tasks.config import keel_home
+from tasks.config import get_settings, keel_home
 from tasks.notifications.sandbox import errors
-from tasks.notifications.sandbox.admin import admin, ledger_bp
+from tasks.notifications.sandbox.admin import ADMIN_KEY_CONFIG, admin, ledger_bp
 from tasks.notifications.sandbox.groups import bp as groups_bp
 from tasks.notifications.sandbox.state import EXTENSION, Sandbox
 
@@ -19,14 +19,22 @@ def default_home() -> Path:
     return keel_home() / "sandbox"
 
 
-def create_app(home: Path | str | None = None, *, capacity: int | None = None) -> Flask:
+def create_app(
+    home: Path | str | None = None, *, capacity: int | None = None, admin_key: str | None = None
+) -> Flask:
     """The sandbox over the SQLite data in ``home`` (default ``$KEEL_HOME/sandbox``).
+
+    ``admin_key`` (default ``KEEL_SANDBOX_ADMIN_KEY``) opens ``/admin`` and
+    ``/v1/ledger``; with none they answer 401.
 
     Serve it from one process (``gunicorn -w 1 --threads 8``): fault settings
     and the rate limiter live in the process.
     """
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    if admin_key is None:
+        admin_key = get_settings().sandbox_admin_key
+    app.config[ADMIN_KEY_CONFIG] = admin_key
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION] = Sandbox.open(Path(home or default_home()), capacity)
     errors.init_app(app)

@@ -46,6 +46,20 @@ class TooManyMessages(InvalidRequest):
     code = "too_many_messages"
 
 
+class AdminKeyRequired(ProviderError):
+    """This route needs the sandbox's admin key (KEEL_SANDBOX_ADMIN_KEY) in X-Sandbox-Admin-Key."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class JsonOnly(ProviderError):
+    """This route takes application/json bodies only."""
+
+    status = 415
+    code = "unsupported_media_type"
+
+
 class GroupNotFound(ProviderError):
     """No such group."""
 
