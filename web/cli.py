@@ -46,7 +46,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Alembic upgrade head."""
-    from web.stack import migrate
+    from tasks.migrate import migrate
 
     migrate()
     click.echo("database at head")

@@ -21,25 +21,10 @@ from pathlib import Path
 
 from tasks.config import ENV_FILE_NAME, keel_home, reload_settings, write_env_file
 from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
+from tasks.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STOP_TIMEOUT_S = 60
-
-
-def alembic_config():
-    from alembic.config import Config
-
-    config = Config(str(PROJECT_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
-    config.attributes["configure_logger"] = False
-    return config
-
-
-def migrate() -> None:
-    """Alembic upgrade head against the configured database."""
-    from alembic import command
-
-    command.upgrade(alembic_config(), "head")
 
 
 def secret_key(home: Path) -> str:
