@@ -51,10 +51,24 @@ def fresh_venv(tmp_path: Path, wheel: Path) -> Path:
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps",
-         "--no-index", wheel], tmp_path)  # fmt: skip
-    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                  tmp_path)  # fmt: skip
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            wheel,
+        ],
+        tmp_path,
+    )
+    purelib = run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp_path
+    )
     # Plain path lines: this interpreter's own .pth files (its editable Keel) are not processed.
     Path(purelib.strip(), "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return venv
