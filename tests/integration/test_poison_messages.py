@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from tasks import deadletters
 from tasks.broker import redis_client
+from tasks.celery import app
 from tasks.jobs import events
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
@@ -213,3 +214,18 @@ def test_a_broadcast_that_is_json_but_no_message_is_dead_lettered(worker, client
     assert letter.queue.endswith(".celery.pidbox") and json.loads(letter.raw) == {}
     assert_alive_and_working(worker, client)
     assert "Connection to broker lost" not in worker.log_tail(200)
+
+
+def test_basic_get_skips_a_poison_item_to_the_message_behind_it(stack):
+    # kombu's basic_get (SimpleQueue.get) pops with RPOP, not BRPOP; no worker reads this queue.
+    with app.connection_for_write() as connection:
+        probe = connection.SimpleQueue(unique("probe"))
+        probe.put({"hello": "world"})
+        redis_client().rpush(probe.queue.name, b"not json")  # RPOP takes it first
+
+        message = probe.get(timeout=5)
+        assert message.payload == {"hello": "world"}
+        message.ack()
+        probe.close()
+    letter = letter_of(probe.queue.name, b"not json", timeout=1)
+    assert letter.reason.startswith("not JSON")
