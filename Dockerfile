@@ -1,10 +1,14 @@
 # One image for every Keel process; compose picks the command.
+# Keel is installed from its sources as a regular (non-editable) package, so the
+# image runs what a wheel ships, migrations included; the sources are then
+# removed and the working folder is empty (`celery -A tasks` imports from the
+# working folder first).
 FROM python:3.11-slim
+COPY setup.cfg pyproject.toml README.md /src/
+COPY tasks /src/tasks
+COPY web /src/web
+COPY migrations /src/migrations
+RUN pip install --no-cache-dir /src && rm -rf /src && useradd --system --uid 1000 keel
 WORKDIR /app
-COPY setup.cfg pyproject.toml README.md alembic.ini ./
-COPY tasks ./tasks
-COPY web ./web
-COPY migrations ./migrations
-RUN pip install --no-cache-dir -e . && useradd --system --uid 1000 keel
 USER keel
 ENV KEEL_HOME=/tmp/keel

@@ -30,19 +30,22 @@ TITLES = {
     "P3": "POST /reports under load",
     "P4": "campaign vs raw provider loop",
     "P5": "queue health",
+    "P6": "CLI start-up",
 }
 # Figures with workers first; the API figures leave queued messages nobody consumes.
-ORDER = ("P1", "P2", "P4", "P5", "P3")
+ORDER = ("P6", "P1", "P2", "P4", "P5", "P3")
 
 
 def runners() -> dict[str, Callable[[Run], Figure]]:
     """Imported only now: the figure modules read settings the environment has just set."""
     from bench.fig_campaign import p4_campaign
+    from bench.fig_cli import p6_cli
     from bench.fig_health import p5_health
     from bench.fig_http import p3_http
     from bench.fig_jobs import p1_noop, p2_retry
 
-    return {"P1": p1_noop, "P2": p2_retry, "P3": p3_http, "P4": p4_campaign, "P5": p5_health}
+    return {"P1": p1_noop, "P2": p2_retry, "P3": p3_http, "P4": p4_campaign, "P5": p5_health,
+            "P6": p6_cli}  # fmt: skip
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -52,7 +52,7 @@ class BenchEnv:
 
         from tasks import db
         from tasks.config import reload_settings
-        from web.stack import migrate
+        from tasks.migrate import migrate
 
         reload_settings()
         db.dispose()

@@ -18,6 +18,10 @@ QUEUES = ("reports", "notifications", "default")
 _settings = get_settings()
 
 broker_url = _settings.redis_url
+# Poison messages go to dead letters instead of killing the worker: kombu's
+# Redis transport and Celery's consumer, each guarded (tasks.transport, tasks.consumer).
+broker_transport = "tasks.transport:Transport"
+worker_consumer = "tasks.consumer:Consumer"
 broker_connection_retry_on_startup = True
 broker_connection_timeout = 2
 # A message reserved by a worker that then died comes back after the visibility

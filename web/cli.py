@@ -1,4 +1,9 @@
-"""The ``keel`` command."""
+"""The ``keel`` command.
+
+Subcommands import what they need when they run: ``keel --help`` and
+``keel token`` must not pay for the Celery app, SQLAlchemy models or Alembic
+(start-up cost, not import cycles, is why those imports sit in functions).
+"""
 
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Alembic upgrade head."""
-    from web.stack import migrate
+    from tasks.migrate import migrate
 
     migrate()
     click.echo("database at head")
@@ -216,3 +221,44 @@ def _stream_id_now() -> str:
 
     seconds, micros = redis_client().time()
     return str(seconds * 1000 + micros // 1000 - 1)
+
+
+@main.group("deadletters")
+def deadletters_group() -> None:
+    """Broker items no worker could read, set aside per queue."""
+
+
+@deadletters_group.command("list")
+@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+def deadletters_list(queues: tuple[str, ...]) -> None:
+    """Print dead letters as JSON lines, newest first."""
+    from tasks import deadletters
+    from tasks.broker import redis_client
+
+    client = redis_client()
+    for queue in queues or deadletters.queues(client):
+        for _, letter in deadletters.entries(client, queue):
+            click.echo(letter.to_json())
+
+
+@deadletters_group.command("drop")
+@click.argument("ids", nargs=-1)
+@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+@click.option("--all", "drop_all", is_flag=True, help="every dead letter of the queues")
+def deadletters_drop(ids: tuple[str, ...], queues: tuple[str, ...], drop_all: bool) -> None:
+    """Delete the dead letters named by IDS (or --all of them)."""
+    from tasks import deadletters
+    from tasks.broker import redis_client
+
+    if bool(ids) == drop_all:
+        raise click.UsageError("give either dead letter IDS or --all")
+    client = redis_client()
+    chosen = None if drop_all else set(ids)
+    dropped = []
+    for queue in queues or deadletters.queues(client):
+        dropped += deadletters.drop(client, queue, chosen)
+    for missing in sorted((chosen or set()) - set(dropped)):
+        click.echo(f"no dead letter {missing}", err=True)
+    click.echo(f"dropped {len(dropped)}")
+    if chosen and len(dropped) < len(chosen):
+        sys.exit(1)

@@ -30,6 +30,7 @@ from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
 from tasks.embedded.lifeline import PRIVATE_UMASK
 from tasks.embedded.private import create_private
 from tasks.jobs import liveness
+from tasks.migrate import migrate
 from web.home import HomeBusy, HomeLock
 from web.supervisor import Child, Supervisor
 
@@ -40,22 +41,6 @@ READY_REPORT_S = 15.0
 # Gunicorn and Celery take SIGQUIT as "stop now" (a Celery cold shutdown hands unacked
 # messages back to the broker); the rest stop at once on SIGTERM.
 DEATH_SIGNALS = {"worker": signal.SIGQUIT, "web": signal.SIGQUIT}
-
-
-def alembic_config():
-    from alembic.config import Config
-
-    config = Config(str(PROJECT_ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
-    config.attributes["configure_logger"] = False
-    return config
-
-
-def migrate() -> None:
-    """Alembic upgrade head against the configured database."""
-    from alembic import command
-
-    command.upgrade(alembic_config(), "head")
 
 
 def secret_key(home: Path) -> str:

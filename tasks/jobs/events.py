@@ -1,7 +1,8 @@
 """Queue events in a bounded Redis stream per queue, readable from any process.
 
 Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
-completed, failed, retrying, delayed, deduplicated, stalled``. Emitting is
+completed, failed, retrying, delayed, deduplicated, stalled``, plus
+``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
 best effort: a job never fails because its event could not be written.
 """
 
@@ -28,6 +29,7 @@ EVENT_NAMES = (
     "delayed",
     "deduplicated",
     "stalled",
+    "dead-lettered",
 )
 
 

@@ -7,7 +7,8 @@ import sys
 
 from alembic import command
 
-from web.stack import PROJECT_ROOT, alembic_config
+from tasks.migrate import alembic_config
+from tests.support.stack import PROJECT_ROOT
 
 
 def test_models_and_migrations_agree(stack):

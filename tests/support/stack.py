@@ -15,6 +15,7 @@ from typing import Any
 from tasks import db
 from tasks.config import reload_settings
 from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
+from tasks.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,8 +51,6 @@ class TestStack:
             self.servers.append(redis_server)
         reload_settings()
         db.dispose()
-        from web.stack import migrate
-
         migrate()
 
     def stop(self) -> None:

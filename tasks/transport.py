@@ -1,0 +1,216 @@
+"""Keel's Redis transport: kombu's, except that poison messages go to dead letters.
+
+kombu's Redis channel pops an item from a queue's list and decodes it in the
+same step. An item that is not JSON, or JSON that kombu cannot take as a
+message, raises inside the worker's event loop: the worker exits, and the
+item, already popped, is gone. This channel screens every item it pops
+before kombu decodes it, where redis-py parses the reply (a response
+callback on the channel's own clients: redis-py's extension point, no
+patching). An item that fails is moved to its queue's dead-letter list
+(``tasks.deadletters``), logged and emitted as a ``dead-lettered`` event, and
+the worker goes on. That covers every list kombu pops: BRPOP names all of a
+queue's priority lists (``_q_for_pri``) and the reply says which one answered;
+RPOP serves ``basic_get``.
+
+Three more places read a message:
+- a broadcast (pub/sub, e.g. Celery's remote control): kombu already drops
+  one that is not JSON; one that is JSON but no message is dead-lettered;
+- kombu's own copy of an unacked message, re-read when the visibility
+  timeout restores it (``QoS.restore_by_tag``): an entry that cannot be
+  decoded is moved aside instead of stopping every sweep;
+- Celery's consumer, which reads what kombu delivered as a task message:
+  ``tasks.consumer`` dead-letters what it cannot take.
+
+Wired in ``tasks.celeryconfig`` (``broker_transport``).
+"""
+
+from __future__ import annotations
+
+import logging
+from queue import Empty
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+
+from tasks import deadletters
+from tasks.deadletters import DeadLetter
+from tasks.jobs import events
+
+log = logging.getLogger(__name__)
+DEAD_LETTERED = "dead-lettered"
+# kombu's unacked copies say which queue they came from only inside the part
+# that could not be decoded: such an entry is filed under this name.
+UNACKED = "unacked"
+
+
+class Poison(Exception):
+    """A popped item kombu cannot take as a message (raised from a response callback)."""
+
+    def __init__(
+        self, raw: bytes | str, reason: str, key: bytes | str | None = None, payload: Any = None
+    ) -> None:
+        super().__init__(reason)
+        self.raw, self.reason, self.key, self.payload = raw, reason, key, payload
+
+
+def message_problem(channel: kombu_redis.Channel, payload: Any) -> str | None:
+    """Why kombu and its Redis QoS could not take ``payload`` as a message; None if they can."""
+    if not isinstance(payload, dict):
+        return f"a JSON {type(payload).__name__}, not a message object"
+    properties = payload.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get("delivery_tag"), str):
+        return "no properties.delivery_tag"
+    info = properties.get("delivery_info")
+    if not isinstance(info, dict) or not {"exchange", "routing_key"} <= info.keys():
+        return "no properties.delivery_info with exchange and routing_key"
+    try:
+        channel.Message(payload, channel=channel)  # what kombu does next; no side effects
+    except Exception as exc:
+        return f"not a kombu message: {exc!r}"
+    return None
+
+
+def screen(channel: kombu_redis.Channel, raw: bytes | str, key: bytes | None = None) -> None:
+    """Raise ``Poison`` unless kombu can decode ``raw`` (decoded as kombu does it)."""
+    try:
+        payload = loads(bytes_to_str(raw))
+    except (ValueError, TypeError) as exc:
+        raise Poison(raw, f"not JSON: {exc}", key) from None
+    problem = message_problem(channel, payload)
+    if problem is not None:
+        raise Poison(raw, problem, key, payload)
+
+
+def task_of(payload: Any) -> tuple[str, str | None]:
+    """The job id and task name a payload claims, if it claims any (for the event)."""
+    headers = payload.get("headers") if isinstance(payload, dict) else None
+    if not isinstance(headers, dict):
+        return "", None
+    job_id, name = headers.get("id"), headers.get("task")
+    return (job_id if isinstance(job_id, str) else ""), (name if isinstance(name, str) else None)
+
+
+class QoS(kombu_redis.QoS):
+    """kombu's Redis QoS; an unacked copy it cannot decode is moved aside, not retried forever."""
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        try:
+            super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        except (ValueError, TypeError):  # kombu's decode of the entry it kept for ``tag``
+            if not self.channel.dead_letter_unacked(tag):
+                raise
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel with every popped item screened first."""
+
+    QoS = QoS
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        client = super()._create_client(asynchronous=asynchronous)
+        client.set_response_callback("BRPOP", self._screen_brpop)
+        client.set_response_callback("RPOP", self._screen_rpop)
+        return client
+
+    def _screen_brpop(self, response: Any, **options: Any) -> tuple | None:
+        if not response:
+            return None  # timed out
+        key, item = response
+        screen(self, item, key)
+        return tuple(response)
+
+    def _screen_rpop(self, response: Any, **options: Any) -> Any:
+        if isinstance(response, (bytes, str)):
+            screen(self, response)
+        return response
+
+    def _brpop_read(self, **options: Any) -> bool:
+        try:
+            return super()._brpop_read(**options)
+        except Poison as poison:
+            source = bytes_to_str(poison.key)
+            self.dead_letter(source.rsplit(self.sep, 1)[0], source, poison)
+            raise Empty() from None  # nothing delivered: kombu issues the next BRPOP
+
+    def _get(self, queue: str) -> Any:
+        while True:  # a poison item must not hide the message behind it
+            try:
+                return super()._get(queue)
+            except Poison as poison:  # RPOP does not say which priority list answered
+                self.dead_letter(queue, queue, poison)
+
+    def _deliver_fanout_message(self, message: Any, exchange: str) -> bool:
+        # Broadcasts (Celery's remote control) arrive by pub/sub: kombu drops one
+        # that is not JSON, but one that is JSON and no message would raise.
+        problem = message_problem(self, message)
+        if problem is None:
+            return super()._deliver_fanout_message(message, exchange)
+        queue = self._fanout_to_queue.get(exchange, exchange)
+        self.dead_letter(queue, exchange, Poison(dumps(message), problem, payload=message))
+        return False
+
+    def dead_letter(self, queue: str, source: str, poison: Poison) -> DeadLetter:
+        """Keep ``poison`` in ``queue``'s dead letters, log it and emit ``dead-lettered``."""
+        letter = DeadLetter.of(queue, source, poison.raw, poison.reason)
+        try:
+            with self.conn_or_acquire() as client:
+                pipe = client.pipeline()
+                deadletters.add(pipe, letter)
+                pipe.execute()
+        except self.connection_errors:
+            log.error(
+                "could not keep dead letter of %s (%s), lost: %r",
+                queue,
+                poison.reason,
+                letter.raw[:2048],
+            )
+            raise
+        announce(letter, poison.payload)
+        return letter
+
+    def dead_letter_unacked(self, tag: Any) -> bool:
+        """Move kombu's unacked copy ``tag`` aside if it cannot be decoded; False if it can."""
+        with self.conn_or_acquire() as client:
+            raw = client.hget(self.unacked_key, tag)
+            if raw is None:
+                return True  # gone meanwhile: restored or acked elsewhere
+            try:
+                _payload, _exchange, _routing_key = loads(bytes_to_str(raw))  # as kombu reads it
+                return False
+            except (ValueError, TypeError) as exc:
+                reason = f"unacked copy not readable: {exc!r}"
+            letter = DeadLetter.of(UNACKED, self.unacked_key, raw, reason)
+            pipe = client.pipeline()
+            deadletters.add(pipe, letter)
+            pipe.zrem(self.unacked_index_key, tag).hdel(self.unacked_key, tag)
+            pipe.execute()
+        announce(letter, None)
+        return True
+
+
+def announce(letter: DeadLetter, payload: Any) -> None:
+    job_id, name = task_of(payload)
+    log.error(
+        "dead-lettered an item of queue %s from %s (%s): %r; see `keel deadletters list`",
+        letter.queue,
+        letter.source,
+        letter.reason,
+        letter.raw[:512],
+    )
+    events.emit(
+        letter.queue,
+        DEAD_LETTERED,
+        job_id,
+        name,
+        deadLetterId=letter.id,
+        reason=letter.reason,
+        source=letter.source,
+    )
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with Keel's screening channel."""
+
+    Channel = Channel

@@ -1,0 +1,119 @@
+"""A built wheel carries its migrations: installed in a fresh venv, it migrates a new database.
+
+The venv gets Keel from the wheel alone (``--no-deps``, no index) and its
+dependencies from this interpreter's site-packages through a ``.pth`` line,
+so the test needs no network and takes seconds. It runs from a folder
+outside the checkout, so nothing can be found there by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, make_url, text
+
+from tasks.config import get_settings
+from tasks.migrate import alembic_config
+from tasks.models import metadata
+from tests.support.stack import PROJECT_ROOT
+
+# Local state that is no part of a source tree (and would slow the copy).
+NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv", ".keel", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", "results"
+)
+
+
+def run(args: list[str | Path], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    source = tmp_path / "src"
+    shutil.copytree(PROJECT_ROOT, source, ignore=NOT_SOURCE)
+    dist = tmp_path / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source], tmp_path)
+    [wheel] = dist.glob("keel-*.whl")
+    return wheel
+
+
+def fresh_venv(tmp_path: Path, wheel: Path) -> Path:
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", venv], tmp_path)
+    python = venv / "bin" / "python"
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            wheel,
+        ],
+        tmp_path,
+    )
+    purelib = run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp_path
+    )
+    # Plain path lines: this interpreter's own .pth files (its editable Keel) are not processed.
+    Path(purelib.strip(), "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return venv
+
+
+def scratch_database() -> tuple[str, str]:
+    """A new, empty database in the suite's Postgres: (its name, its URL)."""
+    name = f"keel_wheel_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(get_settings().sqlalchemy_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = make_url(get_settings().sqlalchemy_url).set(database=name)
+    return name, url.render_as_string(hide_password=False)
+
+
+def drop_database(name: str) -> None:
+    admin = create_engine(get_settings().sqlalchemy_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stack, tmp_path):
+    venv = fresh_venv(tmp_path, build_wheel(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KEEL_REDIS_URL")}
+    found = "import migrations, tasks.migrate; print(migrations.__file__, tasks.migrate.__file__)"
+    where = run([venv / "bin" / "python", "-c", found], elsewhere, env)
+    assert all(path.startswith(str(venv)) for path in where.split()), where
+
+    name, url = scratch_database()
+    try:
+        env.update(KEEL_DATABASE_URL=url, KEEL_HOME=str(tmp_path / "home"))
+        output = run([venv / "bin" / "keel", "db", "upgrade"], elsewhere, env)
+        assert "database at head" in output
+
+        head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+        engine = create_engine(url)
+        with engine.connect() as connection:
+            version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+            tables = set(inspect(connection).get_table_names())
+        engine.dispose()
+        assert version == head
+        assert set(metadata.tables) <= tables
+    finally:
+        drop_database(name)

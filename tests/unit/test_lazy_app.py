@@ -1,0 +1,42 @@
+"""Importing configuration or the ``keel`` command does not build the Celery app.
+
+Checked in a fresh interpreter, where ``sys.modules`` shows exactly what an
+import pulled in (this suite's own process has long imported Celery).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.stack import PROJECT_ROOT
+
+
+def modules_after(statement: str) -> set[str]:
+    code = f"{statement}\nimport sys\nprint('\\n'.join(sys.modules))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+@pytest.mark.parametrize("module", ["tasks.config", "web.cli"])
+def test_importing_configuration_or_the_cli_imports_no_celery(module):
+    loaded = modules_after(f"import {module}")
+    assert module in loaded
+    assert not {m for m in loaded if m == "celery" or m.startswith("celery.")}
+    assert "tasks.celery" not in loaded
+
+
+def test_celery_dash_a_tasks_still_finds_the_app():
+    # ``celery -A tasks`` resolves the app this way (Celery falls back to tasks.celery)
+    loaded = modules_after(
+        "from celery.app.utils import find_app\n"
+        "app = find_app('tasks')\n"
+        "assert app.main == 'keel', app\n"
+        "assert 'reports' in {q.name for q in app.conf.task_queues}"
+    )
+    assert "tasks.celery" in loaded
