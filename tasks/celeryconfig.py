@@ -18,7 +18,13 @@ _settings = get_settings()
 
 broker_url = _settings.redis_url
 broker_connection_retry_on_startup = True
+# A hung Redis keeps its sockets open, so every blocking step needs a timeout
+# or it waits forever: connecting, each command (``socket_timeout``, which
+# bounds a publish; the consumer's BRPOP is watched by kombu's health checks
+# instead), and taking a connection from the publisher pool when all are
+# busy. Redis answers in well under a millisecond: half a second means hung.
 broker_connection_timeout = 2
+broker_pool_acquire_timeout = 1
 # A message reserved by a worker that then died comes back after the visibility
 # timeout. Keel keeps it short: a redelivery of a job that is still running is
 # refused by the claim (the record is active and locked), so it costs nothing,
@@ -31,7 +37,8 @@ broker_transport_options = {
     "unacked_restore_interval": 2,
     "unacked_restore_throttle": 1,
     "unacked_mutex_expire": 30,
-    "socket_timeout": 5,
+    "socket_timeout": 0.5,
+    "socket_connect_timeout": 0.5,
 }
 task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
 task_default_queue = "default"
