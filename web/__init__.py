@@ -1,14 +1,17 @@
 """Keel's HTTP API: a Flask app factory.
 
-Served by ``flask --app web run`` in development and ``gunicorn 'web:create_app()'``.
+Served by ``flask --app web run`` in development and, in production, by
+``gunicorn -c python:web.gunicorn_conf 'web:create_app()'`` (see that module).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flask import Flask
 
+from tasks import db
 from tasks.config import get_settings
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -30,6 +33,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
 
+    app.wsgi_app = StoreDeadline(app.wsgi_app)  # type: ignore[method-assign]
     errors.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(system.bp)
@@ -38,3 +42,18 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(schedulers.bp)
     app.register_blueprint(campaigns.bp)
     return app
+
+
+class StoreDeadline:
+    """WSGI middleware: a request's database work shares one deadline (``tasks.db``).
+
+    It covers the view, not the body a streamed response yields afterwards
+    (an event stream reads Redis only, for minutes).
+    """
+
+    def __init__(self, wsgi_app: Callable) -> None:
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        with db.request_scope():
+            return self.wsgi_app(environ, start_response)
