@@ -8,3 +8,6 @@ COPY migrations ./migrations
 RUN pip install --no-cache-dir -e . && useradd --system --uid 1000 keel
 USER keel
 ENV KEEL_HOME=/tmp/keel
+# The API by default (compose runs the other parts with their own commands).
+EXPOSE 8000
+CMD ["gunicorn", "-c", "python:web.gunicorn_conf", "-b", "0.0.0.0:8000", "web:create_app()"]
