@@ -7,11 +7,11 @@ Served by ``flask --app web run`` in development and, in production, by
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from flask import Flask
 
-from tasks import db
 from tasks.config import get_settings
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -31,9 +31,10 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if not app.config["SECRET_KEY"]:
         raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
 
+    from tasks import db
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
 
-    app.wsgi_app = StoreDeadline(app.wsgi_app)  # type: ignore[method-assign]
+    app.wsgi_app = StoreDeadline(app.wsgi_app, db.request_scope)  # type: ignore[method-assign]
     errors.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(system.bp)
@@ -51,9 +52,10 @@ class StoreDeadline:
     (an event stream reads Redis only, for minutes).
     """
 
-    def __init__(self, wsgi_app: Callable) -> None:
+    def __init__(self, wsgi_app: Callable, scope: Callable[[], AbstractContextManager]) -> None:
         self.wsgi_app = wsgi_app
+        self.scope = scope
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        with db.request_scope():
+        with self.scope():
             return self.wsgi_app(environ, start_response)
