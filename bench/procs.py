@@ -164,7 +164,7 @@ class HttpChild(Child):
 
 
 def gunicorn(env: BenchEnv, workers: int) -> HttpChild:
-    """``gunicorn -c python:web.gunicorn_conf 'web:create_app()'``, as ``keel up`` serves the API."""
+    """The API under ``-c python:web.gunicorn_conf``, as ``keel up`` serves it."""
     port = free_port()
     args = [
         sys.executable,
