@@ -11,7 +11,10 @@ generous: the limit is a guard against floods, not a quota.
 
 The limiter fails open: if Redis cannot be reached the request goes through and
 the problem is logged (at most once per back-off period), because refusing all
-traffic whenever Redis blips would turn a cache outage into an API outage.
+traffic whenever Redis blips would turn a cache outage into an API outage. When
+the limiter uses the stack's own Redis, a hung Redis it meets is also noted for
+the rest of the process (``tasks.broker``), so the same request does not wait
+for it again to emit its events or publish its job.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from limits import RateLimitItem, parse
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from tasks import broker
 from tasks.config import get_settings
 from web.errors import ApiError
 
@@ -67,14 +71,20 @@ class TenantRateLimiter:
 
     def check(self, tenant_id: str) -> None:
         """Count one request for ``tenant_id``; raise 429 past the limit."""
+        shared = self.storage_url is None  # the stack's Redis, which tasks.broker watches too
         if self.item is None or time.monotonic() < self._down_until:
             return
+        if shared and broker.unreachable():
+            return
+        started = time.monotonic()
         try:
             limiter = self._strategy()
             if limiter.hit(self.item, tenant_id):
                 return
             reset_at = limiter.get_window_stats(self.item, tenant_id).reset_time
         except Exception as exc:  # any storage failure: fail open, never 500
+            if shared:
+                broker.failed(exc, started)
             self._down_until = time.monotonic() + BACKOFF_S
             log.warning("tenant rate limit unavailable, letting requests through: %s", exc)
             return
