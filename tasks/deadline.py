@@ -11,17 +11,20 @@ server comes back (or gunicorn kills the worker).
 How: psycopg 3 drives libpq non-blocking from Python. Every operation —
 connecting, a query, a commit — is a generator that the connection's
 ``wait`` resumes whenever the socket is ready, and at least every 0.1 s when
-it is not. :class:`DeadlineConnection` wraps those generators: once the
-deadline has passed, the connection is closed (its protocol state is unknown)
-and :class:`StoreTimeout` is raised. SQLAlchemy sees a closed connection, so
-it treats the error as a disconnect and drops the connection from its pool.
+it is not. :class:`DeadlineConnection` wraps those generators (in ``wait``,
+and in ``_connect_gen``, the class's own constructor of connections): once
+the deadline has passed, the connection is closed (its protocol state is
+unknown) and :class:`StoreTimeout` is raised. SQLAlchemy sees a closed
+connection, so it treats the error as a disconnect and drops the connection
+from its pool. ``tests/integration/test_store_deadline.py`` checks that
+psycopg still resumes its generators this way.
 
 Which deadline: inside ``budget(seconds)`` (one API request), all database
-work shares one deadline that starts with the first database use (the wait
-for a pooled connection included); elsewhere
-(workers, beat, the CLI) each round trip gets ``BACKGROUND_S`` — long
-enough that a worker simply waits out a short hang, finite so that no
-delivery waits forever.
+work shares one deadline that starts with the first database use, the wait
+for a pooled connection included (a slow upload before it is not ours to
+count). Elsewhere (workers, beat, the CLI) each round trip gets
+``BACKGROUND_S``: long enough that a worker simply waits out a short hang,
+finite so that no delivery waits forever.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ class _Budget:
     expires_at: float | None = None
 
     def expiry(self) -> float:
-        if self.expires_at is None:  # starts with the first database use, not with the
-            self.expires_at = time.monotonic() + self.seconds  # request: a slow upload is not ours
+        if self.expires_at is None:  # the clock starts with the first database use
+            self.expires_at = time.monotonic() + self.seconds
         return self.expires_at
 
 

@@ -176,8 +176,9 @@ def _resume_after() -> str:
     "/jobs/<job_id>/events",
     "GET",
     summary="A report job's events as Server-Sent Events (replayed, then live); "
-    "ends after completed/failed or ?timeout= seconds (default 30, max 300)",
-    responses={200: None, 400: None, 401: None, 404: None},
+    "ends after completed/failed or ?timeout= seconds (default 30, max 300); "
+    "503 when the server has no room for another stream",
+    responses={200: None, 400: None, 401: None, 404: None, 503: None},
     produces="text/event-stream",
 )
 def job_events(job_id: str):
