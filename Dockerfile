@@ -12,3 +12,6 @@ RUN pip install --no-cache-dir /src && rm -rf /src && useradd --system --uid 100
 WORKDIR /app
 USER keel
 ENV KEEL_HOME=/tmp/keel
+# The API by default (compose runs the other parts with their own commands).
+EXPOSE 8000
+CMD ["gunicorn", "-c", "python:web.gunicorn_conf", "-b", "0.0.0.0:8000", "web:create_app()"]

@@ -1,6 +1,6 @@
 """P3: ``POST /api/v1/reports`` under load, beside ``GET /healthz`` of the same server.
 
-One gunicorn (``web:create_app()``, sync workers, as ``keel up`` runs it)
+One gunicorn (``web:create_app()``, gthread workers, as ``keel up`` runs it)
 serves both; the trivial endpoint is the ceiling of this server, client and
 machine, so the ratio isolates what submitting a report costs. No worker
 runs: the figure is the API's accept path (auth, validation, dedup claim,
@@ -137,7 +137,7 @@ def p3_http(run: Run) -> Figure:
     }
     load_cpu = sum(r["client_cpu_s"] for r in runs) / sum(r["duration_s"] for r in runs)
     fig.notes.append(
-        f"closed loop, {sizes.http_concurrency} connections, {sizes.http_workers} gunicorn sync "
+        f"closed loop, {sizes.http_concurrency} connections, {sizes.http_workers} gunicorn gthread "
         f"workers, {TENANTS} tenants, no Celery worker running; the load generator used "
         f"{load_cpu:.2f} CPU cores on average; CPU per request counts every process "
         f"(gunicorn, Postgres, Redis, load generator): at {cpu['reports'].median:.1f} ms, two "

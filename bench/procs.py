@@ -164,12 +164,14 @@ class HttpChild(Child):
 
 
 def gunicorn(env: BenchEnv, workers: int) -> HttpChild:
-    """``gunicorn 'web:create_app()'`` with sync workers, as ``keel up`` serves the API."""
+    """The API under ``-c python:web.gunicorn_conf``, as ``keel up`` serves it."""
     port = free_port()
     args = [
         sys.executable,
         "-m",
         "gunicorn",
+        "-c",
+        "python:web.gunicorn_conf",
         "-b",
         f"127.0.0.1:{port}",
         "-w",

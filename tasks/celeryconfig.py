@@ -23,7 +23,13 @@ broker_url = _settings.redis_url
 broker_transport = "tasks.transport:Transport"
 worker_consumer = "tasks.consumer:Consumer"
 broker_connection_retry_on_startup = True
+# A hung Redis keeps its sockets open, so every blocking step needs a timeout
+# or it waits forever: connecting, each command (``socket_timeout``, which
+# bounds a publish; the consumer's BRPOP is watched by kombu's health checks
+# instead), and taking a connection from the publisher pool when all are
+# busy. Redis answers in well under a millisecond: half a second means hung.
 broker_connection_timeout = 2
+broker_pool_acquire_timeout = 1
 # A message reserved by a worker that then died comes back after the visibility
 # timeout. Keel keeps it short: a redelivery of a job that is still running is
 # refused by the claim (the record is active and locked), so it costs nothing,
@@ -36,7 +42,8 @@ broker_transport_options = {
     "unacked_restore_interval": 2,
     "unacked_restore_throttle": 1,
     "unacked_mutex_expire": 30,
-    "socket_timeout": 5,
+    "socket_timeout": 0.5,
+    "socket_connect_timeout": 0.5,
     # A tenant's load on a queue lowers the priority of its next job (tasks.jobs.tenancy).
     "priority_steps": list(PRIORITY_STEPS),
 }

@@ -1,21 +1,33 @@
-"""Postgres access: one declarative base, one engine per process.
+"""Postgres access: one declarative base, engines made per process.
 
-The engine is created lazily and re-created after a fork, so Celery's
+The engines are created lazily and re-created after a fork, so Celery's
 prefork children and gunicorn workers never share a connection pool with
 their parent. Callers own transactions (``with transaction() as s:``);
 helpers take a session and never commit.
+
+Every round trip has a deadline (``tasks.deadline``). An API request runs
+its database work inside ``request_scope``: one deadline for all of it,
+through an engine whose pool wait and server-side ``statement_timeout`` fit
+inside that deadline, so a hung or overloaded Postgres costs a request at
+most ``REQUEST_DEADLINE_S`` before it is answered 503. Everything else
+(workers, beat, CLI) uses an engine with generous limits.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import MetaData, create_engine
+from sqlalchemy import MetaData, create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
+from tasks import deadline
 from tasks.config import get_settings
 
 NAMING_CONVENTION = {
@@ -25,6 +37,19 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+# The records cannot be reached: database down, hung (our deadline), restarting,
+# or out of connections. Workers give the delivery back; the API answers 503.
+STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
+# One API request's database work, pool wait included.
+REQUEST_DEADLINE_S = 1.0
+_LIMITS: dict[str, dict[str, Any]] = {
+    "request": {
+        "pool_timeout": REQUEST_DEADLINE_S,
+        "connect_timeout": 2,  # libpq's floor; the request deadline cuts in earlier
+        "statement_timeout_ms": int(REQUEST_DEADLINE_S * 1000),
+    },
+    "background": {"pool_timeout": 5, "connect_timeout": 5, "statement_timeout_ms": 0},
+}
 
 
 class Base(DeclarativeBase):
@@ -33,37 +58,65 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-_state: dict[str, object] = {}
+_state: dict[str, Any] = {}
+_lock = threading.RLock()
+
+
+def _create(kind: str) -> Engine:
+    limits = _LIMITS[kind]
+    options = f"-c statement_timeout={limits['statement_timeout_ms']}"
+    created = create_engine(
+        get_settings().sqlalchemy_url,
+        pool_size=5,
+        max_overflow=10,
+        pool_pre_ping=True,
+        pool_timeout=limits["pool_timeout"],
+        connect_args={"connect_timeout": limits["connect_timeout"], "options": options},
+    )
+
+    @event.listens_for(created, "do_connect")
+    def _connect(dialect, record, cargs, cparams):  # psycopg, with our deadlines
+        return deadline.DeadlineConnection.connect(*cargs, **cparams)
+
+    return created
+
+
+def _scope() -> tuple[Engine, sessionmaker[Session]]:
+    kind = "request" if deadline.budgeted() else "background"
+    with _lock:
+        if _state.get("pid") != os.getpid():
+            dispose()  # inherited from the parent: never touch its connections
+            _state["pid"] = os.getpid()
+        if kind not in _state:
+            made = _create(kind)
+            _state[kind] = (made, sessionmaker(made, expire_on_commit=False))
+        return _state[kind]
 
 
 def engine() -> Engine:
-    if _state.get("pid") != os.getpid():
-        settings = get_settings()
-        _state["engine"] = create_engine(
-            settings.sqlalchemy_url,
-            pool_size=5,
-            max_overflow=10,
-            pool_pre_ping=True,
-            pool_timeout=5,
-            connect_args={"connect_timeout": 5},
-        )
-        _state["sessionmaker"] = sessionmaker(_state["engine"], expire_on_commit=False)
-        _state["pid"] = os.getpid()
-    return _state["engine"]  # type: ignore[return-value]
+    """This process's engine for the caller's scope (an API request or background work)."""
+    return _scope()[0]
 
 
 def dispose() -> None:
-    """Forget this process's engine (after a fork, or in tests)."""
-    eng = _state.pop("engine", None)
+    """Forget this process's engines (after a fork, or in tests)."""
     _state.pop("pid", None)
-    if eng is not None:
-        eng.dispose(close=False)  # type: ignore[attr-defined]
+    for kind in _LIMITS:
+        made = _state.pop(kind, None)
+        if made is not None:
+            made[0].dispose(close=False)
+
+
+@contextmanager
+def request_scope(seconds: float = REQUEST_DEADLINE_S) -> Iterator[None]:
+    """Database work of one API request: one deadline for all of it."""
+    with deadline.budget(seconds):
+        yield
 
 
 @contextmanager
 def transaction() -> Iterator[Session]:
     """A session inside one committed-or-rolled-back transaction."""
-    engine()
-    factory: sessionmaker[Session] = _state["sessionmaker"]  # type: ignore[assignment]
-    with factory.begin() as session:
+    deadline.start()  # a request's wait for a pooled connection counts toward its deadline
+    with _scope()[1].begin() as session:
         yield session

@@ -1,10 +1,13 @@
 """Keel's HTTP API: a Flask app factory.
 
-Served by ``flask --app web run`` in development and ``gunicorn 'web:create_app()'``.
+Served by ``flask --app web run`` in development and, in production, by
+``gunicorn -c python:web.gunicorn_conf 'web:create_app()'`` (see that module).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from flask import Flask
@@ -28,13 +31,14 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
 
     # Imported here, not at the top: ``web.cli`` lives in this package and must stay fast.
-    from tasks import quotas
+    from tasks import db, quotas
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
     quotas.current()  # and with a malformed KEEL_TENANT_QUOTAS
 
+    app.wsgi_app = StoreDeadline(app.wsgi_app, db.request_scope)  # type: ignore[method-assign]
     errors.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(system.bp)
@@ -43,3 +47,19 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(schedulers.bp)
     app.register_blueprint(campaigns.bp)
     return app
+
+
+class StoreDeadline:
+    """WSGI middleware: a request's database work shares one deadline (``tasks.db``).
+
+    It covers the view, not the body a streamed response yields afterwards
+    (an event stream reads Redis only, for minutes).
+    """
+
+    def __init__(self, wsgi_app: Callable, scope: Callable[[], AbstractContextManager]) -> None:
+        self.wsgi_app = wsgi_app
+        self.scope = scope
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        with self.scope():
+            return self.wsgi_app(environ, start_response)

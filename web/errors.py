@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, jsonify
-from sqlalchemy.exc import OperationalError as DatabaseDown
 from werkzeug.exceptions import HTTPException
 
+from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
+from tasks.db import STORE_UNAVAILABLE
 from tasks.jobs.errors import KeelError
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ HTTP_CODES = {
     500: "internal_error",
     503: "unavailable",
 }
+RETRY_AFTER_S = 5
 
 
 class ApiError(Exception):
@@ -72,16 +74,25 @@ def init_app(app: Flask) -> None:
             headers["Allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
         return error_response(ApiError(status, error.description or error.name, headers=headers))
 
-    @app.errorhandler(DatabaseDown)
-    def _database(error: DatabaseDown):
-        log.warning("database unavailable: %s", error)
-        return error_response(
-            ApiError(
-                503, "the job store is unavailable, try again shortly", headers={"Retry-After": "5"}
-            )
-        )
+    # Down, hung past the request's deadline (tasks.deadline), or out of
+    # connections: the same errors a worker gives its delivery back for.
+    for store_error in STORE_UNAVAILABLE:
+        app.register_error_handler(store_error, _unavailable("the job store"))
+    for broker_error in BROKER_UNAVAILABLE:
+        app.register_error_handler(broker_error, _unavailable("the broker"))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):
         log.exception("unhandled error")
         return error_response(ApiError(500, "internal error"))
+
+
+def _unavailable(part: str):
+    def answer(error: Exception):
+        log.warning("%s is unavailable: %s", part, str(error).splitlines()[0] if str(error) else "")
+        return error_response(
+            ApiError(503, f"{part} is unavailable, try again shortly",
+                     headers={"Retry-After": str(RETRY_AFTER_S)})
+        )  # fmt: skip
+
+    return answer

@@ -6,26 +6,39 @@ ran it, the promoter that republished it. Past events are replayed first;
 then new ones follow until the job's terminal event (``completed`` or
 ``failed``) or until ``timeout`` seconds have passed. A client that
 reconnects with ``Last-Event-ID`` resumes after that event.
+
+A stream holds a server thread while it is open, so it lets go as soon as
+it has no reason to stay: a client that closed its connection is noticed at
+the next poll (well within 5 s, not at the next keep-alive write), a server
+that is stopping ends it, and a server with no stream slot left answers 503
+(``web.serving``). While Redis does not answer the stream stays open and
+quiet, and picks up where it was once Redis is back.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import socket
+import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from flask import Blueprint, Response, g, request
 
+from tasks import broker
 from tasks.jobs import events
 from tasks.jobs.models import FINISHED_STATES
 from tasks.jobs.queries import get_owned
 from tasks.reports.jobs import QUEUE
 from web.api import operation
-from web.errors import ApiError
+from web.errors import RETRY_AFTER_S, ApiError
+from web.serving import STOPPING, STREAM_SLOTS
 
+log = logging.getLogger(__name__)
 bp = Blueprint("events", __name__, url_prefix="/api/v1/reports")
 
 TERMINAL_EVENTS = ("completed", "failed")
@@ -53,6 +66,8 @@ class JobEventStream:
     cursor: str
     deadline: float
     finished: bool
+    client_gone: Callable[[], bool] = lambda: False
+    stopping: threading.Event = field(default_factory=threading.Event)
 
     def __iter__(self) -> Iterator[str]:
         last = None
@@ -66,14 +81,27 @@ class JobEventStream:
         yield from self._follow()
 
     def _new_events(self) -> Iterator[dict[str, Any]]:
-        for event in events.read([self.queue], since=self.cursor):
+        """This job's events after the cursor; none while Redis does not answer."""
+        if broker.unreachable():
+            return
+        started = time.monotonic()
+        try:
+            found = list(events.read([self.queue], since=self.cursor))
+        except broker.UNREACHABLE_ERRORS as exc:
+            broker.failed(exc, started)
+            log.info("event stream of job %s: Redis unavailable (%s)", self.job_id, exc)
+            return
+        for event in found:
             self.cursor = event["id"]
             if event.get("jobId") == self.job_id:
                 yield event
 
+    def _open(self) -> bool:
+        return not (self.stopping.is_set() or self.client_gone())
+
     def _follow(self) -> Iterator[str]:
         quiet_since = time.monotonic()
-        while time.monotonic() < self.deadline:
+        while time.monotonic() < self.deadline and self._open():
             for event in self._new_events():
                 quiet_since = time.monotonic()
                 yield sse(event)
@@ -101,6 +129,42 @@ def _timeout_s() -> float:
     return value
 
 
+def client_gone_probe(environ: dict[str, Any]) -> Callable[[], bool]:
+    """``gone()``: whether the client closed the connection this response is written to.
+
+    An event stream only writes, so a closed connection would otherwise be
+    noticed at the next write that fails — a keep-alive up to 15 s later, and
+    the write after that. Peeking at the socket sees the client's FIN at once:
+    it reads as end-of-file, while a live client has sent nothing more.
+    """
+    sock = environ.get("gunicorn.socket")
+    if sock is None:  # another server (flask run, the test client): rely on failed writes
+        return lambda: False
+
+    def gone() -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read: still connected
+        except ValueError:
+            return False  # TLS sockets cannot peek: rely on failed writes
+        except OSError:
+            return True  # reset by the peer
+
+    return gone
+
+
+def _take_stream_slot(environ: dict[str, Any]) -> threading.BoundedSemaphore | None:
+    """Reserve one of this process's stream threads, or refuse with 503 (``web.serving``)."""
+    slots = environ.get(STREAM_SLOTS)
+    if slots is None:
+        return None
+    if not slots.acquire(blocking=False):
+        raise ApiError(503, "too many open event streams on this server, try again shortly",
+                       headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+    return slots
+
+
 def _resume_after() -> str:
     """Where to start: after ``Last-Event-ID`` if the client sent one, else the beginning."""
     last = request.headers.get("Last-Event-ID", "").strip()
@@ -112,20 +176,28 @@ def _resume_after() -> str:
     "/jobs/<job_id>/events",
     "GET",
     summary="A report job's events as Server-Sent Events (replayed, then live); "
-    "ends after completed/failed or ?timeout= seconds (default 30, max 300)",
-    responses={200: None, 400: None, 401: None, 404: None},
+    "ends after completed/failed or ?timeout= seconds (default 30, max 300); "
+    "503 when the server has no room for another stream",
+    responses={200: None, 400: None, 401: None, 404: None, 503: None},
     produces="text/event-stream",
 )
 def job_events(job_id: str):
     timeout_s = _timeout_s()
     principal = g.principal
     job = get_owned(job_id, principal.owner, queue=QUEUE, tenant_wide=principal.operator)
+    environ = request.environ
     stream = JobEventStream(
         job_id=job.id,
         queue=job.queue,
         cursor=_resume_after(),
         deadline=time.monotonic() + timeout_s,
         finished=job.state in FINISHED_STATES,
+        client_gone=client_gone_probe(environ),
+        stopping=environ.get(STOPPING) or threading.Event(),
     )
+    slot = _take_stream_slot(environ)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(iter(stream), mimetype="text/event-stream", headers=headers)
+    response = Response(iter(stream), mimetype="text/event-stream", headers=headers)
+    if slot is not None:
+        response.call_on_close(slot.release)  # the server closes every response it started
+    return response

@@ -13,7 +13,10 @@ tenant's by default), so one user's runaway script leaves room for the others.
 
 The limiter fails open: if Redis cannot be reached the request goes through and
 the problem is logged (at most once per back-off period), because refusing all
-traffic whenever Redis blips would turn a cache outage into an API outage.
+traffic whenever Redis blips would turn a cache outage into an API outage. When
+the limiter uses the stack's own Redis, a hung Redis it meets is also noted for
+the rest of the process (``tasks.broker``), so the same request does not wait
+for it again to emit its events or publish its job.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from limits import RateLimitItem, parse
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from tasks import broker
 from tasks.config import get_settings
 from web.errors import ApiError
 
@@ -74,18 +78,24 @@ class TenantRateLimiter:
         The user's share is checked first, so requests refused for it do not
         spend the budget the tenant's other users share.
         """
+        shared = self.storage_url is None  # the stack's Redis, which tasks.broker watches too
         if self.item is None or time.monotonic() < self._down_until:
+            return
+        if shared and broker.unreachable():
             return
         checks = [("tenant", self.item, (tenant_id,))]
         if self.user_item is not None and user_id is not None:
             checks.insert(0, ("user", self.user_item, (tenant_id, user_id)))
         for who, item, keys in checks:
+            started = time.monotonic()
             try:
                 limiter = self._strategy()
                 if limiter.hit(item, *keys):
                     continue
                 reset_at = limiter.get_window_stats(item, *keys).reset_time
             except Exception as exc:  # any storage failure: fail open, never 500
+                if shared:
+                    broker.failed(exc, started)
                 self._down_until = time.monotonic() + BACKOFF_S
                 log.warning("request rate limit unavailable, letting requests through: %s", exc)
                 return

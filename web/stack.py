@@ -112,8 +112,8 @@ class Stack:
                               "--port", env["KEEL_SANDBOX_PORT"]]),
             Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
                              "--address=127.0.0.1"]),
-            Child("web", [sys.executable, "-m", "gunicorn", "-b", web_bind, "-w", "2",
-                          "--graceful-timeout", "20", "web:create_app()"]),
+            Child("web", [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf",
+                          "-b", web_bind, "web:create_app()"]),
         ]  # fmt: skip
 
     def run(self) -> int:

@@ -3,7 +3,9 @@
 Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
 completed, failed, retrying, delayed, deduplicated, stalled``, plus
 ``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
-best effort: a job never fails because its event could not be written.
+best effort: a job never fails because its event could not be written, and
+while Redis is unreachable (``tasks.broker``) events are dropped at once
+rather than each waiting for a timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from tasks import broker
 from tasks.broker import redis_client
 from tasks.jobs import metrics
 
@@ -43,11 +46,18 @@ def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields:
         entry["name"] = name
     for key, value in fields.items():
         entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
+    if broker.unreachable():
+        log.info("Redis unreachable: event %s for job %s dropped", event, job_id)
+        return
+    started = time.monotonic()
     try:
         pipe = redis_client().pipeline(transaction=False)
         pipe.xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
         metrics.count_event(pipe, queue, event)
         pipe.execute()
+    except broker.UNREACHABLE_ERRORS as exc:
+        broker.failed(exc, started)
+        log.warning("could not emit %s for job %s: %s", event, job_id, exc)
     except Exception:
         log.warning("could not emit %s for job %s", event, job_id, exc_info=True)
 
@@ -68,9 +78,13 @@ def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
 
 
 def read(
-    queues: list[str], *, since: str = "0", follow: bool = False, block_ms: int = 1000
+    queues: list[str], *, since: str = "0", follow: bool = False, block_ms: int = 250
 ) -> Iterator[dict[str, Any]]:
-    """Events of ``queues`` after id ``since`` (``$``: new ones only); forever if ``follow``."""
+    """Events of ``queues`` after id ``since`` (``$``: new ones only); forever if ``follow``.
+
+    ``block_ms`` stays under the client's socket timeout (``tasks.broker``):
+    a blocking read that outlasts it would look like a hung Redis.
+    """
     cursors = {stream_key(q): since for q in queues}
     client = redis_client()
     while True:

@@ -1,15 +1,22 @@
 """Adding jobs: commit the record, then publish the message.
 
 The order is the guarantee: a job the caller was told about is always in
-the records. If publishing fails after the commit (broker down), the job is
-parked as due-now in the durable delayed set, and a worker's promoter
+the records. If publishing fails after the commit (broker down or hung), the
+job is parked as due-now in the durable delayed set, and a worker's promoter
 publishes it once the broker is back — accepted work is never lost.
+
+Publishing is bounded so that a hung broker cannot hold the API: the
+broker's socket timeout (``tasks.celeryconfig``) bounds one attempt, there
+is no retry (kombu and redis-py reconnect a stale connection by themselves;
+a retry against a hung server only doubles the wait), and while Redis is
+known to be unreachable the job is parked without trying.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +24,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from tasks import broker
 from tasks.db import transaction
 from tasks.jobs import dedup, events, tenancy
 from tasks.jobs.options import Deduplication, JobOptions
@@ -24,7 +32,7 @@ from tasks.jobs.tenancy import TenantLimits
 
 log = logging.getLogger(__name__)
 
-PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
+PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
 @dataclass(frozen=True)
@@ -213,9 +221,15 @@ def publish_or_park(
     *,
     priority: int = 0,
 ) -> None:
-    """Publish a waiting job; if the broker is down, park it for the promoter."""
+    """Publish a waiting job; if the broker is down or hung, park it for the promoter."""
+    if broker.unreachable():
+        log.info("broker unreachable; job %s parked for republish", job_id)
+        park_for_republish([job_id])
+        return
+    started = time.monotonic()
     try:
         publish(job_id, name, queue, data, ctx, priority=priority)
-    except Exception:  # the record is safe; the promoter publishes it later
-        log.warning("broker unavailable; job %s parked for republish", job_id, exc_info=True)
+    except Exception as exc:  # the record is safe; the promoter publishes it later
+        broker.failed(exc, started)
+        log.warning("broker unavailable; job %s parked for republish: %s", job_id, exc)
         park_for_republish([job_id])

@@ -21,6 +21,7 @@ import time
 
 from celery import bootsteps
 
+from tasks import broker
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import broker_reset, counts, events, records, tenancy
@@ -30,16 +31,26 @@ log = logging.getLogger(__name__)
 
 
 def promote_once() -> int:
-    """Publish every job that is due now; returns how many were published."""
+    """Publish every job that is due now; returns how many were published.
+
+    After the first failed publish the rest are parked again without trying:
+    each try against a hung broker costs its socket timeout, and a batch of
+    them would hold this thread (and the stalled checks behind it) for long.
+    """
     with transaction() as session:
         due = records.promote_due(session)
         priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in due])
     failed: list[str] = []
     for job in due:
+        if failed or broker.unreachable():
+            failed.append(job.id)
+            continue
+        started = time.monotonic()
         try:
             publish(job.id, job.name, job.queue, job.data, job.celery_ctx,
                     priority=priority.get(job.id, 0))  # fmt: skip
-        except Exception:
+        except Exception as exc:
+            broker.failed(exc, started)
             failed.append(job.id)
             continue
         events.emit(job.queue, "waiting", job.id, job.name)

@@ -20,11 +20,9 @@ from typing import Any, NoReturn
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from tasks.config import get_settings
-from tasks.db import transaction
+from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, failures, heartbeat, limits, metrics, records, registry
 from tasks.jobs.errors import Defer, UnrecoverableError
 from tasks.jobs.options import Backoff, backoff_delay_ms
@@ -33,8 +31,6 @@ from tasks.jobs.records import ClaimedJob
 
 log = logging.getLogger(__name__)
 
-# The records cannot be reached (database down, restarting, or out of connections).
-STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout)
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
 

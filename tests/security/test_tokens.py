@@ -44,8 +44,10 @@ def b64(data: bytes) -> str:
 
 def claims(**changes: Any) -> dict[str, Any]:
     now = int(time.time())
+    # The forgeries are made when the module is collected; the suite may run for a
+    # while before they are used, and only the forged part must make them invalid.
     base = {"sub": "mallory", "tenant": "acme", "roles": ["operator"], "iat": now,
-            "exp": now + 600}  # fmt: skip
+            "exp": now + 4 * 3600}  # fmt: skip
     base.update(changes)
     return {k: v for k, v in base.items() if v is not DROP}
 
@@ -98,7 +100,7 @@ def forged_tokens() -> dict[str, str]:
         "bad signature": signed(claims(), OTHER_SECRET),
         "payload edited after signing": tampered(),
         "expired": signed(claims(exp=now - 10)),
-        "nbf in the future": signed(claims(nbf=now + 600)),
+        "nbf in the future": signed(claims(nbf=now + 3600)),
         "missing exp": signed(claims(exp=DROP)),
         "missing iat": signed(claims(iat=DROP)),
         "lives ten years": signed(claims(exp=now + 10 * 366 * 86_400)),

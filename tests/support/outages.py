@@ -4,6 +4,9 @@ Redis is stopped and started on the same port (it keeps nothing: the test
 stack runs it without persistence). Postgres gets a fast shutdown (clients
 are cut off) and is started again on the same data directory and socket.
 
+Hangs (``postgres_hung``, ``redis_hung``) SIGSTOP the servers instead: their
+sockets stay open and nothing answers.
+
 Every helper refuses (``pytest.skip``) when the suite runs against external
 servers (``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL``): those are not
 ours to stop.
@@ -11,8 +14,9 @@ ours to stop.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import pytest
 
@@ -76,3 +80,45 @@ def postgres_down(stack: TestStack) -> Iterator[None]:
         yield
     finally:
         start_postgres(stack)
+
+
+def _signal_all(processes: list, sig: int) -> None:
+    import psutil
+
+    for process in processes:
+        with suppress(psutil.NoSuchProcess):
+            process.send_signal(sig)
+
+
+@contextmanager
+def postgres_hung(stack: TestStack) -> Iterator[None]:
+    """Every process of the cluster is SIGSTOPped inside the block, and continued after it.
+
+    Unlike a stop, nothing is closed: connections stay open and new ones are
+    accepted by the kernel, but nothing is ever answered — what a stalled
+    disk, a frozen VM or a half-open network path looks like to a client.
+    """
+    import psutil
+
+    pid = embedded_postgres(stack).pid
+    assert pid is not None, "the embedded Postgres is not running"
+    postmaster = psutil.Process(pid)
+    postmaster.send_signal(signal.SIGSTOP)  # first, so that it forks no new backend
+    processes = [postmaster, *postmaster.children(recursive=True)]
+    _signal_all(processes[1:], signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        _signal_all(processes, signal.SIGCONT)
+
+
+@contextmanager
+def redis_hung(stack: TestStack) -> Iterator[None]:
+    """The embedded Redis is SIGSTOPped inside the block (sockets open, no answers)."""
+    process = embedded_redis(stack).process
+    assert process is not None, "the embedded Redis is not running"
+    process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        process.send_signal(signal.SIGCONT)

@@ -213,3 +213,60 @@ class SandboxProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=20)
+
+
+@dataclass
+class WebProcess:
+    """The API served by a real gunicorn, configured exactly as ``keel up`` serves it."""
+
+    home: Path
+    port: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.home / f"web-{self.port}.log"
+
+    def start(self) -> None:
+        import requests
+
+        from tasks.embedded import free_port
+
+        self.port = self.port or free_port()
+        args = [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf",
+                "-b", f"127.0.0.1:{self.port}", *self.extra_args, "web:create_app()"]  # fmt: skip
+        self.process = subprocess.Popen(
+            args, cwd=PROJECT_ROOT, env=dict(os.environ), stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+
+        def up() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"gunicorn exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                return requests.get(f"{self.url}/healthz", timeout=1).ok
+            except requests.RequestException:
+                return False
+
+        wait_for(up, timeout=60, interval=0.2)
+
+    def worker_pids(self) -> set[int]:
+        """The pids of gunicorn's worker processes (the arbiter's children)."""
+        import psutil
+
+        return {child.pid for child in psutil.Process(self.process.pid).children()}
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()

@@ -1,0 +1,32 @@
+"""Gunicorn settings for Keel's API, in one place.
+
+    gunicorn -c python:web.gunicorn_conf -b 127.0.0.1:8000 'web:create_app()'
+
+``keel up``, compose and the container image all serve the API this way.
+The address stays on the command line (it is what every deployment sets);
+anything here can be overridden there too, or with ``GUNICORN_CMD_ARGS``.
+Why threads, and what the worker class adds: ``web.serving``.
+"""
+
+from __future__ import annotations
+
+import os
+
+worker_class = "web.serving.StreamingWorker"
+# Processes (gunicorn's own convention for the count), each with a pool of threads:
+# up to threads - web.serving.REQUEST_THREADS of them may hold event streams.
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = 128
+# gthread beats from each process's main loop, not from the request threads, so
+# this only catches a wedged process: it is no limit on a request or a stream.
+# Requests are bounded by their own deadlines (tasks.db, tasks.broker); streams
+# by their ``timeout`` (web.events.MAX_TIMEOUT_S).
+timeout = 30
+graceful_timeout = 20
+# An idle kept-alive connection (or a new one that sent nothing) waits this long,
+# without a thread, for its next request.
+keepalive = 5
+# gunicorn's control socket lives at one path per user ($XDG_RUNTIME_DIR or
+# ~/.gunicorn/gunicorn.ctl), so two servers of one user (two stacks, or a test
+# run beside `keel up`) would take it from each other. Keel does not use it.
+control_socket_disable = True
