@@ -2,20 +2,37 @@
 
 It knows nothing of reports or campaigns; domain modules register handlers
 with ``handler(name, queue=...)`` and add jobs with ``add(...)``.
+
+The names below are loaded when first used (PEP 562), so that importing a
+light part of the layer — ``Owner`` for the CLI's token command, say — does
+not import Celery with the task base class.
 """
 
 from __future__ import annotations
 
-from tasks.jobs.errors import (
-    InvalidJobState,
-    JobConflict,
-    JobNotFound,
-    KeelError,
-    UnrecoverableError,
-)
-from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
-from tasks.jobs.producer import AddedJob, Owner, add
-from tasks.jobs.task import JobContext, KeelTask, handler
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.jobs.errors import (
+        InvalidJobState,
+        JobConflict,
+        JobNotFound,
+        KeelError,
+        UnrecoverableError,
+    )
+    from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
+    from tasks.jobs.producer import AddedJob, Owner, add
+    from tasks.jobs.task import JobContext, KeelTask, handler
+
+_HOMES = {
+    "tasks.jobs.errors": ("InvalidJobState", "JobConflict", "JobNotFound", "KeelError",
+                          "UnrecoverableError"),
+    "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
+    "tasks.jobs.producer": ("AddedJob", "Owner", "add"),
+    "tasks.jobs.task": ("JobContext", "KeelTask", "handler"),
+}  # fmt: skip
+_WHERE = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "AddedJob",
@@ -34,3 +51,12 @@ __all__ = [
     "add",
     "handler",
 ]
+assert sorted(__all__) == sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value

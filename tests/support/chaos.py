@@ -19,11 +19,20 @@ from sqlalchemy import text
 from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.jobs.producer import add
+from tasks.jobs.tenancy import PRIORITY_STEPS
 from tasks.reports.jobs import GENERATE
 from tasks.reports.operation_key import operation_key
 from tasks.reports.service import report_options
 
 CHAOS_OWNER = Owner("acme", "chaos")
+# kombu's Redis transport keeps a queue's messages in one list per priority step:
+# ``queue`` for priority 0, ``queue`` + this separator + the step for the others.
+PRIORITY_SEPARATOR = "\x06\x16"
+
+
+def priority_lists(queue: str) -> list[str]:
+    """Every Redis list that holds messages of ``queue`` (see ``tasks.jobs.tenancy``)."""
+    return [queue, *(f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS if step)]
 
 
 def report_data(report_id: str, rows: int = 5) -> dict[str, Any]:
