@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import psutil
 
@@ -38,12 +38,14 @@ def failing(body: dict) -> set[str]:
 def stopped(pids: list[int]) -> Iterator[None]:
     """SIGSTOP the processes for the block (a hung server: connections accepted, no answers)."""
     for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+        with suppress(ProcessLookupError):  # one that exited meanwhile needs no stopping
+            os.kill(pid, signal.SIGSTOP)
     try:
         yield
     finally:
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def test_readyz_is_ok_when_postgres_redis_and_a_worker_are(client, worker):
@@ -72,10 +74,18 @@ def test_redis_down_is_named(stack, client, worker):
     wait_for(lambda: client.get("/readyz").status_code == 200, timeout=60)
 
 
+def command_line(process: psutil.Process) -> list[str]:
+    """Its arguments; none for a process that exited meanwhile (or is only a zombie)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
 def test_no_recent_worker_heartbeat_is_named(stack, client, worker):
     # Given every worker this session started, held still (their heartbeats stop) ...
     workers = [p.pid for p in psutil.Process().children(recursive=True)
-               if "worker" in p.cmdline()]  # fmt: skip
+               if "worker" in command_line(p)]  # fmt: skip
     assert worker.process.pid in workers
     with stopped(workers):
         # ... and their last beats aged out (here: removed, rather than waiting 10 s)
