@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+from keel.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

@@ -34,9 +34,9 @@ def _groups(n: int, capacity: int) -> int:
 def _admin() -> dict[str, str]:
     """The sandbox's admin key (``BenchEnv`` exports it to the sandbox and to us)."""
     from tasks.config import get_settings
-    from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+    from tasks.notifications.provider import SANDBOX_ADMIN_HEADER
 
-    return {ADMIN_KEY_HEADER: get_settings().sandbox_admin_key}
+    return {SANDBOX_ADMIN_HEADER: get_settings().sandbox_admin_key}
 
 
 def _verify(provider: HttpChild, n: int, groups: int, who: str) -> dict:

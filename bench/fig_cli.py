@@ -29,7 +29,7 @@ def keel_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("keel")
-    return [found] if found else [sys.executable, "-c", "from web.cli import main; main()"]
+    return [found] if found else [sys.executable, "-c", "from keel.cli import main; main()"]
 
 
 def commands() -> dict[str, list[str]]:

@@ -20,7 +20,7 @@ from typing import Any
 import requests
 
 from bench.env import PROJECT_ROOT, BenchEnv
-from tasks.embedded import free_port
+from keel.embedded import free_port
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -192,7 +192,7 @@ def sandbox(env: BenchEnv) -> HttpChild:
     args = [
         sys.executable,
         "-m",
-        "tasks.notifications.sandbox",
+        "provider_sandbox",
         "--port",
         str(env.sandbox_port),
         "--home",

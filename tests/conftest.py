@@ -13,7 +13,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from tasks.embedded import free_port
+from keel.embedded import free_port
 
 _HOME = Path(tempfile.mkdtemp(prefix="keel-test-"))
 _REDIS_PORT = free_port()

@@ -30,7 +30,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
 
-    # Imported here, not at the top: ``web.cli`` lives in this package and must stay fast.
+    # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
     from tasks import db, quotas
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
     from web.auth import check_secret

@@ -21,6 +21,8 @@ from tasks.config import get_settings
 # The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000
 MAX_TEXT_LENGTH = 10_000
+# The provider sandbox's header for its admin key (its ledger is not a real provider's API).
+SANDBOX_ADMIN_HEADER = "X-Sandbox-Admin-Key"
 TIMEOUT = (2.0, 10.0)
 # A few quick transport-level retries absorb isolated 503s and lost responses; every call is
 # safe to repeat (stable message ids, idempotency keys on create, the provider refuses a
@@ -124,9 +126,7 @@ class ProviderClient:
 
     def ledger(self, **params: str) -> dict[str, Any]:
         """The sandbox's ledger (not a real provider's API): needs ``KEEL_SANDBOX_ADMIN_KEY``."""
-        from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
-
-        headers = {ADMIN_KEY_HEADER: get_settings().sandbox_admin_key}
+        headers = {SANDBOX_ADMIN_HEADER: get_settings().sandbox_admin_key}
         try:
             response = self.session.get(self.base_url + "/v1/ledger", params=params,
                                         headers=headers, timeout=60)  # fmt: skip

@@ -9,7 +9,7 @@ import sys
 import pytest
 import requests
 
-from tasks.embedded import free_port
+from keel.embedded import free_port
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import PROJECT_ROOT, wait_for
 

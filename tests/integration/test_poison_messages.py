@@ -16,13 +16,13 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from keel.cli import main
 from tasks import deadletters
 from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.jobs import events
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
-from web.cli import main
 
 PRIORITY_SEP = "\x06\x16"  # kombu's separator between a queue and its priority list
 ROUTE = {"exchange": "reports", "routing_key": "reports"}

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import requests
 
-from tasks.embedded import free_port
-from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+from keel.embedded import free_port
+from provider_sandbox.admin import ADMIN_KEY_HEADER
 from tests.support.stack import PROJECT_ROOT, sandbox_admin_headers, wait_for
 
 TIMEOUT_S = 10
@@ -33,7 +33,7 @@ TIMEOUT_S = 10
 
 @dataclass
 class SandboxProcess:
-    """``python -m tasks.notifications.sandbox`` on a free port, data in ``home``."""
+    """``python -m provider_sandbox`` on a free port, data in ``home``."""
 
     home: Path
     port: int = field(default_factory=free_port)
@@ -44,7 +44,7 @@ class SandboxProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> SandboxProcess:
-        args = [sys.executable, "-m", "tasks.notifications.sandbox", "--port", str(self.port)]
+        args = [sys.executable, "-m", "provider_sandbox", "--port", str(self.port)]
         with (self.home / "sandbox.log").open("ab") as log:
             self.process = subprocess.Popen(
                 [*args, "--home", str(self.home)],

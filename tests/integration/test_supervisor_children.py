@@ -1,4 +1,4 @@
-"""``web.supervisor`` with real child processes: restarts, giving up, prefixed output.
+"""``keel.supervisor`` with real child processes: restarts, giving up, prefixed output.
 
 Tiny Python children stand in for the stack's commands; the behaviour under
 test is the supervisor's, which does not care what the child runs.
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from web.supervisor import Child, Output, RestartPolicy, Supervisor
+from keel.supervisor import Child, Output, RestartPolicy, Supervisor
 
 
 def child(name: str, code: str) -> Child:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from web.stack import PROJECT_ROOT
+from keel.stack import PROJECT_ROOT
 
 
 def test_compose_has_every_part_on_official_images():

@@ -18,7 +18,7 @@ import requests
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+from provider_sandbox.admin import ADMIN_KEY_HEADER
 from tests.security.conftest import record_figure
 from tests.support.keel_up import KeelUp, alive
 

@@ -23,7 +23,7 @@ import jwt
 import pytest
 from flask import Flask
 
-from tasks.embedded import free_port
+from keel.embedded import free_port
 from tests.security.conftest import documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web import MAX_BODY_BYTES, create_app

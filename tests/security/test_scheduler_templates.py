@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
+from keel.cli import main as keel
 from tasks.db import transaction
 from tasks.jobs.models import JobRecord, JobSchedulerRecord
 from tasks.jobs.schedulers import fire_job_id, fire_prefix
@@ -24,7 +25,6 @@ from tasks.reports.operation_key import operation_key
 from tests.security.conftest import record_figure
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import BeatProcess, wait_for
-from web.cli import main as keel
 
 pytestmark = pytest.mark.usefixtures("stack")
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psutil
 
+from keel.embedded import free_port
 from tasks.config import read_env_file
-from tasks.embedded import free_port
 from tests.support.stack import PROJECT_ROOT, wait_for
 
 KEEL = str(Path(sys.executable).with_name("keel"))

@@ -20,7 +20,7 @@ from contextlib import contextmanager, suppress
 
 import pytest
 
-from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
+from keel.embedded import EmbeddedPostgres, EmbeddedRedis
 from tests.support.stack import TestStack
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keel.embedded import EmbeddedPostgres, EmbeddedRedis
 from tasks import db
 from tasks.config import reload_settings
-from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
 from tasks.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -174,7 +174,7 @@ class BeatProcess:
 
 def sandbox_admin_headers() -> dict[str, str]:
     """What the sandbox's ``/admin`` and ``/v1/ledger`` routes require (the session's key)."""
-    from tasks.notifications.sandbox.admin import ADMIN_KEY_HEADER
+    from provider_sandbox.admin import ADMIN_KEY_HEADER
 
     return {ADMIN_KEY_HEADER: os.environ["KEEL_SANDBOX_ADMIN_KEY"]}
 
@@ -194,7 +194,7 @@ class SandboxProcess:
     def start(self) -> None:
         import requests
 
-        args = [sys.executable, "-m", "tasks.notifications.sandbox", "--port", str(self.port),
+        args = [sys.executable, "-m", "provider_sandbox", "--port", str(self.port),
                 "--home", str(self.home / "sandbox")]  # fmt: skip
         self.process = subprocess.Popen(
             args, cwd=PROJECT_ROOT, stdout=(self.home / "sandbox.log").open("ab"),
@@ -235,7 +235,7 @@ class WebProcess:
     def start(self) -> None:
         import requests
 
-        from tasks.embedded import free_port
+        from keel.embedded import free_port
 
         self.port = self.port or free_port()
         args = [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf",

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from web.home import HomeBusy, HomeLock
-from web.supervisor import RestartPolicy
+from keel.home import HomeBusy, HomeLock
+from keel.supervisor import RestartPolicy
 
 
 def test_restarts_back_off_then_give_up_when_a_unit_keeps_dying():

@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Request
 
-from tasks.notifications.sandbox.errors import InvalidRequest, TooManyMessages
+from provider_sandbox.errors import InvalidRequest, TooManyMessages
 
 MAX_MESSAGES_PER_REQUEST = 1000
 MAX_ID_LENGTH = 256

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from tasks.embedded.lifeline import stop_process, tied_to_parent
-from tasks.embedded.private import private_dir
+from keel.embedded.lifeline import stop_process, tied_to_parent
+from keel.embedded.private import private_dir
 
 SERVER_USER = "pgserver"
 HANDLE_FILE = ".handle_pids.json"  # pgserver's; meaningless once we own the postmaster

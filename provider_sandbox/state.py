@@ -7,24 +7,19 @@ the way the test asked.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from flask import current_app
 
-from tasks.notifications.sandbox.faults import FaultInjector, Faults
-from tasks.notifications.sandbox.store import GroupStore
+from provider_sandbox import config
+from provider_sandbox.faults import FaultInjector, Faults
+from provider_sandbox.store import GroupStore
 
 EXTENSION = "provider_sandbox"
-DEFAULT_CAPACITY = 10_000
-CAPACITY_ENV = "KEEL_SANDBOX_CAPACITY"
 
-
-def default_capacity() -> int:
-    """Group capacity until ``PUT /admin/config`` says otherwise."""
-    return int(os.environ.get(CAPACITY_ENV) or DEFAULT_CAPACITY)
+default_capacity = config.capacity
 
 
 @dataclass

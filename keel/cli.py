@@ -24,8 +24,8 @@ def main() -> None:
 @main.command()
 def up() -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
+    from keel.stack import Stack
     from web.auth import check_secret
-    from web.stack import Stack
 
     if "KEEL_SECRET_KEY" in os.environ:  # unset: keel up generates a strong one
         try:
@@ -170,9 +170,18 @@ def schedulers_remove(scheduler_id: str, tenant: str) -> None:
 @main.command("provider-sandbox", context_settings={"ignore_unknown_options": True})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def provider_sandbox(args: tuple[str, ...]) -> None:
-    """Run the provider sandbox (--host, --port, --home)."""
-    from tasks.notifications.sandbox.__main__ import main as sandbox_main
+    """Run the provider sandbox (--host, --port, --home) with this stack's settings.
 
+    The sandbox reads its own environment (it imports nothing of Keel); the
+    stack's values from ``$KEEL_HOME/env`` fill in what the environment lacks.
+    """
+    from provider_sandbox.__main__ import main as sandbox_main
+
+    settings = get_settings()
+    for name, value in (("KEEL_SANDBOX_PORT", str(settings.sandbox_port)),
+                        ("KEEL_SANDBOX_HOME", str(settings.home / "sandbox")),
+                        ("KEEL_SANDBOX_ADMIN_KEY", settings.sandbox_admin_key)):  # fmt: skip
+        os.environ.setdefault(name, value)
     sys.exit(sandbox_main(list(args)))
 
 

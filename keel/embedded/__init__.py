@@ -8,7 +8,7 @@ process that starts them and die with it (``lifeline``).
 
 from __future__ import annotations
 
-from tasks.embedded.postgres_server import EmbeddedPostgres
-from tasks.embedded.redis_server import EmbeddedRedis, free_port
+from keel.embedded.postgres_server import EmbeddedPostgres
+from keel.embedded.redis_server import EmbeddedRedis, free_port
 
 __all__ = ["EmbeddedPostgres", "EmbeddedRedis", "free_port"]

@@ -13,9 +13,9 @@ import socket
 
 from flask import Blueprint, Response, g, make_response, request
 
-from tasks.notifications.sandbox import payloads
-from tasks.notifications.sandbox.errors import Unavailable, error_response
-from tasks.notifications.sandbox.state import current
+from provider_sandbox import payloads
+from provider_sandbox.errors import Unavailable, error_response
+from provider_sandbox.state import current
 
 log = logging.getLogger(__name__)
 bp = Blueprint("groups", __name__, url_prefix="/v1/groups")

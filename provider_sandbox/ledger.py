@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from tasks.notifications.sandbox.errors import GroupNotFound
+from provider_sandbox.errors import GroupNotFound
 
 OVER_ACCEPTED_SAMPLE = 20
 GROUPS_SQL = """

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks.notifications.sandbox.errors import InvalidRequest, RateLimited, Unavailable
-from tasks.notifications.sandbox.payloads import integer, number, only_fields
+from provider_sandbox.errors import InvalidRequest, RateLimited, Unavailable
+from provider_sandbox.payloads import integer, number, only_fields
 
 DROP_MODES = ("503", "close")
 MAX_HOLD_MS = 600_000

@@ -17,11 +17,11 @@ import hmac
 
 from flask import Blueprint, current_app, request
 
-from tasks.notifications.sandbox import payloads
-from tasks.notifications.sandbox.errors import AdminKeyRequired, InvalidRequest, JsonOnly
-from tasks.notifications.sandbox.faults import Faults
-from tasks.notifications.sandbox.ledger import ledger
-from tasks.notifications.sandbox.state import current
+from provider_sandbox import payloads
+from provider_sandbox.errors import AdminKeyRequired, InvalidRequest, JsonOnly
+from provider_sandbox.faults import Faults
+from provider_sandbox.ledger import ledger
+from provider_sandbox.state import current
 
 ADMIN_KEY_HEADER = "X-Sandbox-Admin-Key"
 ADMIN_KEY_CONFIG = "SANDBOX_ADMIN_KEY"

@@ -15,7 +15,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from tasks.embedded.private import private_dir
+from keel.embedded.private import private_dir
 
 LOCK_FILE = "lock"
 

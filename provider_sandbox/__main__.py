@@ -1,4 +1,4 @@
-"""``python -m tasks.notifications.sandbox [--host H] [--port P] [--home DIR]``."""
+"""``python -m provider_sandbox [--host H] [--port P] [--home DIR]``."""
 
 from __future__ import annotations
 
@@ -7,24 +7,23 @@ import logging
 import sys
 from pathlib import Path
 
-from tasks.config import get_settings
-from tasks.notifications.sandbox.app import default_home
-from tasks.notifications.sandbox.server import serve
+from provider_sandbox import config
+from provider_sandbox.server import serve
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.notifications.sandbox",
+        prog="python -m provider_sandbox",
         description="A fake messaging provider's group API, for dev and tests.",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
-        "--port", type=int, default=get_settings().sandbox_port, help="default KEEL_SANDBOX_PORT"
+        "--port", type=int, default=config.port(), help="default KEEL_SANDBOX_PORT"
     )
     parser.add_argument("--home", type=Path, help="data folder, default $KEEL_HOME/sandbox")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    serve(args.host, args.port, args.home or default_home())
+    serve(args.host, args.port, args.home or config.home())
     return 0
 
 

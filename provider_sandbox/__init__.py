@@ -5,12 +5,12 @@ real HTTP, real persistence, the real provider's quirks (1,000 messages per
 request, a capacity past which messages vanish silently, one send per group)
 and failures on demand, plus a ledger the real one doesn't offer, so tests
 can check what was actually accepted and sent. Run it with
-``python -m tasks.notifications.sandbox --port 8025``.
+``python -m provider_sandbox --port 8025``.
 """
 
 from __future__ import annotations
 
-from tasks.notifications.sandbox.app import create_app
-from tasks.notifications.sandbox.server import serve
+from provider_sandbox.app import create_app
+from provider_sandbox.server import serve
 
 __all__ = ["create_app", "serve"]

@@ -2,7 +2,7 @@
 
 A *unit* is a child command (worker, beat, Flower, sandbox, web) or an
 embedded server; both answer ``poll()`` with an exit code once they have
-died. Children are tied to the supervisor (``tasks.embedded.lifeline``), so
+died. Children are tied to the supervisor (``keel.embedded.lifeline``), so
 a ``kill -9`` of ``keel up`` takes them along; their output reaches the
 supervisor's stdout line by line, prefixed with their name the way foreman
 and honcho do it.
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
-from tasks.embedded.lifeline import tied_to_parent
+from keel.embedded.lifeline import tied_to_parent
 
 RESTART_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_AFTER_S = 60.0

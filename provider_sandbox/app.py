@@ -6,23 +6,18 @@ from pathlib import Path
 
 from flask import Flask
 
-from tasks.config import get_settings, keel_home
-from tasks.notifications.sandbox import errors
-from tasks.notifications.sandbox.admin import ADMIN_KEY_CONFIG, admin, ledger_bp
-from tasks.notifications.sandbox.groups import bp as groups_bp
-from tasks.notifications.sandbox.state import EXTENSION, Sandbox
+from provider_sandbox import config, errors
+from provider_sandbox.admin import ADMIN_KEY_CONFIG, admin, ledger_bp
+from provider_sandbox.groups import bp as groups_bp
+from provider_sandbox.state import EXTENSION, Sandbox
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # 1,000 messages with long texts fit
-
-
-def default_home() -> Path:
-    return keel_home() / "sandbox"
 
 
 def create_app(
     home: Path | str | None = None, *, capacity: int | None = None, admin_key: str | None = None
 ) -> Flask:
-    """The sandbox over the SQLite data in ``home`` (default ``$KEEL_HOME/sandbox``).
+    """The sandbox over the SQLite data in ``home`` (default ``config.home()``).
 
     ``admin_key`` (default ``KEEL_SANDBOX_ADMIN_KEY``) opens ``/admin`` and
     ``/v1/ledger``; with none they answer 401.
@@ -33,10 +28,10 @@ def create_app(
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     if admin_key is None:
-        admin_key = get_settings().sandbox_admin_key
+        admin_key = config.admin_key()
     app.config[ADMIN_KEY_CONFIG] = admin_key
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    app.extensions[EXTENSION] = Sandbox.open(Path(home or default_home()), capacity)
+    app.extensions[EXTENSION] = Sandbox.open(Path(home or config.home()), capacity)
     errors.init_app(app)
     app.register_blueprint(groups_bp)
     app.register_blueprint(admin)

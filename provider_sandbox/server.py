@@ -13,8 +13,8 @@ from pathlib import Path
 
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from tasks.notifications.sandbox.app import create_app
-from tasks.notifications.sandbox.state import EXTENSION, Sandbox
+from provider_sandbox.app import create_app
+from provider_sandbox.state import EXTENSION, Sandbox
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

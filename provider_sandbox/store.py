@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.notifications.sandbox.errors import GroupAlreadySent, GroupNotEmpty, GroupNotFound
-from tasks.notifications.sandbox.payloads import Message
+from provider_sandbox.errors import GroupAlreadySent, GroupNotEmpty, GroupNotFound
+from provider_sandbox.payloads import Message
 
 DATABASE_NAME = "provider.sqlite3"
 SCHEMA = """

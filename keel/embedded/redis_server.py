@@ -16,8 +16,8 @@ from pathlib import Path
 
 import redis
 
-from tasks.embedded.lifeline import stop_process, tied_to_parent
-from tasks.embedded.private import private_dir, write_private
+from keel.embedded.lifeline import stop_process, tied_to_parent
+from keel.embedded.private import private_dir, write_private
 
 
 def free_port() -> int:

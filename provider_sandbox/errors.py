@@ -1,8 +1,8 @@
-"""What the sandbox answers when it refuses, in Keel's one error shape.
+"""What the sandbox answers when it refuses: ``{"error", "message", "details"}``.
 
-The errors hang off ``KeelError`` so the sandbox shares the project's error
-tree and its ``{"error", "message", "details"}`` body, even though it plays a
-third party: clients written against it see one shape everywhere.
+The same body shape as Keel's API, so clients see one shape everywhere; the
+sandbox keeps its own error root all the same, since it plays a third party
+and imports nothing of Keel.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import logging
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
-from tasks.jobs.errors import KeelError
-
 log = logging.getLogger(__name__)
 
 
-class ProviderError(KeelError):
+class ProviderError(Exception):
     """The provider refused the request."""
 
     status = 400
@@ -30,7 +28,8 @@ class ProviderError(KeelError):
         details: list | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message, details=details)
+        super().__init__(message or (self.__doc__ or "").strip())
+        self.details = details or []
         self.headers = headers or {}
 
 

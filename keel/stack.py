@@ -3,7 +3,7 @@
 Takes the home's lock, starts embedded Postgres and Redis when no URLs are
 configured, migrates, writes ``$KEEL_HOME/env`` and runs the web app, a
 worker, beat, Flower and the provider sandbox as children
-(``web.supervisor``): each restarted if it dies, none outliving ``keel up``.
+(``keel.supervisor``): each restarted if it dies, none outliving ``keel up``.
 A signal to the supervisor stops every child (web first, workers last, so
 jobs in flight finish), then the servers. Everything it creates under
 ``$KEEL_HOME`` is private to its user from the first byte (umask 077).
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import redis
 
+from keel.embedded import EmbeddedPostgres, EmbeddedRedis
+from keel.embedded.lifeline import PRIVATE_UMASK
+from keel.embedded.private import create_private
+from keel.home import HomeBusy, HomeLock
+from keel.supervisor import Child, Supervisor
 from tasks.config import ENV_FILE_NAME, keel_home, reload_settings, write_env_file
-from tasks.embedded import EmbeddedPostgres, EmbeddedRedis
-from tasks.embedded.lifeline import PRIVATE_UMASK
-from tasks.embedded.private import create_private
 from tasks.jobs import liveness
 from tasks.migrate import migrate
-from web.home import HomeBusy, HomeLock
-from web.supervisor import Child, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 READY_PROBE_S = 1.0
@@ -108,7 +108,7 @@ class Stack:
             Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
             Child("beat", [*celery, "beat", "-l", "INFO", "-S", "tasks.jobs.beat:KeelScheduler",
                            "--pidfile="]),
-            Child("sandbox", [sys.executable, "-m", "tasks.notifications.sandbox",
+            Child("sandbox", [sys.executable, "-m", "provider_sandbox",
                               "--port", env["KEEL_SANDBOX_PORT"]]),
             Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
                              "--address=127.0.0.1"]),
