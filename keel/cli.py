@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from tasks.config import get_settings
+from tasks.config import ProcessSettings, get_settings
 
 
 @click.group()
@@ -27,9 +27,10 @@ def up() -> None:
     from keel.stack import Stack
     from web.auth import check_secret
 
-    if "KEEL_SECRET_KEY" in os.environ:  # unset: keel up generates a strong one
+    given = ProcessSettings().secret_key
+    if given is not None:  # unset: keel up generates a strong one
         try:
-            check_secret(os.environ["KEEL_SECRET_KEY"])
+            check_secret(given)
         except RuntimeError as exc:
             raise click.ClickException(str(exc)) from None
 

@@ -30,7 +30,13 @@ from keel.embedded.lifeline import PRIVATE_UMASK
 from keel.embedded.private import create_private
 from keel.home import HomeBusy, HomeLock
 from keel.supervisor import Child, Supervisor
-from tasks.config import ENV_FILE_NAME, keel_home, reload_settings, write_env_file
+from tasks.config import (
+    ENV_FILE_NAME,
+    ProcessSettings,
+    keel_home,
+    reload_settings,
+    write_env_file,
+)
 from tasks.jobs import liveness
 from tasks.migrate import migrate
 
@@ -43,9 +49,9 @@ READY_REPORT_S = 15.0
 DEATH_SIGNALS = {"worker": signal.SIGQUIT, "web": signal.SIGQUIT}
 
 
-def secret_key(home: Path) -> str:
-    if os.environ.get("KEEL_SECRET_KEY"):
-        return os.environ["KEEL_SECRET_KEY"]
+def secret_key(home: Path, configured: str | None) -> str:
+    if configured:
+        return configured
     path = home / "secret"
     create_private(path, secrets.token_urlsafe(48))
     return path.read_text().strip()
@@ -66,32 +72,34 @@ class Stack:
     _children_started_at: float = 0.0
 
     def environment(self) -> dict[str, str]:
-        """The stack's settings; starts the embedded servers that no URL replaces."""
+        """The stack's settings; starts the embedded servers that no URL replaces.
+
+        Read from the process environment alone (``ProcessSettings``): the env
+        file is this function's output, and an earlier run's URLs in it are
+        no configured servers.
+        """
+        given = ProcessSettings()
+        secret = secret_key(self.home, given.secret_key)
         env = {
             "KEEL_HOME": str(self.home),
-            "KEEL_WEB_PORT": os.environ.get("KEEL_WEB_PORT", "8000"),
-            "KEEL_FLOWER_PORT": os.environ.get("KEEL_FLOWER_PORT", "5555"),
-            "KEEL_SANDBOX_PORT": os.environ.get("KEEL_SANDBOX_PORT", "8025"),
-            "KEEL_FAULT_INJECTION": os.environ.get("KEEL_FAULT_INJECTION", "0"),
-            "KEEL_SECRET_KEY": secret_key(self.home),
-            "KEEL_FLOWER_USER": os.environ.get("KEEL_FLOWER_USER", "keel"),
-            "KEEL_SANDBOX_ADMIN_KEY": os.environ.get("KEEL_SANDBOX_ADMIN_KEY")
-            or secrets.token_urlsafe(32),
+            "KEEL_WEB_PORT": str(given.web_port),
+            "KEEL_FLOWER_PORT": str(given.flower_port),
+            "KEEL_SANDBOX_PORT": str(given.sandbox_port),
+            "KEEL_FAULT_INJECTION": "1" if given.fault_injection else "0",
+            "KEEL_SECRET_KEY": secret,
+            "KEEL_FLOWER_USER": given.flower_user,
+            "KEEL_SANDBOX_ADMIN_KEY": given.sandbox_admin_key or secrets.token_urlsafe(32),
+            "KEEL_FLOWER_PASSWORD": given.flower_password
+            or hashlib.sha256(f"flower:{secret}".encode()).hexdigest()[:24],
+            "KEEL_PROVIDER_URL": given.provider_url or f"http://127.0.0.1:{given.sandbox_port}",
+            "KEEL_WEB_URL": f"http://127.0.0.1:{given.web_port}",
         }
-        env["KEEL_FLOWER_PASSWORD"] = os.environ.get(
-            "KEEL_FLOWER_PASSWORD",
-            hashlib.sha256(f"flower:{env['KEEL_SECRET_KEY']}".encode()).hexdigest()[:24],
-        )
-        env["KEEL_PROVIDER_URL"] = os.environ.get(
-            "KEEL_PROVIDER_URL", f"http://127.0.0.1:{env['KEEL_SANDBOX_PORT']}"
-        )
-        env["KEEL_WEB_URL"] = f"http://127.0.0.1:{env['KEEL_WEB_PORT']}"
-        database_url = os.environ.get("KEEL_DATABASE_URL")
+        database_url = given.database_url
         if not database_url:
             postgres = EmbeddedPostgres(self.home)
             database_url = postgres.start()
             self.supervisor.add(postgres, postgres.start, running=True)
-        redis_url = os.environ.get("KEEL_REDIS_URL")
+        redis_url = given.redis_url
         if not redis_url:
             # A fresh password each run: only this stack's processes learn it (env file, environ).
             redis_server = EmbeddedRedis(self.home, password=secrets.token_urlsafe(32))

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import os
 import shlex
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 ENV_FILE_NAME = "env"
+PREFIX = "KEEL_"
 
 
 def keel_home() -> Path:
@@ -45,12 +50,6 @@ def write_env_file(path: Path, values: dict[str, str]) -> None:
     tmp.replace(path)
 
 
-def _lookup(name: str, file_values: dict[str, str], default: str | None = None) -> str | None:
-    if name in os.environ:
-        return os.environ[name]
-    return file_values.get(name, default)
-
-
 def sqlalchemy_url(url: str) -> str:
     """Use psycopg 3 whatever driver the URL names (``postgresql://`` included)."""
     for prefix in ("postgresql+psycopg2://", "postgresql://", "postgres://"):
@@ -59,34 +58,86 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Effective configuration of one Keel process."""
+class _EnvFile(PydanticBaseSettingsSource):
+    """``$KEEL_HOME/env`` (what ``keel up`` wrote), below the process environment."""
 
-    database_url: str | None
-    redis_url: str | None
-    secret_key: str | None
-    fault_injection: bool
-    provider_url: str | None
-    home: Path
-    web_port: int
-    flower_port: int
-    sandbox_port: int
-    report_step_pause_ms: int
-    worker_concurrency: int
-    lock_duration_s: float
-    promote_interval_s: float
-    stalled_interval_s: float
-    visibility_timeout_s: int
-    campaign_quiet_s: float
-    provider_capacity: int
-    provider_retry_attempts: int
-    provider_retry_delay_ms: int
-    max_stalled_count: int
-    queue_limits: str = ""  # KEEL_QUEUE_LIMITS, JSON; parsed by tasks.jobs.limits
-    tenant_quotas: str = ""  # KEEL_TENANT_QUOTAS, JSON; parsed by tasks.quotas
-    token_max_ttl_s: int = 30 * 86_400  # KEEL_TOKEN_MAX_TTL_S
-    sandbox_admin_key: str = ""  # KEEL_SANDBOX_ADMIN_KEY: the sandbox's /admin and /v1/ledger
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self.values = read_env_file(keel_home() / ENV_FILE_NAME)
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(f"{PREFIX}{field_name.upper()}"), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(field, name)
+            if value not in (None, ""):
+                found[name] = value
+        return found
+
+
+class Settings(BaseSettings):
+    """Every ``KEEL_*`` variable, with its type and default: the configuration of one process.
+
+    Read from the process environment, then ``$KEEL_HOME/env``; an empty value
+    means "unset". A value of the wrong type stops the process at start, naming it.
+    """
+
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, frozen=True,
+                                      extra="ignore")  # fmt: skip
+
+    # Servers and secrets (unset URLs: `keel up` starts embedded servers and writes them).
+    database_url: str | None = None
+    redis_url: str | None = None
+    secret_key: str | None = None
+    provider_url: str | None = None
+    sandbox_admin_key: str = ""  # the provider sandbox's /admin and /v1/ledger
+    home: Path = Field(default_factory=keel_home)
+    # Ports of `keel up`'s web app, Flower and provider sandbox; gunicorn's process count.
+    web_port: int = 8000
+    flower_port: int = 5555
+    sandbox_port: int = 8025
+    web_workers: int = 2
+    web_url: str | None = None  # written by `keel up` for scripts: where its API answers
+    flower_user: str = "keel"
+    flower_password: str | None = None  # unset: `keel up` derives one from the secret
+    # Jobs: workers, locks, promotion, stalls, broker visibility.
+    worker_concurrency: int = 3
+    lock_duration_s: float = 30
+    promote_interval_s: float = 0.1
+    stalled_interval_s: float = 5
+    max_stalled_count: int = 1
+    visibility_timeout_s: int = 60
+    queue_limits: str = ""  # JSON; parsed by tasks.jobs.limits
+    # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
+    tenant_quotas: str = ""
+    token_max_ttl_s: int = 30 * 86_400
+    tenant_rate_limit: str = "6000/minute"
+    user_rate_limit: str | None = None  # None: half the tenant's
+    # Reports and campaigns.
+    fault_injection: bool = False  # accept failUntilAttempt and crash switches
+    report_step_pause_ms: int = 400
+    campaign_quiet_s: float = 120
+    provider_capacity: int = 10_000
+    provider_retry_attempts: int = 8
+    provider_retry_delay_ms: int = 500
+
+    @field_validator("home")
+    @classmethod
+    def _absolute(cls, home: Path) -> Path:
+        return home.resolve()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _EnvFile(settings_cls)
 
     @property
     def sqlalchemy_url(self) -> str:
@@ -105,41 +156,29 @@ class Settings:
         return self.redis_url
 
 
+class ProcessSettings(Settings):
+    """The process environment alone, without ``$KEEL_HOME/env``.
+
+    For ``keel up``: it decides what that file will say, so an earlier run's
+    URLs in it must not count as configured servers.
+    """
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """Settings of this process; cached, call ``reload_settings`` after changing env."""
-    home = keel_home()
-    file_values = read_env_file(home / ENV_FILE_NAME)
-
-    def get(name: str, default: str | None = None) -> str | None:
-        return _lookup(name, file_values, default)
-
-    return Settings(
-        database_url=get("KEEL_DATABASE_URL"),
-        redis_url=get("KEEL_REDIS_URL"),
-        secret_key=get("KEEL_SECRET_KEY"),
-        fault_injection=get("KEEL_FAULT_INJECTION", "0") == "1",
-        provider_url=get("KEEL_PROVIDER_URL"),
-        home=home,
-        web_port=int(get("KEEL_WEB_PORT", "8000") or 8000),
-        flower_port=int(get("KEEL_FLOWER_PORT", "5555") or 5555),
-        sandbox_port=int(get("KEEL_SANDBOX_PORT", "8025") or 8025),
-        report_step_pause_ms=int(get("KEEL_REPORT_STEP_PAUSE_MS", "400") or 400),
-        worker_concurrency=int(get("KEEL_WORKER_CONCURRENCY", "3") or 3),
-        lock_duration_s=float(get("KEEL_LOCK_DURATION_S", "30") or 30),
-        promote_interval_s=float(get("KEEL_PROMOTE_INTERVAL_S", "0.1") or 0.1),
-        stalled_interval_s=float(get("KEEL_STALLED_INTERVAL_S", "5") or 5),
-        visibility_timeout_s=int(get("KEEL_VISIBILITY_TIMEOUT_S", "60") or 60),
-        campaign_quiet_s=float(get("KEEL_CAMPAIGN_QUIET_S", "120") or 120),
-        provider_capacity=int(get("KEEL_PROVIDER_CAPACITY", "10000") or 10000),
-        provider_retry_attempts=int(get("KEEL_PROVIDER_RETRY_ATTEMPTS", "8") or 8),
-        provider_retry_delay_ms=int(get("KEEL_PROVIDER_RETRY_DELAY_MS", "500") or 500),
-        max_stalled_count=int(get("KEEL_MAX_STALLED_COUNT", "1") or 1),
-        queue_limits=get("KEEL_QUEUE_LIMITS", "") or "",
-        tenant_quotas=get("KEEL_TENANT_QUOTAS", "") or "",
-        token_max_ttl_s=int(get("KEEL_TOKEN_MAX_TTL_S", str(30 * 86_400)) or 30 * 86_400),
-        sandbox_admin_key=get("KEEL_SANDBOX_ADMIN_KEY", "") or "",
-    )
+    return Settings()
 
 
 def reload_settings() -> Settings:

@@ -10,12 +10,12 @@ Why threads, and what the worker class adds: ``web.serving``.
 
 from __future__ import annotations
 
-import os
+from tasks.config import get_settings
 
 worker_class = "web.serving.StreamingWorker"
-# Processes (gunicorn's own convention for the count), each with a pool of threads:
-# up to threads - web.serving.REQUEST_THREADS of them may hold event streams.
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+# Processes (KEEL_WEB_WORKERS), each with a pool of threads: up to
+# threads - web.serving.REQUEST_THREADS of them may hold event streams.
+workers = get_settings().web_workers
 threads = 128
 # gthread beats from each process's main loop, not from the request threads, so
 # this only catches a wedged process: it is no limit on a request or a stream.

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,6 @@ from web.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LIMIT = "6000/minute"
 EXTENSION = "keel_ratelimit"
 KEY_PREFIX = "keel:ratelimit"
 # After Redis fails, skip the limiter this long, so a dead Redis does not add a
@@ -131,13 +129,10 @@ def _user_share(tenant: RateLimitItem | None) -> str:
 
 def init_app(app: Flask) -> None:
     """Read the limits (test config wins over env) and attach the limiter to ``app``."""
-    app.config.setdefault(
-        "KEEL_TENANT_RATE_LIMIT", os.environ.get("KEEL_TENANT_RATE_LIMIT", DEFAULT_LIMIT)
-    )
+    settings = get_settings()
+    app.config.setdefault("KEEL_TENANT_RATE_LIMIT", settings.tenant_rate_limit)
     tenant = _parse(str(app.config["KEEL_TENANT_RATE_LIMIT"]))
-    app.config.setdefault(
-        "KEEL_USER_RATE_LIMIT", os.environ.get("KEEL_USER_RATE_LIMIT", _user_share(tenant))
-    )
+    app.config.setdefault("KEEL_USER_RATE_LIMIT", settings.user_rate_limit or _user_share(tenant))
     app.config.setdefault("KEEL_RATELIMIT_STORAGE_URL", None)
     app.extensions[EXTENSION] = TenantRateLimiter(
         tenant,

@@ -29,11 +29,16 @@ SEND = "group.send"
 FINALIZE = "campaign.finalize"
 MONITOR = "campaign.monitor"
 
-_settings = get_settings()
-PROVIDER_BACKOFF = Backoff(type="exponential", delay=_settings.provider_retry_delay_ms, jitter=0.5)
-CHUNK_OPTS = JobOptions(attempts=_settings.provider_retry_attempts, backoff=PROVIDER_BACKOFF,
-                        removeOnComplete=1000)  # fmt: skip
-CREATE_OPTS = CHUNK_OPTS
+
+
+def provider_options(job_id: str) -> JobOptions:
+    """Options of a job that calls the provider: its attempts and backoff are settings."""
+    settings = get_settings()
+    backoff = Backoff(type="exponential", delay=settings.provider_retry_delay_ms, jitter=0.5)
+    return JobOptions(jobId=job_id, attempts=settings.provider_retry_attempts, backoff=backoff,
+                      removeOnComplete=1000)  # fmt: skip
+
+
 SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
 GROUP_WAIT_MS = 200
 GROUP_WAIT_MAX_MS = 5000
@@ -72,7 +77,7 @@ def plan_campaign(job: JobContext) -> dict:
     for chunk_no in range(campaign.chunk_count):
         data = {"campaignId": campaign.id, "chunk": chunk_no}
         job_id = chunk_job_id(campaign.id, chunk_no)
-        add(LOAD, data, queue=QUEUE, opts=CHUNK_OPTS.model_copy(update={"job_id": job_id}),
+        add(LOAD, data, queue=QUEUE, opts=provider_options(job_id),
             owner=owner, publish_now=False)  # fmt: skip
         header.append(
             current_app.signature(
@@ -130,8 +135,7 @@ def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn
     the chunk then fails closed once its attempts are spent, and a resume restarts both.
     """
     created = add(CREATE, {"campaignId": campaign_id, "generation": generation}, queue=QUEUE,
-                  opts=CREATE_OPTS.model_copy(
-                      update={"job_id": create_job_id(campaign_id, generation)}))  # fmt: skip
+                  opts=provider_options(create_job_id(campaign_id, generation)))  # fmt: skip
     if not created.created and _state_of(created.job_id) == "failed":
         raise GroupUnavailable(f"the group of generation {generation} could not be created")
     wait_ms = min(GROUP_WAIT_MS * max(1, job.attempts_started), GROUP_WAIT_MAX_MS)

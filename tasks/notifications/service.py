@@ -142,8 +142,7 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
     for chunk_no, job in _unfinished_chunk_jobs(campaign):
         if job is None:
             add(jobs.LOAD, {"campaignId": campaign.id, "chunk": chunk_no}, queue=jobs.QUEUE,
-                owner=owner, opts=jobs.CHUNK_OPTS.model_copy(
-                    update={"job_id": jobs.chunk_job_id(campaign.id, chunk_no)}))  # fmt: skip
+                owner=owner, opts=jobs.provider_options(jobs.chunk_job_id(campaign.id, chunk_no)))
             requeued += 1
         elif job.state == "failed":
             _requeue(job, actor)
