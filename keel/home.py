@@ -16,12 +16,15 @@ import os
 from pathlib import Path
 
 from keel.embedded.private import private_dir
+from tasks.jobs.errors import KeelError
 
 LOCK_FILE = "lock"
 
 
-class HomeBusy(Exception):
+class HomeBusy(KeelError):
     """Another ``keel up`` owns this home."""
+
+    code = "home_busy"
 
     def __init__(self, home: Path, pid: str) -> None:
         super().__init__(

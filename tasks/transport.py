@@ -37,6 +37,7 @@ from kombu.utils.json import dumps, loads
 from tasks import deadletters
 from tasks.deadletters import DeadLetter
 from tasks.jobs import events
+from tasks.jobs.errors import KeelError
 
 log = logging.getLogger(__name__)
 DEAD_LETTERED = "dead-lettered"
@@ -45,8 +46,10 @@ DEAD_LETTERED = "dead-lettered"
 UNACKED = "unacked"
 
 
-class Poison(Exception):
+class Poison(KeelError):
     """A popped item kombu cannot take as a message (raised from a response callback)."""
+
+    code = "poison_message"
 
     def __init__(
         self, raw: bytes | str, reason: str, key: bytes | str | None = None, payload: Any = None

@@ -29,8 +29,8 @@ HTTP_CODES = {
 RETRY_AFTER_S = 5
 
 
-class ApiError(Exception):
-    """An HTTP error answered in the one JSON shape."""
+class ApiError(KeelError):
+    """An HTTP error of the web layer itself (authentication, parsing, ...)."""
 
     def __init__(
         self,
@@ -41,30 +41,23 @@ class ApiError(Exception):
         details: list | None = None,
         headers: dict | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, details=details, headers=headers)
         self.status = status
         self.code = code or HTTP_CODES.get(status, "error")
-        self.message = message
-        self.details = details or []
-        self.headers = headers or {}
 
 
-def error_response(error: ApiError):
-    body = {"error": error.code, "message": error.message, "details": error.details}
+def error_response(error: KeelError):
+    """The one JSON shape, for every error of the tree."""
+    code = error.code if error.code != KeelError.code else HTTP_CODES.get(error.status, "error")
+    body = {"error": code, "message": str(error), "details": error.details}
     return jsonify(body), error.status, error.headers
 
 
 def init_app(app: Flask) -> None:
-    @app.errorhandler(ApiError)
-    def _api(error: ApiError):
-        return error_response(error)
-
     @app.errorhandler(KeelError)
     def _keel(error: KeelError):
-        """Keel's errors carry their own status and code."""
-        code = None if error.code == KeelError.code else error.code
-        return error_response(ApiError(error.status, str(error), code=code,
-                                       details=error.details))  # fmt: skip
+        """Every Keel error carries its own status and code (``ApiError`` included)."""
+        return error_response(error)
 
     @app.errorhandler(HTTPException)
     def _http(error: HTTPException):

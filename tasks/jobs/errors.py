@@ -6,15 +6,19 @@ from __future__ import annotations
 class KeelError(Exception):
     """Keel could not do what was asked.
 
-    ``status`` and ``code`` say how the HTTP API answers it (one handler maps them).
+    The root of every error Keel raises. ``status`` and ``code`` say how the
+    HTTP API answers it — the web layer has one handler that maps them — and
+    ``details`` (a list) and ``headers`` travel with the answer.
     """
 
     code = "keel_error"
     status = 400
 
-    def __init__(self, message: str | None = None, *, details: list | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip())
+    def __init__(self, message: str | None = None, *, details: list | None = None,
+                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+        super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
         self.details = details or []
+        self.headers = headers or {}
 
 
 class JobNotFound(KeelError):
@@ -56,8 +60,10 @@ class LimitExceeded(KeelError):
     code = "validation_failed"
 
 
-class UnrecoverableError(Exception):
+class UnrecoverableError(KeelError):
     """Fail the job now, whatever attempts remain (BullMQ's ``UnrecoverableError``)."""
+
+    code = "unrecoverable"
 
 
 class BrokerUnavailable(KeelError):
@@ -67,12 +73,14 @@ class BrokerUnavailable(KeelError):
     status = 503
 
 
-class Defer(Exception):
+class Defer(KeelError):
     """Run this job again after ``delay_ms`` without using up an attempt.
 
     BullMQ's ``moveToDelayed`` + ``DelayedError``; with ``waiting_children``
     the job is parked as ``waiting-children`` (it waits for a job it added).
     """
+
+    code = "deferred"
 
     def __init__(self, delay_ms: int, reason: str = "deferred", *,
                  waiting_children: bool = False) -> None:  # fmt: skip

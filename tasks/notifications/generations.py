@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from sqlalchemy import text
 
 from tasks.db import transaction
+from tasks.jobs.errors import KeelError
 
 
-class Rollover(Exception):
+class Rollover(KeelError):
     """Another chunk is closing this generation: join the next one shortly."""
+
+    code = "rollover"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from celery import chord, current_app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler, tenancy
-from tasks.jobs.errors import Defer
+from tasks.jobs.errors import Defer, KeelError
 from tasks.jobs.queries import get as get_job
 from tasks.notifications import campaigns, generations
 from tasks.notifications.generations import Rollover
@@ -45,12 +45,16 @@ GROUP_WAIT_MAX_MS = 5000
 ROLLOVER_WAIT_MS = 100
 
 
-class Stragglers(Exception):
+class Stragglers(KeelError):
     """A chunk assigned to this generation is still loading; the send waits for it."""
 
+    code = "stragglers"
 
-class GroupUnavailable(Exception):
+
+class GroupUnavailable(KeelError):
     """The generation's group creator failed for good; the chunk cannot load (yet)."""
+
+    code = "group_unavailable"
 
 
 def _provider() -> ProviderClient:
@@ -240,7 +244,7 @@ def _delete_empty(provider: ProviderClient, group_id: str) -> None:
     try:
         provider.delete_group(group_id)
     except ProviderRejected as refused:
-        if "404" not in str(refused):  # already deleted by an earlier run
+        if refused.provider_status != 404:  # 404: already deleted by an earlier run
             raise
 
 

@@ -17,6 +17,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from tasks.config import get_settings
+from tasks.jobs.errors import KeelError
 
 # The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000
@@ -37,12 +38,22 @@ TRANSPORT_RETRY = Retry(
 )
 
 
-class ProviderUnavailable(Exception):
+class ProviderUnavailable(KeelError):
     """The provider did not answer usefully; retry later."""
 
+    code = "provider_unavailable"
+    status = 502
 
-class ProviderRejected(Exception):
-    """The provider refused the request for good."""
+
+class ProviderRejected(KeelError):
+    """The provider refused the request for good (``provider_status`` says how)."""
+
+    code = "provider_rejected"
+    status = 502
+
+    def __init__(self, message: str, provider_status: int) -> None:
+        super().__init__(message)
+        self.provider_status = provider_status
 
 
 class GroupConflict(ProviderRejected):
@@ -90,10 +101,10 @@ class ProviderClient:
         if response.status_code == 429 or response.status_code >= 500:
             raise ProviderUnavailable(f"{method} {path}: HTTP {response.status_code}")
         if response.status_code == 409:
-            raise GroupConflict(f"{method} {path}: {response.text[:200]}")
+            raise GroupConflict(f"{method} {path}: {response.text[:200]}", 409)
         if response.status_code >= 400:  # the provider refuses this request for good
             raise ProviderRejected(f"{method} {path}: HTTP {response.status_code} "
-                                   f"{response.text[:200]}")  # fmt: skip
+                                   f"{response.text[:200]}", response.status_code)  # fmt: skip
         return response
 
     @staticmethod

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobContext, UnrecoverableError, handler
+from tasks.jobs import JobContext, KeelError, UnrecoverableError, handler
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
@@ -32,8 +32,10 @@ class ReportRequest(BaseModel):
     rows: int = Field(ge=1, le=MAX_ROWS)
 
 
-class TemporaryStorageFailure(Exception):
+class TemporaryStorageFailure(KeelError):
     """The artifact storage failed for now (injected in tests with ``failUntilAttempt``)."""
+
+    code = "storage_unavailable"
 
 
 def object_key(tenant_id: str, key: str) -> str:
