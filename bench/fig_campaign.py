@@ -128,7 +128,7 @@ def keel_campaign(run: Run, n: int) -> tuple[float, str]:
 def _forget(campaign_id: str) -> None:
     """Remove the campaign's rows and jobs so every repetition starts from the same tables."""
     from tasks.db import transaction
-    from tasks.jobs import counts
+    from tasks.jobs.store import counts
 
     with transaction() as session:
         session.execute(

@@ -69,7 +69,7 @@ def vacuum_deltas() -> None:
 def load_records(run: Run, n: int) -> float:
     """Insert ``n`` records and fold their deltas; seconds taken."""
     from tasks.db import transaction
-    from tasks.jobs import counts
+    from tasks.jobs.store import counts
 
     began = time.perf_counter()
     with transaction() as session:
@@ -93,7 +93,7 @@ def load_records(run: Run, n: int) -> float:
 
 def remove_records(run: Run) -> None:
     from tasks.db import transaction
-    from tasks.jobs import counts
+    from tasks.jobs.store import counts
 
     with transaction() as session:
         session.execute(
@@ -114,7 +114,7 @@ def _timed(call: object, times: int) -> list[float]:
 
 def p5_health(run: Run) -> Figure:
     from tasks.db import transaction
-    from tasks.jobs.counts import counts
+    from tasks.jobs.store.counts import counts
     from web.auth import issue_token
 
     sizes = run.sizes

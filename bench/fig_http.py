@@ -59,7 +59,7 @@ def _cleanup(run: Run) -> None:
     """Remove this run's report jobs (and, on a Redis we own, their queued messages)."""
     from tasks.broker import redis_client
     from tasks.db import transaction
-    from tasks.jobs import counts
+    from tasks.jobs.store import counts
 
     tenants = f"{run.tag}-t%"
     with transaction() as session:

@@ -76,7 +76,8 @@ _KEEL_PROGRESS = text(
 def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
     """Add ``n`` Keel jobs with ``tasks.jobs.add``; finished when the records say so."""
     from tasks.db import transaction
-    from tasks.jobs import add, counts
+    from tasks.jobs import add
+    from tasks.jobs.store import counts
 
     started = time.time()
     ids = [add(name, {"i": i}, queue=jobs.QUEUE, opts=opts).job_id for i in range(n)]

@@ -6,9 +6,9 @@ from celery import Celery
 
 from tasks.catalog import JOB_MODULES
 from tasks.jobs.liveness import Heartbeat
-from tasks.jobs.promoter import Promoter
+from tasks.jobs.maintenance import Maintenance
 
 app = Celery("keel", include=JOB_MODULES)
 app.config_from_object("tasks.celeryconfig")
-app.steps["worker"].add(Promoter)
+app.steps["worker"].add(Maintenance)
 app.steps["consumer"].add(Heartbeat)

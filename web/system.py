@@ -8,7 +8,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from tasks.celeryconfig import QUEUES
 from tasks.jobs import metrics as job_metrics
-from tasks.jobs.counts import counts
+from tasks.jobs.store.counts import counts
 from web import readiness
 from web.api import operation
 from web.errors import ApiError

@@ -14,6 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tasks.jobs.enqueue import AddedJob, Owner, add
     from tasks.jobs.errors import (
         InvalidJobState,
         JobConflict,
@@ -21,16 +22,15 @@ if TYPE_CHECKING:
         KeelError,
         UnrecoverableError,
     )
+    from tasks.jobs.execute import JobContext, KeelTask, handler
     from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
-    from tasks.jobs.producer import AddedJob, Owner, add
-    from tasks.jobs.task import JobContext, KeelTask, handler
 
 _HOMES = {
     "tasks.jobs.errors": ("InvalidJobState", "JobConflict", "JobNotFound", "KeelError",
                           "UnrecoverableError"),
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
-    "tasks.jobs.producer": ("AddedJob", "Owner", "add"),
-    "tasks.jobs.task": ("JobContext", "KeelTask", "handler"),
+    "tasks.jobs.enqueue": ("AddedJob", "Owner", "add"),
+    "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
 }  # fmt: skip
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -13,35 +13,27 @@ from __future__ import annotations
 import logging
 import uuid
 
-from sqlalchemy import text
-
 from tasks.broker import redis_client
 from tasks.db import transaction
-from tasks.jobs.producer import publish_or_park
+from tasks.jobs.enqueue import publish_or_park
+from tasks.jobs.store import jobs as store
 
 log = logging.getLogger(__name__)
 EPOCH_KEY = "keel:broker:epoch"
 
 
-def waiting_jobs(after_id: str, limit: int) -> list[tuple]:
-    with transaction() as session:
-        rows = session.execute(
-            text("SELECT id, name, queue, data, celery_ctx FROM jobs "
-                 "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"),
-            {"after": after_id, "limit": limit},
-        ).all()  # fmt: skip
-    return [tuple(row) for row in rows]
-
-
 def republish_waiting(batch: int = 500) -> int:
     """Publish a message for every waiting job; returns how many."""
     count, last = 0, ""
-    while rows := waiting_jobs(last, batch):
-        for job_id, name, queue, data, ctx in rows:
-            publish_or_park(job_id, name, queue, data, ctx)
-        count += len(rows)
-        last = rows[-1][0]
-    return count
+    while True:
+        with transaction() as session:
+            page = store.waiting_after(session, last, batch)
+        if not page:
+            return count
+        for job in page:
+            publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
+        count += len(page)
+        last = page[-1].id
 
 
 def check_epoch() -> bool:

@@ -7,6 +7,7 @@ hold every job the API accepted; the broker only carries the wake-up call.
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
@@ -26,9 +27,21 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from tasks.db import Base
 
-STATES = ("waiting", "active", "delayed", "completed", "failed", "waiting-children")
-FINISHED_STATES = ("completed", "failed")
-LIVE_STATES = ("waiting", "active", "delayed", "waiting-children")
+
+class State(StrEnum):
+    """A job's state (BullMQ's names). Stored as text; the table's CHECK lists the same."""
+
+    WAITING = "waiting"
+    ACTIVE = "active"
+    DELAYED = "delayed"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    WAITING_CHILDREN = "waiting-children"
+
+
+STATES = tuple(State)
+FINISHED_STATES = (State.COMPLETED, State.FAILED)
+LIVE_STATES = (State.WAITING, State.ACTIVE, State.DELAYED, State.WAITING_CHILDREN)
 
 
 class JobRecord(Base):
@@ -190,7 +203,7 @@ class JobSchedulerRecord(Base):
 class JobCount(Base):
     """Compacted job counts per queue, tenant (``""``: system jobs) and state.
 
-    See ``tasks.jobs.counts``.
+    See ``tasks.jobs.store.counts``.
     """
 
     __tablename__ = "job_counts"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +51,40 @@ class JobOptions(_Options):
 
     def stored(self) -> dict:
         return self.model_dump(by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_stored(cls, stored: dict[str, Any] | None) -> JobOptions:
+        """The options kept with a record, parsed once when its job is claimed."""
+        return cls.model_validate(stored or {})
+
+    def retention(self, completed: bool) -> Retention | None:
+        """What to keep of finished records of this kind (``None``: keep them all)."""
+        return Retention.of(self.remove_on_complete if completed else self.remove_on_fail)
+
+    def retry_in_ms(self, failures: int) -> int | None:
+        """Milliseconds until the next run after ``failures`` failed runs; ``None``: no more."""
+        if failures >= self.attempts:
+            return None
+        return backoff_delay_ms(self.backoff, failures)
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Keep the newest ``count`` finished records, none older than ``age_s`` (None: no bound)."""
+
+    count: int | None
+    age_s: int | None
+
+    @classmethod
+    def of(cls, setting: bool | int | KeepJobs | None) -> Retention | None:
+        """BullMQ's forms: ``False`` keeps all, ``True`` none, ``n`` n, ``{count, age}``."""
+        if setting is None or setting is False:
+            return None
+        if setting is True:
+            return cls(0, None)
+        if isinstance(setting, int):
+            return cls(setting, None)
+        return cls(setting.count, setting.age)
 
 
 def backoff_max_ms(backoff: Backoff, failures: int) -> float:

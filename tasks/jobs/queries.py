@@ -1,4 +1,4 @@
-"""Reading jobs the way the API shows them."""
+"""Reading jobs the way the API shows them: owner-scoped, in BullMQ's field names."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ from datetime import datetime
 from typing import Any
 
 from tasks.db import transaction
+from tasks.jobs.enqueue import Owner
 from tasks.jobs.errors import JobNotFound
 from tasks.jobs.models import JobRecord
-from tasks.jobs.producer import Owner
+from tasks.jobs.store import jobs as store
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -48,13 +49,14 @@ def owned_by(job: JobRecord | None, owner: Owner, *, tenant_wide: bool = False) 
 def get_owned(job_id: str, owner: Owner, *, queue: str | None = None,
               tenant_wide: bool = False) -> JobRecord:  # fmt: skip
     """The job if ``owner`` may see it; anything else looks exactly like a missing job."""
-    with transaction() as session:
-        job = session.get(JobRecord, job_id)
-    if not owned_by(job, owner, tenant_wide=tenant_wide) or (queue and job.queue != queue):
+    job = get(job_id)
+    if job is None or not owned_by(job, owner, tenant_wide=tenant_wide):
+        raise JobNotFound("job not found")
+    if queue is not None and job.queue != queue:
         raise JobNotFound("job not found")
     return job
 
 
 def get(job_id: str) -> JobRecord | None:
     with transaction() as session:
-        return session.get(JobRecord, job_id)
+        return store.get(session, job_id)

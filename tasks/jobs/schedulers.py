@@ -25,9 +25,9 @@ from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs import registry, tenancy
+from tasks.jobs.enqueue import Owner, add
 from tasks.jobs.errors import JobNotFound, QuotaExceeded
 from tasks.jobs.models import JobSchedulerRecord
-from tasks.jobs.producer import Owner, add
 from tasks.jobs.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 from tasks.jobs.tenancy import TenantLimits
 

@@ -8,7 +8,9 @@ from celery.signals import task_unknown, worker_process_init
 
 from tasks import db
 from tasks.db import transaction
-from tasks.jobs import events, records
+from tasks.jobs import events, finish
+from tasks.jobs.models import State
+from tasks.jobs.store import jobs as store
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +21,14 @@ def fail_unknown_job(sender=None, name=None, id=None, message=None, exc=None, **
     queue = (message.delivery_info or {}).get("routing_key") if message is not None else None
     try:
         with transaction() as session:
-            found = records.fail_unsupported(session, id, name)
-            job = records.get(session, id) if found else None
+            job = store.fail_unsupported(session, id, name)
             if job is not None:
-                from tasks.jobs import lifecycle
-
-                lifecycle.on_finished(session, job, "failed")
+                finish.finished(session, job, State.FAILED)
                 queue = job.queue
     except Exception:
         log.exception("could not record unsupported job %s (%s)", id, name)
         return
-    if found:
+    if job is not None:
         events.emit(queue or "unknown", "failed", id, name, failedReason=f"unsupported job: {name}")
 
 

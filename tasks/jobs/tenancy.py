@@ -29,6 +29,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.jobs.errors import LimitExceeded, QuotaExceeded
+from tasks.jobs.store import jobs as store
 
 # kombu's Redis priority lists (``priority_steps``); 0 is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -61,25 +62,10 @@ def priority_for(on_queue: int) -> int:
     return PRIORITY_STEPS[-1]
 
 
-def _party(tenant_id: str | None) -> str:
-    """The rows of one party: a tenant's, or the system's (jobs without an owner)."""
-    return "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
-
-
 def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:
-    row = session.execute(
-        text(
-            f"""
-            SELECT count(*) AS live,
-                   count(*) FILTER (WHERE queue = :queue
-                                    AND state IN ('waiting', 'active')) AS on_queue
-            FROM jobs WHERE {_party(tenant_id)}
-              AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
-            """
-        ),
-        {"tenant": tenant_id, "queue": queue},
-    ).one()
-    return TenantLoad(int(row.live), int(row.on_queue))
+    """A tenant's load (``None``: the system's jobs, those without an owner)."""
+    live, on_queue = store.party_load(session, tenant_id, queue)
+    return TenantLoad(live, on_queue)
 
 
 def lock(session: Session, tenant_id: str, what: str) -> None:

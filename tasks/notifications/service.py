@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add, tenancy
+from tasks.jobs.enqueue import new_job_id
 from tasks.jobs.errors import InvalidJobState, LimitExceeded
+from tasks.jobs.manual_retry import RetryRequest, retry_failed
 from tasks.jobs.models import JobRecord
-from tasks.jobs.producer import new_job_id
-from tasks.jobs.recovery import RetryRequest, retry_failed
+from tasks.jobs.queries import get as get_job
 from tasks.notifications import campaigns, generations, jobs, templates
 from tasks.notifications.models import Campaign, CampaignRecipient
 from tasks.quotas import TenantQuotas
@@ -106,7 +107,7 @@ def _unfinished_chunk_jobs(campaign: Campaign) -> list[tuple[int, JobRecord | No
         missing = session.execute(text(
             "SELECT chunk_no FROM campaign_chunks WHERE campaign_id = :c AND loaded_at IS NULL "
             "ORDER BY chunk_no"), {"c": campaign.id}).scalars().all()  # fmt: skip
-        return [(k, session.get(JobRecord, jobs.chunk_job_id(campaign.id, k))) for k in missing]
+    return [(k, get_job(jobs.chunk_job_id(campaign.id, k))) for k in missing]
 
 
 def _requeue(job: JobRecord, actor: str) -> None:
@@ -133,10 +134,10 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
     requeued = 0
     for generation in generations.generations(campaign.id):
         ready = generations.readiness(campaign.id, generation)
-        creator = _job(jobs.create_job_id(campaign.id, generation))
+        creator = get_job(jobs.create_job_id(campaign.id, generation))
         if ready.group_id is None and creator is not None and creator.state == "failed":
             _requeue(creator, actor)  # before the chunks that wait for its group
-        send_job = _job(f"{jobs.SEND}:{ready.group_id}") if ready.group_id else None
+        send_job = get_job(f"{jobs.SEND}:{ready.group_id}") if ready.group_id else None
         if send_job is not None and send_job.state == "failed" and not ready.sent:
             _requeue(send_job, actor)
     for chunk_no, job in _unfinished_chunk_jobs(campaign):
@@ -150,8 +151,3 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
     add(jobs.FINALIZE, {"campaignId": campaign.id}, queue=jobs.QUEUE, owner=owner,
         opts=JobOptions(jobId=f"{jobs.FINALIZE}:{campaign.id}:{new_job_id()}"))  # fmt: skip
     return {"campaignId": campaign.id, "requeuedChunks": requeued}
-
-
-def _job(job_id: str) -> JobRecord | None:
-    with transaction() as session:
-        return session.get(JobRecord, job_id)

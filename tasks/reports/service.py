@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from tasks import quotas
 from tasks.jobs import Backoff, Deduplication, JobOptions, Owner, add
+from tasks.jobs.manual_retry import RetryRequest, retry_failed
 from tasks.jobs.models import JobRecord
 from tasks.jobs.queries import get_owned
-from tasks.jobs.recovery import RetryRequest, retry_failed
 from tasks.reports import artifacts
 from tasks.reports.jobs import GENERATE, QUEUE
 from tasks.reports.operation_key import operation_key

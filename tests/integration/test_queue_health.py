@@ -10,7 +10,7 @@ from sqlalchemy import text
 
 from tasks.db import engine
 from tasks.jobs import Backoff, JobOptions, add
-from tasks.jobs.counts import counts
+from tasks.jobs.store.counts import counts
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 

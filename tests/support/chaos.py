@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from tasks.db import transaction
 from tasks.jobs import Owner
-from tasks.jobs.producer import add
+from tasks.jobs.enqueue import add
 from tasks.jobs.tenancy import PRIORITY_STEPS
 from tasks.reports.jobs import GENERATE
 from tasks.reports.operation_key import operation_key

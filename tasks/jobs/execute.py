@@ -1,11 +1,11 @@
-"""``KeelTask``: the Celery base class that runs a handler against its job record.
+"""Execute: ``KeelTask``, the Celery base class that claims a job's record and runs it.
 
 Celery delivers the message; the record decides. A delivery runs the
 handler only if it can claim the record (waiting, or active with an expired
 lock); any other delivery — a duplicate, a stale redelivery, a job that
-already finished — is acknowledged and ignored. Failures follow BullMQ's
-rules (attempts, backoff with jitter, ``UnrecoverableError``) and retries go
-through the durable delayed set rather than Celery ETA messages.
+already finished — is acknowledged and ignored. How the run ended is
+recorded by ``tasks.jobs.finish``: failures follow BullMQ's rules and retries
+go through the durable delayed set rather than Celery ETA messages.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from pydantic import BaseModel
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
-from tasks.jobs import events, failures, heartbeat, limits, metrics, records, registry
-from tasks.jobs.errors import Defer, UnrecoverableError
-from tasks.jobs.options import Backoff, backoff_delay_ms
-from tasks.jobs.producer import park_for_republish
-from tasks.jobs.records import ClaimedJob
+from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs.enqueue import park_for_republish
+from tasks.jobs.errors import Defer
+from tasks.jobs.options import JobOptions
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import ClaimedJob
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class JobContext:
         self.name = claimed.name
         self.queue = claimed.queue
         self.data = claimed.data
-        self.opts = claimed.opts
+        self.opts: JobOptions = claimed.opts
         self.tenant_id = claimed.tenant_id
         self.user_id = claimed.user_id
         self.attempts_made = claimed.attempts_made
@@ -52,20 +53,8 @@ class JobContext:
 
     def update_progress(self, progress: Any) -> None:
         with transaction() as session:
-            records.set_progress(session, self._claimed, progress)
+            store.set_progress(session, self._claimed, progress)
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
-
-
-def retry_delay_ms(claimed: ClaimedJob, exc: BaseException) -> int | None:
-    """Milliseconds until the next run, or ``None`` when this failure is final."""
-    if isinstance(exc, UnrecoverableError):
-        return None
-    failures = claimed.attempts_made + 1
-    if failures >= int(claimed.opts.get("attempts", 1)):
-        return None
-    raw = claimed.opts.get("backoff")
-    backoff = Backoff.model_validate(raw) if raw else None
-    return backoff_delay_ms(backoff, failures)
 
 
 class KeelTask(Task):
@@ -115,29 +104,41 @@ class KeelTask(Task):
             claimed.name,
             attemptsStarted=claimed.attempts_started,
         )
-        heartbeat.track(claimed.token)
+        lock_renewal.track(claimed.token)
         metrics.observe(claimed.queue, "wait", claimed.wait_s)
         started = time.monotonic()
         try:
             result = self.run(JobContext(claimed))
         except Defer as deferral:
-            self._record_deferral(claimed, deferral)
+            finish.deferred(claimed, deferral)
             raise Ignore() from None
         except Exception as exc:
-            self._record_failure(claimed, exc)
+            self._failed(claimed, exc)
             raise
         finally:
-            heartbeat.untrack(claimed.token)
+            lock_renewal.untrack(claimed.token)
             metrics.observe(claimed.queue, "duration", time.monotonic() - started)
-        self._record_success(claimed, result)
+        try:
+            finish.completed(claimed, result)
+        except finish.NotOurs:
+            raise Ignore() from None
         return result
+
+    def _failed(self, claimed: ClaimedJob, exc: Exception) -> None:
+        """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent)."""
+        try:
+            retrying = finish.failed(claimed, exc)
+        except finish.NotOurs:
+            raise Ignore() from None
+        if retrying is not None:
+            raise Retry(retrying.reason, exc=exc, when=retrying.at)
 
     def _claim(self) -> ClaimedJob:
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
         try:
             with transaction() as session:
-                claimed = records.claim(
+                claimed = store.claim(
                     session,
                     self.request.id,
                     uuid.uuid4().hex,
@@ -172,56 +173,6 @@ class KeelTask(Task):
             return None
         return {"chord": request.chord, "group": request.group,
                 "group_index": request.group_index}  # fmt: skip
-
-    def _record_deferral(self, claimed: ClaimedJob, deferral: Defer) -> None:
-        state = "waiting-children" if deferral.waiting_children else "delayed"
-        with transaction() as session:
-            if not records.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
-                return
-        events.emit(claimed.queue, state if state == "delayed" else "waiting-children",
-                    claimed.id, claimed.name, delay=deferral.delay_ms)  # fmt: skip
-
-    def _record_success(self, claimed: ClaimedJob, result: Any) -> None:
-        from tasks.jobs import lifecycle
-
-        with transaction() as session:
-            if not records.complete(session, claimed, result):
-                raise Ignore()
-            lifecycle.on_finished(session, claimed, "completed")
-        events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
-
-    def _record_failure(self, claimed: ClaimedJob, exc: Exception) -> None:
-        from tasks.jobs import lifecycle
-
-        delay = retry_delay_ms(claimed, exc)
-        reason = failures.reason(exc)
-        stack = failures.stack(exc)
-        with transaction() as session:
-            outcome = records.fail(session, claimed, reason, stack, delay)
-            if outcome is False:
-                raise Ignore()
-            if outcome is None:
-                lifecycle.on_finished(session, claimed, "failed")
-        if outcome is None:
-            events.emit(
-                claimed.queue,
-                "failed",
-                claimed.id,
-                claimed.name,
-                failedReason=reason,
-                attemptsMade=claimed.attempts_made + 1,
-            )
-            return
-        events.emit(
-            claimed.queue,
-            "retrying",
-            claimed.id,
-            claimed.name,
-            failedReason=reason,
-            attemptsMade=claimed.attempts_made + 1,
-        )
-        events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
-        raise Retry(reason, exc=exc, when=outcome)
 
 
 def handler(

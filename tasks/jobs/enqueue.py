@@ -1,4 +1,4 @@
-"""Adding jobs: commit the record, then publish the message.
+"""Enqueue: commit the job's record, then publish its message.
 
 The order is the guarantee: a job the caller was told about is always in
 the records. If publishing fails after the commit (broker down or hung), the
@@ -14,20 +14,22 @@ known to be unreachable the job is parked without trying.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks import broker
 from tasks.db import transaction
-from tasks.jobs import dedup, events, tenancy
+from tasks.jobs import events, tenancy
+from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
+from tasks.jobs.store import dedup
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.tenancy import TenantLimits
 
 log = logging.getLogger(__name__)
@@ -100,28 +102,7 @@ def publish(
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
     """A job whose message could not be published goes back to the durable delayed set."""
     with transaction() as session:
-        session.execute(
-            text(
-                "UPDATE jobs SET state = 'delayed', "
-                "run_at = clock_timestamp() + make_interval(secs => :s) "
-                "WHERE id = ANY(:ids) AND state = 'waiting'"
-            ),
-            {"ids": job_ids, "s": in_s},
-        )
-
-
-_INSERT = text(
-    """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, run_at)
-    VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
-            :tenant_id, :user_id, :state,
-            CASE WHEN :delay_ms > 0
-                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
-                 END)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-    """
-)
+        store.park(session, job_ids, in_s)
 
 
 def add(
@@ -142,32 +123,30 @@ def add(
     ``QuotaExceeded`` refuses the add and nothing is recorded.
     """
     opts = opts or JobOptions()
-    job_id = opts.job_id or new_job_id()
-    state = "delayed" if opts.delay > 0 else "waiting"
+    job = NewJob(opts.job_id or new_job_id(), name, queue, data, opts,
+                 owner.tenant_id if owner else None, owner.user_id if owner else None)  # fmt: skip
     rule = opts.deduplication
     priority = 0
     with transaction() as session:
-        kept, replaced = _deduplicate(session, queue, rule, job_id) if rule else (None, None)
+        kept, replaced = _deduplicate(session, queue, rule, job.id) if rule else (None, None)
         if kept is None:
-            if limits is not None or (publish_now and state == "waiting"):
-                tenant = owner.tenant_id if owner else None
-                load = tenancy.admit(session, tenant, queue, opts.delay, limits)
+            if limits is not None or (publish_now and job.state == State.WAITING):
+                load = tenancy.admit(session, job.tenant_id, queue, opts.delay, limits)
                 priority = tenancy.priority_for(load.on_queue)
-            row = _row(job_id, name, data, queue, opts, owner, state)
-            created = session.execute(_INSERT, row).first() is not None
+            created = store.insert(session, job)
     if kept is not None:
         events.emit(queue, "deduplicated", kept, name,
-                    deduplicationId=rule.id, deduplicatedJobId=job_id)  # fmt: skip
+                    deduplicationId=rule.id, deduplicatedJobId=job.id)  # fmt: skip
         return AddedJob(job_id=kept, created=False, state="deduplicated")
     if not created:
-        return AddedJob(job_id=job_id, created=False, state="existing")
+        return AddedJob(job_id=job.id, created=False, state="existing")
     if replaced is not None:
-        events.emit(queue, "deduplicated", job_id, name,
+        events.emit(queue, "deduplicated", job.id, name,
                     deduplicationId=rule.id, deduplicatedJobId=replaced)  # fmt: skip
-    events.emit(queue, state, job_id, name, **({"delay": opts.delay} if opts.delay else {}))
-    if state == "waiting" and publish_now:
-        publish_or_park(job_id, name, queue, data, priority=priority)
-    return AddedJob(job_id=job_id, created=True, state=state)
+    events.emit(queue, job.state, job.id, name, **({"delay": opts.delay} if opts.delay else {}))
+    if job.state == State.WAITING and publish_now:
+        publish_or_park(job.id, name, queue, data, priority=priority)
+    return AddedJob(job_id=job.id, created=True, state=job.state)
 
 
 def _deduplicate(
@@ -179,37 +158,10 @@ def _deduplicate(
         return None, None
     if rule.extend and rule.ttl:
         dedup.extend(session, queue, rule)
-    if rule.replace:
-        deleted = session.execute(
-            text("DELETE FROM jobs WHERE id = :id AND state = 'delayed' RETURNING id"),
-            {"id": held.job_id},
-        ).first()
-        if deleted is not None:
-            dedup.hand_over(session, queue, rule, job_id)
-            return None, held.job_id
+    if rule.replace and store.delete_delayed(session, held.job_id):
+        dedup.hand_over(session, queue, rule, job_id)
+        return None, held.job_id
     return held.job_id, None
-
-
-def _row(
-    job_id: str,
-    name: str,
-    data: dict,
-    queue: str,
-    opts: JobOptions,
-    owner: Owner | None,
-    state: str,
-) -> dict[str, Any]:
-    return {
-        "id": job_id,
-        "queue": queue,
-        "name": name,
-        "data": json.dumps(data),
-        "opts": json.dumps(opts.stored()),
-        "tenant_id": owner.tenant_id if owner else None,
-        "user_id": owner.user_id if owner else None,
-        "state": state,
-        "delay_ms": opts.delay,
-    }
 
 
 def publish_or_park(

@@ -1,4 +1,4 @@
-"""Lock renewal for the jobs this process is running.
+"""Lock renewal for the jobs this process is running (what keeps a long run from stalling).
 
 A claimed job holds a lock for ``KEEL_LOCK_DURATION_S``; while its handler
 runs, one daemon thread per process pushes every held lock further out
@@ -14,7 +14,7 @@ import threading
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import records
+from tasks.jobs.store import jobs as store
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,6 @@ def _renew_forever() -> None:
             continue
         try:
             with transaction() as session:
-                records.extend_locks(session, tokens, lock_s)
+                store.extend_locks(session, tokens, lock_s)
         except Exception:
             log.warning("could not renew job locks", exc_info=True)

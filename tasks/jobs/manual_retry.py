@@ -1,4 +1,4 @@
-"""Manual retry of a failed job, with an append-only audit trail.
+"""Manual retry: an operator gives a failed job its attempts again, with an audit trail.
 
 The checks run in the seed's order inside one transaction that holds the
 job's row lock: owner → state → no live duplicate → no stored result (the
@@ -13,16 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import dedup, events
+from tasks.jobs import events
+from tasks.jobs.enqueue import Owner, publish_or_park
 from tasks.jobs.errors import InvalidJobState, JobConflict, JobNotFound
-from tasks.jobs.models import LIVE_STATES, JobRecord, RetryAudit
+from tasks.jobs.models import LIVE_STATES, JobRecord, RetryAudit, State
 from tasks.jobs.options import Deduplication
-from tasks.jobs.producer import Owner, publish_or_park
 from tasks.jobs.queries import owned_by
+from tasks.jobs.store import dedup
+from tasks.jobs.store import jobs as store
 
 # The domain says what else makes a retry pointless (e.g. a stored result): a message, or None.
 ConflictCheck = Callable[[Session, JobRecord], str | None]
@@ -41,9 +42,7 @@ class RetryRequest:
 
 
 def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
-    job = session.scalars(
-        select(JobRecord).where(JobRecord.id == request.job_id).with_for_update()
-    ).first()
+    job = store.lock(session, request.job_id)
     visible = owned_by(job, request.owner, tenant_wide=request.tenant_wide)
     if job is None or not visible or job.queue != request.queue:
         raise JobNotFound("job not found")
@@ -51,9 +50,9 @@ def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
 
 
 def _check_state(session: Session, job: JobRecord) -> None:
-    if job.state == "failed":
+    if job.state == State.FAILED:
         return
-    retried = session.scalar(select(exists().where(RetryAudit.job_id == job.id)))
+    retried = store.was_retried(session, job.id)
     if job.state in LIVE_STATES and retried:
         raise JobConflict(f"this job was already retried and is {job.state}")
     raise InvalidJobState(f"only failed jobs can be retried: {job.state}")
@@ -72,39 +71,13 @@ def _check_live_duplicate(session: Session, job: JobRecord) -> Deduplication | N
 
 
 def _audit(session: Session, job: JobRecord, request: RetryRequest, ids: dict[str, Any]) -> None:
-    session.add(
-        RetryAudit(
-            job_id=job.id,
-            queue=job.queue,
-            job_name=job.name,
-            tenant_id=job.tenant_id,
-            owner_id=job.user_id,
-            ids=ids,
-            failed_reason=job.failed_reason,
-            stacktrace=job.stacktrace,
-            attempts_made=job.attempts_made,
-            attempts_started=job.attempts_started,
-            retried_by=request.actor,
-            reason=request.reason,
-        )
-    )
-    session.flush()  # the audit row is written before anything is cleared
-
-
-def _reset(session: Session, job: JobRecord) -> None:
-    session.execute(
-        text(
-            """
-            UPDATE jobs SET state = 'waiting', attempts_made = 0, attempts_started = 0,
-                stalled_count = 0, failed_reason = NULL, stacktrace = '[]'::jsonb,
-                result = NULL, progress = NULL, processed_on = NULL, finished_on = NULL,
-                lock_token = NULL, locked_until = NULL,
-                runs = runs || jsonb_build_array(jsonb_build_object('outcome', 'manual-retry'))
-            WHERE id = :id
-            """
-        ),
-        {"id": job.id},
-    )
+    """What the reset clears, copied first into the append-only audit table."""
+    store.record_audit(session, RetryAudit(
+        job_id=job.id, queue=job.queue, job_name=job.name, tenant_id=job.tenant_id,
+        owner_id=job.user_id, ids=ids, failed_reason=job.failed_reason,
+        stacktrace=job.stacktrace, attempts_made=job.attempts_made,
+        attempts_started=job.attempts_started, retried_by=request.actor, reason=request.reason,
+    ))  # fmt: skip
 
 
 def retry_failed(
@@ -125,7 +98,7 @@ def retry_failed(
         held = dedup.claim(session, job.queue, rule, job.id) if rule else None
         if held is not None and held.job_id != job.id:
             raise JobConflict("another job for the same operation is in progress")
-        _reset(session, job)
+        store.reset_for_retry(session, job.id)
     events.emit(job.queue, "waiting", job.id, job.name, manualRetryBy=request.actor)
     publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
     return job

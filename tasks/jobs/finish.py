@@ -1,0 +1,120 @@
+"""Finish: record how a run ended, and what follows in the same transaction.
+
+A run ends completed, failed (for good, or delayed for a retry by BullMQ's
+rules: attempts, backoff with jitter, ``UnrecoverableError``), or deferred
+without using an attempt (``Defer``). Each is one guarded statement
+(``store.jobs``); a transition that is no longer ours (the job was taken
+over) raises ``NotOurs`` and records nothing.
+
+When a job reaches completed or failed, in the same transaction, its
+simple-mode deduplication claim is released; retention (``removeOnComplete``
+/ ``removeOnFail``) trims finished records of the same kind once that
+transaction commits. The count is kept per (queue, tenant), and per job name
+for system jobs (no tenant): a queue is shared, and one tenant's traffic must
+never push another tenant's finished records out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs import events, failures
+from tasks.jobs.errors import Defer, KeelError, UnrecoverableError
+from tasks.jobs.models import State
+from tasks.jobs.options import JobOptions
+from tasks.jobs.store import dedup
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import ClaimedJob, Partition
+
+log = logging.getLogger(__name__)
+
+
+class NotOurs(KeelError):
+    """The job was taken over (its lock ran out): this worker's outcome is not recorded."""
+
+    code = "not_ours"
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """The run failed and the job runs again at ``at`` (the durable delayed set)."""
+
+    at: datetime
+    reason: str
+
+
+def retry_delay_ms(opts: JobOptions, attempts_made: int, exc: BaseException) -> int | None:
+    """Milliseconds until the next run after this failure, or ``None`` when it is final."""
+    if isinstance(exc, UnrecoverableError):
+        return None
+    return opts.retry_in_ms(attempts_made + 1)
+
+
+def completed(claimed: ClaimedJob, result: Any) -> None:
+    with transaction() as session:
+        if not store.complete(session, claimed, result):
+            raise NotOurs(claimed.id)
+        finished(session, claimed, State.COMPLETED)
+    events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
+
+
+def failed(claimed: ClaimedJob, exc: BaseException) -> Retrying | None:
+    """Record a failed run; ``Retrying`` when the job runs again, ``None`` when it failed."""
+    delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc)
+    reason = failures.reason(exc)
+    with transaction() as session:
+        outcome = store.fail(session, claimed, reason, failures.stack(exc), delay)
+        if not outcome.ours:
+            raise NotOurs(claimed.id)
+        if outcome.final:
+            finished(session, claimed, State.FAILED)
+    made = claimed.attempts_made + 1
+    if outcome.retry_at is None:
+        events.emit(claimed.queue, "failed", claimed.id, claimed.name, failedReason=reason,
+                    attemptsMade=made)  # fmt: skip
+        return None
+    events.emit(claimed.queue, "retrying", claimed.id, claimed.name, failedReason=reason,
+                attemptsMade=made)  # fmt: skip
+    events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
+    return Retrying(outcome.retry_at, reason)
+
+
+def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
+    """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``)."""
+    state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
+    with transaction() as session:
+        if not store.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
+            return
+    events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+
+
+def finished(session: Session, job: Any, state: State) -> None:
+    """In the finishing transaction: free the job's dedup claim; trim once it commits.
+
+    Trimming inside the finishing transaction would not see jobs finishing
+    concurrently (their rows are not committed yet), and two last jobs could
+    each leave one record too many. After the commit every finish is visible.
+    ``job`` is anything with the record's ``id, queue, name, tenant_id, opts``.
+    """
+    dedup.release(session, job.id)
+    opts = job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+    keep = opts.retention(completed=state == State.COMPLETED)
+    if keep is None:
+        return
+    partition = Partition(job.queue, job.tenant_id, job.name)
+
+    def trim_committed(_session: Session) -> None:
+        try:
+            with transaction() as fresh:
+                store.trim(fresh, partition, state, keep.count, keep.age_s)
+        except Exception:  # retention is best effort; the next finish trims again
+            log.warning("could not trim %s records of %s", state, partition, exc_info=True)
+
+    event.listen(session, "after_commit", trim_committed, once=True)

@@ -1,0 +1,71 @@
+"""Promote: delayed jobs whose time has come become waiting, and get their message.
+
+Delayed jobs (the ``delay`` option, retry backoff, deferrals, parked
+publishes) live in Postgres, not in Celery ETA messages: nothing is held in
+worker memory, and no broker visibility timeout can redeliver them early.
+Every worker promotes (``tasks.jobs.maintenance``); ``FOR UPDATE SKIP LOCKED``
+lets them share the work without promoting a job twice.
+
+The messages are published *inside* the promoting transaction, before it
+commits. A worker that receives one waits on the row lock, then finds the job
+waiting and claims it. Published after the commit instead, a promoter killed
+in between would leave a waiting job with no message, stranded. Published
+before a commit that then fails, a message finds its job still delayed and is
+ignored; the job is promoted again later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from tasks import broker
+from tasks.db import transaction
+from tasks.jobs import events, tenancy
+from tasks.jobs.enqueue import publish
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import ReadyJob
+
+log = logging.getLogger(__name__)
+BATCH = 200
+PARK_S = 1.0
+
+
+def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
+    """Publish jobs that just became waiting in ``session``'s transaction; returns those sent.
+
+    After the first failed publish the rest are parked again (in the same
+    transaction) without trying: each try against a hung broker costs its
+    socket timeout, and a batch of them would hold the promoter for long.
+    """
+    priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
+    sent: list[ReadyJob] = []
+    for job in jobs:
+        if broker.unreachable():
+            break
+        started = time.monotonic()
+        try:
+            publish(job.id, job.name, job.queue, job.data, job.celery_ctx,
+                    priority=priority.get(job.id, 0))  # fmt: skip
+        except Exception as exc:
+            broker.failed(exc, started)
+            break
+        sent.append(job)
+    unsent = [job.id for job in jobs[len(sent) :]]
+    if unsent:
+        log.warning("broker unavailable; %d jobs parked again", len(unsent))
+        store.park(session, unsent, PARK_S)
+    return sent
+
+
+def promote_once() -> int:
+    """Promote and publish every job that is due now (one batch); returns how many were due."""
+    with transaction() as session:
+        due = store.promote_due(session, BATCH)
+        sent = publish_ready(session, due)
+    for job in sent:
+        events.emit(job.queue, "waiting", job.id, job.name)
+    return len(due)

@@ -1,0 +1,34 @@
+"""Stall recovery: an active job whose lock ran out goes back to waiting, or fails.
+
+BullMQ's stalled checker. A job's lock is renewed while its handler runs
+(``tasks.jobs.lock_renewal``); a worker that died or hung stops renewing, the
+lock runs out, and the job is requeued and published again — or fails once it
+stalled more than ``KEEL_MAX_STALLED_COUNT`` times. As with promotion, the
+messages are published inside the transaction that requeues the jobs.
+"""
+
+from __future__ import annotations
+
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs import events, finish
+from tasks.jobs.models import State
+from tasks.jobs.promote import publish_ready
+from tasks.jobs.store import jobs as store
+
+
+def requeue_stalled_once() -> int:
+    """Recover every stalled job now (one batch); returns how many were found."""
+    with transaction() as session:
+        stalled = store.requeue_stalled(session, get_settings().max_stalled_count)
+        given_up = [job for job in stalled if job.state == State.FAILED]
+        for job in given_up:
+            finish.finished(session, job, State.FAILED)
+        sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
+    for job in stalled:
+        events.emit(job.queue, "stalled", job.id, job.name)
+    for job in given_up:
+        events.emit(job.queue, "failed", job.id, job.name, failedReason=store.STALLED_TOO_OFTEN)
+    for job in sent:
+        events.emit(job.queue, "waiting", job.id, job.name)
+    return len(stalled)

@@ -1,0 +1,469 @@
+"""Every statement on the ``jobs`` table, each state transition one atomic statement.
+
+Every transition a worker makes is guarded by the lock token it got when it
+claimed the job, so a worker that lost its job (stalled, then picked up
+elsewhere) cannot overwrite what the new owner records. Callers own the
+transaction (``with transaction() as session``) and pass the session in.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import exists, select, text
+from sqlalchemy.orm import Session
+
+from tasks.jobs.models import JobRecord, RetryAudit, State
+from tasks.jobs.options import JobOptions
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job about to be recorded."""
+
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+    opts: JobOptions
+    tenant_id: str | None
+    user_id: str | None
+
+    @property
+    def state(self) -> State:
+        return State.DELAYED if self.opts.delay > 0 else State.WAITING
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a worker knows about a job it is about to run (its options parsed once)."""
+
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+    opts: JobOptions
+    tenant_id: str | None
+    user_id: str | None
+    attempts_made: int
+    attempts_started: int
+    stalled: bool
+    token: str
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """What recording a failed run did: ``retry_at`` set if the job runs again, else final."""
+
+    ours: bool
+    retry_at: datetime | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.ours and self.retry_at is None
+
+
+@dataclass(frozen=True)
+class ReadyJob:
+    """A job that just became waiting and needs its message (promoted, requeued, listed)."""
+
+    id: str
+    name: str
+    queue: str
+    data: dict[str, Any]
+    celery_ctx: dict[str, Any] | None = None
+    tenant_id: str | None = None
+    state: State = State.WAITING
+    opts: dict[str, Any] | None = None
+
+
+_NOW_ISO = """to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+_FINISH_RUN = f"""
+    runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
+                     (runs -> -1) || CAST(:run_patch AS jsonb)
+                     || jsonb_build_object('finishedAt', {_NOW_ISO}))
+"""
+
+# --- adding ---------------------------------------------------------------------------------
+
+_INSERT = text(
+    """
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, run_at)
+    VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+            :tenant_id, :user_id, :state,
+            CASE WHEN :delay_ms > 0
+                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
+                 END)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def insert(session: Session, job: NewJob) -> bool:
+    """Record ``job``; ``False`` if a job with its id exists (nothing is changed)."""
+    row = {"id": job.id, "queue": job.queue, "name": job.name, "data": json.dumps(job.data),
+           "opts": json.dumps(job.opts.stored()), "tenant_id": job.tenant_id,
+           "user_id": job.user_id, "state": job.state, "delay_ms": job.opts.delay}  # fmt: skip
+    return session.execute(_INSERT, row).first() is not None
+
+
+def delete_delayed(session: Session, job_id: str) -> bool:
+    """Debounce with replace: drop a still-delayed job that a new add replaces."""
+    statement = text("DELETE FROM jobs WHERE id = :id AND state = 'delayed' RETURNING id")
+    return session.execute(statement, {"id": job_id}).first() is not None
+
+
+def park(session: Session, job_ids: Sequence[str], in_s: float) -> None:
+    """Waiting jobs whose message could not be published go back to the delayed set."""
+    session.execute(
+        text("UPDATE jobs SET state = 'delayed', "
+             "run_at = clock_timestamp() + make_interval(secs => :s) "
+             "WHERE id = ANY(:ids) AND state = 'waiting'"),
+        {"ids": list(job_ids), "s": in_s},
+    )  # fmt: skip
+
+
+_LOAD = """
+    SELECT count(*) AS live,
+           count(*) FILTER (WHERE queue = :queue AND state IN ('waiting', 'active')) AS on_queue
+    FROM jobs WHERE {party}
+      AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
+"""
+
+
+def party_load(session: Session, tenant_id: str | None, queue: str) -> tuple[int, int]:
+    """A tenant's (``None``: the system's) live jobs, and those running or waiting on ``queue``."""
+    party = "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
+    row = session.execute(text(_LOAD.format(party=party)),
+                          {"tenant": tenant_id, "queue": queue}).one()  # fmt: skip
+    return int(row.live), int(row.on_queue)
+
+
+# --- running --------------------------------------------------------------------------------
+
+# One statement: lock the row, remember its state, and move it to active if it is
+# waiting (or active with a lock that ran out: a stalled run, counted as such).
+# The conditions read the locked row (``before``), not the statement's snapshot: a
+# promoter publishes inside its transaction, so a delivery can arrive while the row
+# is still delayed in that snapshot; the lock waits for the promoter's commit, and
+# ``before`` then holds the row as committed (the update itself follows it there).
+_CLAIM = text(
+    """
+    WITH before AS (SELECT id, state, locked_until FROM jobs WHERE id = :id FOR UPDATE)
+    UPDATE jobs SET
+        stalled_count = jobs.stalled_count + CASE WHEN before.state = 'active' THEN 1 ELSE 0 END,
+        state = 'active',
+        attempts_started = jobs.attempts_started + 1,
+        processed_on = clock_timestamp(),
+        lock_token = :token,
+        locked_until = clock_timestamp() + make_interval(secs => :lock_s),
+        celery_ctx = COALESCE(CAST(:ctx AS jsonb), jobs.celery_ctx),
+        runs = jobs.runs || jsonb_build_array(jsonb_build_object(
+            'attempt', jobs.attempts_started + 1,
+            'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'worker', CAST(:worker AS text)))
+    FROM before
+    WHERE jobs.id = before.id
+      AND (before.state = 'waiting'
+           OR (before.state = 'active' AND before.locked_until < clock_timestamp()))
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
+              jobs.user_id, jobs.attempts_made, jobs.attempts_started,
+              before.state = 'active' AS stalled,
+              EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(jobs.run_at, jobs.created_at))
+                  AS wait_s
+    """
+)
+
+
+def claim(session: Session, job_id: str, token: str, lock_s: float, worker: str,
+          ctx: dict[str, Any] | None = None) -> ClaimedJob | None:  # fmt: skip
+    """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
+    params = {"id": job_id, "token": token, "lock_s": lock_s, "worker": worker,
+              "ctx": json.dumps(ctx) if ctx else None}  # fmt: skip
+    row = session.execute(_CLAIM, params).mappings().first()
+    if row is None:
+        return None
+    return ClaimedJob(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        data=row["data"],
+        opts=JobOptions.from_stored(row["opts"]),
+        tenant_id=row["tenant_id"],
+        user_id=row["user_id"],
+        attempts_made=row["attempts_made"],
+        attempts_started=row["attempts_started"],
+        stalled=bool(row["stalled"]),
+        token=token,
+        wait_s=max(0.0, float(row["wait_s"] or 0)),
+    )
+
+
+def set_progress(session: Session, job: ClaimedJob, progress: Any) -> bool:
+    row = session.execute(
+        text("UPDATE jobs SET progress = CAST(:p AS jsonb) "
+             "WHERE id = :id AND lock_token = :token RETURNING id"),
+        {"id": job.id, "token": job.token, "p": json.dumps(progress)},
+    ).first()  # fmt: skip
+    return row is not None
+
+
+def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
+    """Push the lock of every job these tokens hold further out (lock renewal)."""
+    if not tokens:
+        return 0
+    result = session.execute(
+        text("UPDATE jobs SET locked_until = clock_timestamp() + make_interval(secs => :lock_s) "
+             "WHERE lock_token = ANY(:tokens) AND state = 'active'"),
+        {"tokens": tokens, "lock_s": lock_s},
+    )  # fmt: skip
+    return result.rowcount or 0
+
+
+# --- finishing ------------------------------------------------------------------------------
+
+
+def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
+    """Record success; ``False`` if the job is no longer ours."""
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
+                finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING id
+            """
+        ),
+        {"id": job.id, "token": job.token, "result": json.dumps(result),
+         "run_patch": json.dumps({"outcome": "completed"})},
+    ).first()  # fmt: skip
+    return row is not None
+
+
+def fail(session: Session, job: ClaimedJob, reason: str, stack: list[str],
+         retry_in_ms: int | None) -> FailedRun:  # fmt: skip
+    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good."""
+    retrying = retry_in_ms is not None
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET
+                attempts_made = attempts_made + 1,
+                failed_reason = :reason,
+                stacktrace = stacktrace || CAST(:stack AS jsonb),
+                state = CASE WHEN :retrying THEN 'delayed' ELSE 'failed' END,
+                run_at = CASE WHEN :retrying
+                              THEN clock_timestamp() + make_interval(secs => :delay_s)
+                              ELSE run_at END,
+                finished_on = CASE WHEN :retrying THEN NULL ELSE clock_timestamp() END,
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING run_at
+            """
+        ),
+        {"id": job.id, "token": job.token, "reason": reason, "stack": json.dumps(stack[-10:]),
+         "retrying": retrying, "delay_s": (retry_in_ms or 0) / 1000.0,
+         "run_patch": json.dumps({"outcome": "retrying" if retrying else "failed",
+                                  "error": reason})},
+    ).first()  # fmt: skip
+    if row is None:
+        return FailedRun(ours=False)
+    return FailedRun(ours=True, retry_at=row[0] if retrying else None)
+
+
+def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason: str) -> bool:
+    """Park a job until later without counting a failed run (BullMQ's ``moveToDelayed``)."""
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET state = :state,
+                run_at = clock_timestamp() + make_interval(secs => :delay_s),
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING id
+            """
+        ),
+        {"id": job.id, "token": job.token, "state": state, "delay_s": delay_ms / 1000.0,
+         "run_patch": json.dumps({"outcome": "deferred", "reason": reason})},
+    ).first()  # fmt: skip
+    return row is not None
+
+
+def fail_unsupported(session: Session, job_id: str, name: str) -> JobRecord | None:
+    """A message no worker has a handler for: failed at once, as a run that failed."""
+    reason = f"unsupported job: {name}"
+    row = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'failed', failed_reason = :reason,
+                attempts_made = attempts_made + 1, attempts_started = attempts_started + 1,
+                processed_on = clock_timestamp(), finished_on = clock_timestamp(),
+                runs = runs || jsonb_build_array(jsonb_build_object(
+                    'attempt', attempts_started + 1, 'outcome', 'failed',
+                    'error', CAST(:reason AS text)))
+            WHERE id = :id AND state IN ('waiting', 'active')
+            RETURNING id
+            """
+        ),
+        {"id": job_id, "reason": reason},
+    ).first()
+    return get(session, job_id) if row is not None else None
+
+
+_ARCHIVE = """
+    WITH gone AS ({delete} RETURNING *)
+    INSERT INTO failed_jobs_archive (id, queue, name, data, opts, tenant_id, user_id,
+        attempts_made, attempts_started, failed_reason, stacktrace, runs, created_at, finished_on)
+    SELECT id, queue, name, data, opts, tenant_id, user_id, attempts_made, attempts_started,
+        failed_reason, stacktrace, runs, created_at, finished_on FROM gone
+    ON CONFLICT (id) DO UPDATE SET failed_reason = EXCLUDED.failed_reason,
+        runs = EXCLUDED.runs, finished_on = EXCLUDED.finished_on, archived_at = now()
+"""
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Whose finished records a retention setting counts: a tenant's, or one system job's."""
+
+    queue: str
+    tenant_id: str | None
+    name: str
+
+    @property
+    def where(self) -> str:
+        if self.tenant_id is not None:
+            return "queue = :queue AND tenant_id = :tenant AND state = :state"
+        return "queue = :queue AND tenant_id IS NULL AND name = :name AND state = :state"
+
+
+def trim(session: Session, partition: Partition, state: State, count: int | None,
+         age_s: int | None) -> int:  # fmt: skip
+    """Delete the partition's records in ``state`` beyond the newest ``count`` or older than
+    ``age_s``; failed ones are copied to the archive by the same statement."""
+    deletes = []
+    if count is not None:
+        deletes.append(f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE "
+                       f"{partition.where} ORDER BY finished_on DESC OFFSET :count "
+                       "FOR UPDATE SKIP LOCKED)")  # fmt: skip
+    if age_s is not None:
+        deletes.append(f"DELETE FROM jobs WHERE {partition.where} "
+                       "AND finished_on < clock_timestamp() - make_interval(secs => :age)")
+    params = {"queue": partition.queue, "tenant": partition.tenant_id, "name": partition.name,
+              "state": state, "count": count, "age": age_s}  # fmt: skip
+    removed = 0
+    for delete in deletes:
+        statement = _ARCHIVE.format(delete=delete) if state == State.FAILED else delete
+        removed += session.execute(text(statement), params).rowcount or 0
+    return removed
+
+
+# --- waking up ------------------------------------------------------------------------------
+
+
+def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
+    """Delayed jobs whose time has come → waiting, oldest first (the caller publishes them)."""
+    rows = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting'
+            WHERE id IN (SELECT id FROM jobs
+                         WHERE state IN ('delayed', 'waiting-children')
+                           AND run_at <= clock_timestamp()
+                         ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at
+            """
+        ),
+        {"limit": limit},
+    ).all()
+    rows = sorted(rows, key=lambda r: r.run_at)  # RETURNING keeps no order
+    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
+
+
+STALLED_TOO_OFTEN = "job stalled more than allowable limit"
+
+
+def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> list[ReadyJob]:
+    """Active jobs whose lock ran out → waiting again, or failed past ``max_stalled`` stalls."""
+    rows = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET
+                stalled_count = stalled_count + 1,
+                state = CASE WHEN stalled_count + 1 > :max THEN 'failed' ELSE 'waiting' END,
+                failed_reason = CASE WHEN stalled_count + 1 > :max THEN :reason
+                                     ELSE failed_reason END,
+                finished_on = CASE WHEN stalled_count + 1 > :max THEN clock_timestamp() END,
+                lock_token = NULL, locked_until = NULL,
+                runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
+                                 (runs -> -1) || jsonb_build_object('outcome', 'stalled',
+                                                                    'finishedAt', {_NOW_ISO}))
+            WHERE id IN (SELECT id FROM jobs
+                         WHERE state = 'active' AND locked_until < clock_timestamp()
+                         LIMIT :limit FOR UPDATE SKIP LOCKED)
+            RETURNING id, name, queue, data, opts, state, celery_ctx, tenant_id
+            """
+        ),
+        {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
+    ).all()
+    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id, State(r.state),
+                     r.opts) for r in rows]  # fmt: skip
+
+
+def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]:
+    """Waiting jobs in id order after ``after_id`` (to republish them all, a page at a time)."""
+    rows = session.execute(
+        text("SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+             "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"),
+        {"after": after_id, "limit": limit},
+    ).all()  # fmt: skip
+    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
+
+
+# --- operators ------------------------------------------------------------------------------
+
+
+def lock(session: Session, job_id: str) -> JobRecord | None:
+    """The job, its row locked until the transaction ends (concurrent retries queue here)."""
+    query = select(JobRecord).where(JobRecord.id == job_id).with_for_update()
+    return session.scalars(query).first()
+
+
+def was_retried(session: Session, job_id: str) -> bool:
+    return bool(session.scalar(select(exists().where(RetryAudit.job_id == job_id))))
+
+
+def record_audit(session: Session, audit: RetryAudit) -> None:
+    """The audit row of a manual retry, written (flushed) before anything is cleared."""
+    session.add(audit)
+    session.flush()
+
+
+def reset_for_retry(session: Session, job_id: str) -> None:
+    """A manual retry: full attempts again, failure fields cleared (audited first)."""
+    session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting', attempts_made = 0, attempts_started = 0,
+                stalled_count = 0, failed_reason = NULL, stacktrace = '[]'::jsonb,
+                result = NULL, progress = NULL, processed_on = NULL, finished_on = NULL,
+                lock_token = NULL, locked_until = NULL,
+                runs = runs || jsonb_build_array(jsonb_build_object('outcome', 'manual-retry'))
+            WHERE id = :id
+            """
+        ),
+        {"id": job_id},
+    )
+
+
+def get(session: Session, job_id: str) -> JobRecord | None:
+    return session.get(JobRecord, job_id)

@@ -1,0 +1,57 @@
+"""The claim against a job whose promotion has not committed yet (real Postgres).
+
+A promoter publishes inside its transaction (``tasks.jobs.promote``), so a
+worker may try to claim a job whose row is still locked by that transaction
+and still *delayed* in the claim's snapshot. The claim must wait for the
+commit and then take the job — not skip it as "not waiting" and strand it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import text
+
+from tasks.db import transaction
+from tasks.jobs import JobOptions, add
+from tasks.jobs.store import jobs as store
+from tests.support.client import unique
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+
+def test_a_claim_waits_for_the_promotion_and_takes_the_job():
+    # Given a delayed job (its queue has no worker: nothing else touches it)
+    job_id = add("test.echo", {}, queue=unique("claims"), opts=JobOptions(delay=60_000)).job_id
+    claimed: dict = {}
+
+    def claim() -> None:
+        with transaction() as session:
+            claimed["job"] = store.claim(session, job_id, "token-1", 30, "tester")
+
+    # When a promoter moves it to waiting and, before committing, a delivery claims it
+    with transaction() as promoting:
+        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"),
+                          {"id": job_id})  # fmt: skip
+        worker = threading.Thread(target=claim)
+        worker.start()
+        time.sleep(0.3)
+        assert worker.is_alive()  # the claim waits on the row lock
+    worker.join(timeout=10)
+    # Then, once the promotion committed, the claim took the job
+    job = claimed["job"]
+    assert job is not None and job.id == job_id and job.attempts_started == 1
+    assert job.stalled is False
+
+
+def test_a_second_claim_of_an_active_job_with_a_live_lock_is_refused():
+    job_id = add("test.echo", {}, queue=unique("claims"), opts=JobOptions(delay=60_000)).job_id
+    with transaction() as session:
+        session.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"), {"id": job_id})
+    with transaction() as session:
+        first = store.claim(session, job_id, "token-1", 30, "tester")
+    with transaction() as session:
+        second = store.claim(session, job_id, "token-2", 30, "tester")
+    assert first is not None and second is None
