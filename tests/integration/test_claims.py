@@ -55,3 +55,24 @@ def test_a_second_claim_of_an_active_job_with_a_live_lock_is_refused():
     with transaction() as session:
         second = store.claim(session, job_id, "token-2", 30, "tester")
     assert first is not None and second is None
+
+
+def test_a_limit_parks_a_job_whose_promotion_has_not_committed_yet():
+    """A delivery held by a queue limit parks its job again; it must wait for the promotion
+    too, or the job would stay waiting with its message already consumed."""
+    job_id = add("test.echo", {}, queue=unique("claims"), opts=JobOptions(delay=60_000)).job_id
+
+    def park() -> None:
+        with transaction() as session:
+            store.park(session, [job_id], 5.0)
+
+    with transaction() as promoting:
+        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"),
+                          {"id": job_id})  # fmt: skip
+        holder = threading.Thread(target=park)
+        holder.start()
+        time.sleep(0.3)
+        assert holder.is_alive()
+    holder.join(timeout=10)
+    with transaction() as session:
+        assert store.get(session, job_id).state == "delayed"

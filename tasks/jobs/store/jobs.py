@@ -119,14 +119,23 @@ def delete_delayed(session: Session, job_id: str) -> bool:
     return session.execute(statement, {"id": job_id}).first() is not None
 
 
+# Statements a delivery makes before (or instead of) its claim lock the row by id first
+# and test its state there, like the claim: the delivery may come from a promoter whose
+# transaction has not committed yet (see _CLAIM), and a test against the statement's
+# snapshot would find the job still delayed and do nothing.
+_PARK = text(
+    """
+    WITH before AS (SELECT id, state FROM jobs WHERE id = ANY(:ids) FOR UPDATE)
+    UPDATE jobs SET state = 'delayed', run_at = clock_timestamp() + make_interval(secs => :s)
+    FROM before WHERE jobs.id = before.id AND before.state = 'waiting'
+    """
+)
+
+
 def park(session: Session, job_ids: Sequence[str], in_s: float) -> None:
-    """Waiting jobs whose message could not be published go back to the delayed set."""
-    session.execute(
-        text("UPDATE jobs SET state = 'delayed', "
-             "run_at = clock_timestamp() + make_interval(secs => :s) "
-             "WHERE id = ANY(:ids) AND state = 'waiting'"),
-        {"ids": list(job_ids), "s": in_s},
-    )  # fmt: skip
+    """Waiting jobs whose message could not be published (or that a limit holds) go back to
+    the delayed set, due again in ``in_s`` seconds."""
+    session.execute(_PARK, {"ids": list(job_ids), "s": in_s})
 
 
 _LOAD = """
@@ -305,14 +314,17 @@ def fail_unsupported(session: Session, job_id: str, name: str) -> JobRecord | No
     row = session.execute(
         text(
             """
+            WITH before AS (SELECT id, state FROM jobs WHERE id = :id FOR UPDATE)
             UPDATE jobs SET state = 'failed', failed_reason = :reason,
-                attempts_made = attempts_made + 1, attempts_started = attempts_started + 1,
+                attempts_made = jobs.attempts_made + 1,
+                attempts_started = jobs.attempts_started + 1,
                 processed_on = clock_timestamp(), finished_on = clock_timestamp(),
-                runs = runs || jsonb_build_array(jsonb_build_object(
-                    'attempt', attempts_started + 1, 'outcome', 'failed',
+                runs = jobs.runs || jsonb_build_array(jsonb_build_object(
+                    'attempt', jobs.attempts_started + 1, 'outcome', 'failed',
                     'error', CAST(:reason AS text)))
-            WHERE id = :id AND state IN ('waiting', 'active')
-            RETURNING id
+            FROM before
+            WHERE jobs.id = before.id AND before.state IN ('waiting', 'active')
+            RETURNING jobs.id
             """
         ),
         {"id": job_id, "reason": reason},
