@@ -15,7 +15,7 @@ import psutil
 import requests
 
 from tests.acceptance.test_keel_up import run_report, user_token
-from tests.support.keel_up import KeelUp, alive
+from tests.support.keel_up import KeelUp, alive, command_line
 
 GONE_WITHIN_S = 10
 
@@ -33,7 +33,7 @@ def test_kill_9_power_cut_and_graceful_stop_leave_nothing_running(tmp_path):
     started = time.monotonic()
     while alive(tree) and time.monotonic() - started < GONE_WITHIN_S:
         time.sleep(0.2)
-    left = [(p.pid, p.name()) for p in alive(tree)]
+    left = [(p.pid, " ".join(command_line(p))[:120]) for p in alive(tree)]
     assert not left, f"still running {time.monotonic() - started:.1f} s after kill -9: {left}"
 
     # Given a stack started again on the same home, then cut off: every process killed at once

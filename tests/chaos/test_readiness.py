@@ -18,6 +18,7 @@ from contextlib import contextmanager, suppress
 import psutil
 
 from tasks.jobs import liveness
+from tests.support.keel_up import command_line
 from tests.support.outages import embedded_postgres, redis_down
 from tests.support.stack import wait_for
 
@@ -72,14 +73,6 @@ def test_redis_down_is_named(stack, client, worker):
     assert status == 503 and took < ANSWER_WITHIN_S, (status, took)
     assert "redis" in failing(body) and "postgres" not in failing(body)
     wait_for(lambda: client.get("/readyz").status_code == 200, timeout=60)
-
-
-def command_line(process: psutil.Process) -> list[str]:
-    """Its arguments; none for a process that exited meanwhile (or is only a zombie)."""
-    try:
-        return process.cmdline()
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
-        return []
 
 
 def test_no_recent_worker_heartbeat_is_named(stack, client, worker):

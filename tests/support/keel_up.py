@@ -36,6 +36,14 @@ def clean_env(home: Path) -> dict[str, str]:
     return env
 
 
+def command_line(process: psutil.Process) -> list[str]:
+    """Its arguments; none for a process that exited meanwhile (or is only a zombie)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return []
+
+
 def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     """Those still running (a zombie has exited: only its parent's bookkeeping is left)."""
     found = []
