@@ -3,6 +3,15 @@
 The suite is hermetic: it starts its own embedded Postgres and Redis in a
 temporary ``KEEL_HOME`` (set below, before anything imports Keel), unless
 ``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL`` name servers to use.
+
+Two tiers, one run:
+- the fast tier (``pytest -m "not stack"``): logic against the real Postgres
+  and Redis, jobs run by a worker in this process (``inline_worker``), each
+  module on a fresh database copied from a migrated template;
+- the ``stack`` tier: whatever starts processes of its own — ``celery worker``
+  subprocesses, beat, gunicorn, the sandbox, ``keel up`` — on the session's
+  database. Its tests are marked automatically by the fixtures they use (or
+  by ``pytestmark = pytest.mark.stack``), and run after the fast tier.
 """
 
 from __future__ import annotations
@@ -53,6 +62,52 @@ def stack():
     yield test_stack
     test_stack.stop()
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+# Fixtures that start processes: a test using one belongs to the stack tier, and so
+# does every test of these folders (whole stacks, chaos, served HTTP, benchmarks).
+PROCESS_FIXTURES = frozenset({"worker", "sandbox", "spawn", "keel_up", "beats", "beat"})
+STACK_FOLDERS = ("acceptance", "chaos", "serving", "bench", "multihost")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the stack tier, give each fast module a fresh database, and run fast tests first."""
+    for item in items:
+        folder = item.path.parent.name
+        if PROCESS_FIXTURES & set(item.fixturenames) or folder in STACK_FOLDERS:
+            item.add_marker(pytest.mark.stack)
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.module, []).append(item)
+    for module_items in modules.values():
+        fast = not any(item.get_closest_marker("stack") for item in module_items)
+        if fast and any("stack" in item.fixturenames for item in module_items):
+            module_items[0].getparent(pytest.Module).add_marker("fresh_database")
+    # Stable: the fast tier's order is kept, then the stack tier's. (No stack-tier worker
+    # exists yet while the fast tier runs, so nothing consumes its jobs against another db.)
+    items.sort(key=lambda item: item.get_closest_marker("stack") is not None)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_database(request):
+    """A fresh database for a fast-tier module (see ``tests.support.databases``)."""
+    if request.node.get_closest_marker("fresh_database") is None:
+        yield None
+        return
+    request.getfixturevalue("stack")
+    from tests.support.databases import fresh_database
+
+    with fresh_database() as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def inline_worker(stack):
+    """A Celery worker in this process, for the module (``tests.support.inline``)."""
+    from tests.support.inline import inline_worker as start
+
+    with start() as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

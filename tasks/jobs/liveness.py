@@ -111,3 +111,4 @@ class Heartbeat(bootsteps.StartStopStep):
                 forget(self.client, "worker", c.hostname)
 
     shutdown = stop
+    terminate = stop

@@ -41,6 +41,10 @@ class Maintenance(bootsteps.StartStopStep):
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def terminate(self, worker: Any) -> None:
+        """A cold shutdown stops the thread too (bootsteps call ``terminate``, not ``stop``)."""
+        self.stop(worker)
+
     def _loop(self) -> None:
         settings = get_settings()
         next_stalled_check = time.monotonic()

@@ -16,7 +16,7 @@ from tasks.reports.operation_key import operation_key
 from tests.support import events
 from tests.support.client import bearer, unique, wait_state
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = pytest.mark.usefixtures("inline_worker")
 URL = "/api/v1/reports"
 
 

@@ -14,7 +14,7 @@ from tasks.reports.operation_key import operation_key
 from tests.support.client import bearer, unique, wait_state
 from tests.support.events import EventFollower
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = pytest.mark.usefixtures("inline_worker")
 
 # A report whose first run fails: BullMQ's whole retry sequence, then success.
 RETRIED_SEQUENCE = ["waiting", "active", "retrying", "delayed", "waiting", "active",

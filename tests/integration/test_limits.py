@@ -12,6 +12,8 @@ from tests.support.client import record, ts, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 from tests.support.timeline import ActiveSampler, max_in_window, max_overlap, run_intervals
 
+pytestmark = pytest.mark.stack  # starts processes of its own
+
 CAPPED = unique("capped")
 RATED = unique("rated")
 SINGLE = unique("single")

@@ -24,6 +24,8 @@ from tasks.jobs import events
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
 
+pytestmark = pytest.mark.stack  # starts processes of its own
+
 PRIORITY_SEP = "\x06\x16"  # kombu's separator between a queue and its priority list
 ROUTE = {"exchange": "reports", "routing_key": "reports"}
 

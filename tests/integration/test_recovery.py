@@ -12,19 +12,37 @@ from tasks.db import transaction
 from tasks.jobs.models import RetryAudit
 from tests.support.client import bearer, unique, wait_state
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = pytest.mark.usefixtures("inline_worker")
 URL = "/api/v1/reports"
 OPERATOR = {"roles": ("operator",)}
 REASON = {"reason": "storage fixed, re-running the report"}
 
 
-def failed_job(client) -> str:
-    response = client.post(
-        URL, json={"reportId": unique(), "rows": 4, "failUntilAttempt": 5}, headers=bearer()
-    )
-    job_id = response.get_json()["jobId"]
+ROWS = 4
+
+
+@pytest.fixture(scope="module")
+def failing(app, inline_worker) -> list[tuple[str, str]]:
+    """Reports that fail all 4 attempts, ``(job id, report id)``, submitted together when the
+    module starts so that their backoffs run side by side; each test takes one."""
+    client = app.test_client()
+    pool = []
+    for _ in range(6):
+        report_id = unique()
+        body = {"reportId": report_id, "rows": ROWS, "failUntilAttempt": 5}
+        pool.append((client.post(URL, json=body, headers=bearer()).get_json()["jobId"], report_id))
+    return pool
+
+
+def failed_report(failing: list[tuple[str, str]]) -> tuple[str, str]:
+    """One of the module's reports once it failed all 4 attempts: ``(job id, report id)``."""
+    job_id, report_id = failing.pop()
     assert wait_state(job_id, "failed", timeout=40)["attemptsMade"] == 4
-    return job_id
+    return job_id, report_id
+
+
+def failed_job(failing: list[tuple[str, str]]) -> str:
+    return failed_report(failing)[0]
 
 
 def audit_rows(job_id: str) -> list[RetryAudit]:
@@ -38,9 +56,9 @@ def retry(client, job_id: str, body=None, **who):
     )
 
 
-def test_retry_without_fixing_the_cause_runs_four_more_times(client):
+def test_retry_without_fixing_the_cause_runs_four_more_times(client, failing):
     # Given a job that failed all 4 attempts
-    job_id = failed_job(client)
+    job_id = failed_job(failing)
     # When an operator retries it without fixing the cause
     response = retry(client, job_id)
     assert response.status_code == 202
@@ -62,9 +80,8 @@ def test_retry_without_fixing_the_cause_runs_four_more_times(client):
     assert audit.stacktrace and "TemporaryStorageFailure" in audit.stacktrace[-1]
 
 
-def test_twenty_concurrent_retries_one_wins(app):
-    client = app.test_client()
-    job_id = failed_job(client)
+def test_twenty_concurrent_retries_one_wins(app, failing):
+    job_id = failed_job(failing)
     barrier = threading.Barrier(20)
     codes: list[int] = []
 
@@ -81,8 +98,8 @@ def test_twenty_concurrent_retries_one_wins(app):
     assert len(audit_rows(job_id)) == 1
 
 
-def test_retry_guards(client):
-    job_id = failed_job(client)
+def test_retry_guards(client, failing):
+    job_id = failed_job(failing)
     assert retry(client, job_id, roles=()).status_code == 403
     assert retry(client, job_id, tenant="globex").status_code == 404
     # (an operator of the same tenant may retry it: tests/security/test_tenant_scope.py)
@@ -97,12 +114,10 @@ def test_retry_guards(client):
     assert not_failed.status_code == 400 and "completed" in not_failed.get_json()["message"]
 
 
-def test_retry_is_refused_when_the_result_already_exists(client):
+def test_retry_is_refused_when_the_result_already_exists(client, failing):
     # Given a failed job, and then the same report produced by a later job
-    body = {"reportId": unique(), "rows": 6}
-    failed = client.post(URL, json={**body, "failUntilAttempt": 5}, headers=bearer())
-    failed_id = failed.get_json()["jobId"]
-    wait_state(failed_id, "failed", timeout=40)
+    failed_id, report_id = failed_report(failing)
+    body = {"reportId": report_id, "rows": ROWS}
     later = client.post(URL, json=body, headers=bearer()).get_json()
     wait_state(later["jobId"], "completed")
     # Then retrying the failed one is a conflict, and nothing is audited
@@ -111,12 +126,9 @@ def test_retry_is_refused_when_the_result_already_exists(client):
     assert audit_rows(failed_id) == []
 
 
-def test_retry_is_refused_while_a_live_duplicate_runs(client):
-    body = {"reportId": unique(), "rows": 5}
-    failed_id = client.post(URL, json={**body, "failUntilAttempt": 5}, headers=bearer()).get_json()[
-        "jobId"
-    ]
-    wait_state(failed_id, "failed", timeout=40)
+def test_retry_is_refused_while_a_live_duplicate_runs(client, failing):
+    failed_id, report_id = failed_report(failing)
+    body = {"reportId": report_id, "rows": ROWS}
     live = client.post(URL, json={**body, "failUntilAttempt": 1}, headers=bearer()).get_json()
     assert live["deduplicated"] is False
     response = retry(client, failed_id)
@@ -124,8 +136,8 @@ def test_retry_is_refused_while_a_live_duplicate_runs(client):
     assert response.get_json()["details"] == [{"jobId": live["jobId"]}]
 
 
-def test_the_audit_table_refuses_changes(client):
-    job_id = failed_job(client)
+def test_the_audit_table_refuses_changes(client, failing):
+    job_id = failed_job(failing)
     assert retry(client, job_id).status_code == 202
     for statement in (
         "UPDATE job_retry_audit SET reason = 'rewritten history'",

@@ -12,7 +12,7 @@ from tasks.reports.service import report_options
 from tests.support.client import bearer, unique
 from tests.support.stack import wait_for
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = pytest.mark.usefixtures("inline_worker")
 
 
 def count(queue: str, state: str, *, tenant: str | None = None, name: str | None = None) -> int:

@@ -11,7 +11,7 @@ SLACK = 0.5
 # DESIGN: report jobs wait [0.5,1], [1,2], [2,4] s after the 1st, 2nd, 3rd failure.
 WINDOWS = [(0.5, 1.0), (1.0, 2.0), (2.0, 4.0)]
 
-pytestmark = pytest.mark.usefixtures("worker")
+pytestmark = pytest.mark.usefixtures("inline_worker")
 
 
 def submit(client, **body) -> str:
@@ -22,6 +22,14 @@ def submit(client, **body) -> str:
     return response.get_json()["jobId"]
 
 
+@pytest.fixture(scope="module")
+def failing(app, inline_worker) -> dict[int, str]:
+    """Reports whose first N runs fail, submitted together when the module starts: their
+    backoffs run side by side, and each test then reads its own job's timeline."""
+    client = app.test_client()
+    return {n: submit(client, failUntilAttempt=n) for n in (2, 3, 5)}
+
+
 def assert_waits(job: dict, count: int) -> None:
     waits = waits_between_runs(job)
     assert len(waits) == count
@@ -29,9 +37,9 @@ def assert_waits(job: dict, count: int) -> None:
         assert low - 0.05 <= wait <= high + SLACK, (waits, job["runs"])
 
 
-def test_fail_until_attempt_2_completes_on_the_third_run(client):
+def test_fail_until_attempt_2_completes_on_the_third_run(failing):
     # Given a report whose first two runs fail
-    job_id = submit(client, failUntilAttempt=2)
+    job_id = failing[2]
     # When the worker has retried it
     job = wait_state(job_id, "completed", "failed", timeout=30)
     # Then it completed on run 3, after waits within the backoff windows
@@ -42,16 +50,16 @@ def test_fail_until_attempt_2_completes_on_the_third_run(client):
     assert_waits(job, 2)
 
 
-def test_fail_until_attempt_3_completes_on_the_fourth_run(client):
-    job_id = submit(client, failUntilAttempt=3)
+def test_fail_until_attempt_3_completes_on_the_fourth_run(failing):
+    job_id = failing[3]
     job = wait_state(job_id, "completed", "failed", timeout=40)
     assert job["state"] == "completed"
     assert (job["attemptsMade"], job["attemptsStarted"]) == (3, 4)
     assert_waits(job, 3)
 
 
-def test_fail_until_attempt_5_fails_after_four_runs(client):
-    job_id = submit(client, failUntilAttempt=5)
+def test_fail_until_attempt_5_fails_after_four_runs(failing):
+    job_id = failing[5]
     job = wait_state(job_id, "failed", "completed", timeout=40)
     assert job["state"] == "failed"
     assert (job["attemptsMade"], job["attemptsStarted"]) == (4, 4)

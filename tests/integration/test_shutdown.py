@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
+import pytest
 from sqlalchemy import func, select
 
 from tasks.db import transaction
@@ -16,6 +17,8 @@ from tasks.reports.operation_key import operation_key
 from tasks.reports.service import report_options
 from tests.support.client import record, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.stack  # starts processes of its own
 
 SLOW_STEPS = {
     "KEEL_REPORT_STEP_PAUSE_MS": "1000"

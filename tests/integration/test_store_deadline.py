@@ -20,6 +20,8 @@ from sqlalchemy import text
 from tasks import db, deadline
 from tasks.db import STORE_UNAVAILABLE, transaction
 
+pytestmark = pytest.mark.stack  # starts processes of its own
+
 
 def timed(fn) -> tuple[BaseException | None, float]:
     started = time.monotonic()

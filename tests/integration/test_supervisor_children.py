@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from keel.supervisor import Child, Output, RestartPolicy, Supervisor
+
+pytestmark = pytest.mark.stack  # starts processes of its own
 
 
 def child(name: str, code: str) -> Child:

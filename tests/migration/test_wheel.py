@@ -16,6 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, make_url, text
 
@@ -23,6 +24,8 @@ from tasks.config import get_settings
 from tasks.migrate import alembic_config
 from tasks.models import metadata
 from tests.support.stack import PROJECT_ROOT
+
+pytestmark = pytest.mark.stack  # starts processes of its own
 
 # Local state that is no part of a source tree (and would slow the copy).
 NOT_SOURCE = shutil.ignore_patterns(

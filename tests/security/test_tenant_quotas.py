@@ -148,6 +148,7 @@ def test_another_tenants_traffic_never_trims_my_finished_records(client):
     assert len(kept) <= 100 and get(ids[-1]) is not None
 
 
+@pytest.mark.stack
 def test_system_jobs_are_trimmed_per_job_name(stack):
     """A busy system job (like the campaign monitor, keep 10) trims only its own records."""
     queue = unique("sysq")
@@ -175,6 +176,7 @@ def finished_after_created(job_id: str) -> float:
     return (ts(job["finishedOn"]) - ts(job["createdAt"])).total_seconds()
 
 
+@pytest.mark.stack
 def test_one_tenants_burst_does_not_starve_another_tenants_report(stack):
     # Given a worker of 3 processes on a queue of its own, where a report takes ~0.6 s
     queue = unique("fair")

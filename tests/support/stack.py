@@ -16,6 +16,7 @@ from keel.embedded import EmbeddedPostgres, EmbeddedRedis
 from tasks import db
 from tasks.config import reload_settings
 from tasks.migrate import migrate
+from tests.support.databases import make_template
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,6 +53,7 @@ class TestStack:
         reload_settings()
         db.dispose()
         migrate()
+        make_template()  # the fast tier's modules copy their databases from it
 
     def stop(self) -> None:
         db.dispose()
