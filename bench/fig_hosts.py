@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import subprocess
 import sys
 from statistics import median
@@ -66,33 +67,26 @@ def _batch(run: Run, hosts, count: int) -> dict:
 
 
 def _measure(run: Run, hosts, meter: CpuMeter) -> dict:
+    argv = ["-m", "bench.producer", str(run.sizes.noop_jobs), str(run.sizes.warmup_jobs)]
     producer = subprocess.Popen(
-        hosts.network["client"].command(
-            [
-                sys.executable,
-                "-m",
-                "bench.producer",
-                str(run.sizes.noop_jobs),
-                str(run.sizes.warmup_jobs),
-            ]
-        ),
+        hosts.network["client"].command([sys.executable, *argv]),
         env=hosts.env("client"),
         cwd=hosts.home("client"),
         text=True,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
+    limit = 120 + run.sizes.noop_jobs / 10  # the producer's own deadline, and its start-up
     try:
-        assert producer.stdout is not None and producer.stdin is not None
-        if producer.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the producer did not start (exit {producer.wait()})")
+        if _line(producer, limit) != "ready":
+            raise RuntimeError(f"the producer did not start (exit {producer.poll()})")
         before, machine = meter.read(), psutil.cpu_times()
         producer.stdin.write("go\n")
         producer.stdin.flush()
-        line = producer.stdout.readline()
+        line = _line(producer, limit)
         spent, machine_after = CpuMeter.spent(before, meter.read()), psutil.cpu_times()
         if not line:
-            raise RuntimeError(f"the producer failed (exit {producer.wait()})")
+            raise RuntimeError(f"the producer failed (exit {producer.poll()})")
         result = json.loads(line)
     finally:
         producer.kill()
@@ -102,6 +96,16 @@ def _measure(run: Run, hosts, meter: CpuMeter) -> dict:
     result["cores"] = {group: s / result["seconds"] for group, s in spent.items()}
     result["machine_busy"] = _busy(machine, machine_after)
     return result
+
+
+def _line(process: subprocess.Popen, timeout: float) -> str:
+    """The next line ``process`` prints, or "" if it prints none within ``timeout`` s."""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return ""
+    return process.stdout.readline().strip()
 
 
 def _busy(before, after) -> float:

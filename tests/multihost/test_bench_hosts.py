@@ -69,4 +69,4 @@ def test_bench_prints_throughput_for_one_and_two_worker_hosts(tmp_path: Path) ->
     assert "| P7 " in (out / "latest.md").read_text()
     # and nothing of its hosts is left: namespaces (named after its pid), files
     assert f"{PREFIX}-{bench.pid}-" not in ip("netns", "list").stdout
-    assert not list(tmp_path.glob("keel-hosts-*")), "the bench left its hosts' files behind"
+    assert not list(tmp_path.glob(f"{PREFIX}-*")), "the bench left its hosts' files behind"

@@ -191,7 +191,11 @@ class PostgresServer:
     def start(self, timeout: float = 90) -> None:
         account = postgres_account()
         self._initdb(account)
-        as_account = f"setpriv --reuid={account.pw_uid} --regid={account.pw_gid} --clear-groups --"
+        # The uid change clears the death signal set at start: setpriv sets it again after it.
+        as_account = (
+            f"setpriv --reuid={account.pw_uid} --regid={account.pw_gid} --clear-groups "
+            "--pdeathsig INT --"
+        )
         options = {
             "listen_addresses": self.host.address("lan"),
             "port": str(self.port),

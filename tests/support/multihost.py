@@ -64,7 +64,7 @@ class KeelHosts:
     start_workers: bool = True  # False: hosts only; start them with ``spawn_worker``
     with_api: bool = True
     with_beat: bool = True
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="keel-hosts-")))
+    root: Path | None = None  # default: a fresh temporary folder named after the run
     processes: dict[str, HostProcess] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
 
@@ -77,6 +77,8 @@ class KeelHosts:
             "client",
         ]
         self.network = Network(names)
+        # Named after the run, so that the run that sweeps its namespaces removes it too.
+        self.root = self.root or Path(tempfile.mkdtemp(prefix=f"{self.network.run_id}-"))
         self.client: Inside | None = None
         self.postgres: PostgresServer | None = None
         self.redis: RedisServer | None = None
@@ -87,7 +89,8 @@ class KeelHosts:
     def start(self) -> KeelHosts:
         """Network, servers, migrations, then the Keel processes (all started before waiting)."""
         for name in self.network.names:
-            (self.home(name) / "tmp").mkdir(parents=True, mode=0o700)
+            self.home(name).mkdir(mode=0o700)
+            (self.home(name) / "tmp").mkdir(mode=0o700)
         self.network.build()
         self.client = Inside(self.network["client"], threads=8)
         self._start_servers()
@@ -256,5 +259,7 @@ def _rows(url: str, query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     import psycopg
     from psycopg.rows import dict_row
 
-    with psycopg.connect(url, connect_timeout=10, row_factory=dict_row) as conn:
+    with psycopg.connect(
+        url, connect_timeout=10, options="-c statement_timeout=30000", row_factory=dict_row
+    ) as conn:
         return conn.execute(query, params).fetchall()

@@ -34,12 +34,15 @@ import ctypes
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 NETS = {"lan": "198.18.0", "bus": "198.18.1"}  # /24 each, inside 198.18.0.0/15
@@ -96,7 +99,7 @@ def remove_namespace(netns: str, grace_s: float = 5.0) -> None:
 
 
 def sweep_stale() -> list[str]:
-    """Delete the namespaces of earlier runs whose process is gone (a run killed mid-way)."""
+    """Remove what runs killed mid-way left: namespaces, what runs in them, folders."""
     swept = []
     for line in ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -105,6 +108,10 @@ def sweep_stale() -> list[str]:
             continue
         remove_namespace(name)
         swept.append(name)
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*"):
+        match = re.match(rf"^{PREFIX}-(\d+)-[0-9a-f]{{6}}-", folder.name)
+        if match and folder.is_dir() and not _alive(int(match.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
     return swept
 
 
