@@ -47,7 +47,8 @@ from typing import Any, TypeVar
 
 NETS = {"lan": "198.18.0", "bus": "198.18.1"}  # /24 each, inside 198.18.0.0/15
 PREFIX = "keelnet"
-NAME_RULE = re.compile(rf"^{PREFIX}-(\d+)-[0-9a-f]{{6}}-[a-z0-9]+$")
+# A run's namespaces and folder: "<PREFIX>-<pid>-<random>-<host or folder suffix>".
+RUN_RULE = re.compile(rf"^{PREFIX}-(\d+)-[0-9a-f]{{6}}-")
 CLONE_NEWNET = 0x40000000
 IP_TIMEOUT_S = 20
 T = TypeVar("T")
@@ -103,16 +104,19 @@ def sweep_stale() -> list[str]:
     swept = []
     for line in ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        match = NAME_RULE.match(name)
-        if match is None or _alive(int(match.group(1))):
-            continue
-        remove_namespace(name)
-        swept.append(name)
+        if _stale(name):
+            remove_namespace(name)
+            swept.append(name)
     for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}-*"):
-        match = re.match(rf"^{PREFIX}-(\d+)-[0-9a-f]{{6}}-", folder.name)
-        if match and folder.is_dir() and not _alive(int(match.group(1))):
+        if _stale(folder.name) and folder.is_dir():
             shutil.rmtree(folder, ignore_errors=True)
     return swept
+
+
+def _stale(name: str) -> bool:
+    """Whether ``name`` belongs to a run whose process is gone."""
+    match = RUN_RULE.match(name)
+    return match is not None and not _alive(int(match.group(1)))
 
 
 def _alive(pid: int) -> bool:
@@ -172,20 +176,8 @@ class Network:
             self._namespace(host.netns)
             for net in NETS:
                 port = self.port(host, net)
-                ip(
-                    "-n",
-                    self.switch,
-                    "link",
-                    "add",
-                    port,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    net,
-                    "netns",
-                    host.netns,
-                )
+                cable = f"link add {port} type veth peer name {net} netns {host.netns}"
+                ip("-n", self.switch, *cable.split())
                 ip("-n", self.switch, "link", "set", port, "master", net, "up")
                 ip("-n", host.netns, "addr", "add", f"{host.address(net)}/24", "dev", net)
                 ip("-n", host.netns, "link", "set", net, "up")
