@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
+from importlib import import_module
 from pathlib import Path
 
 from bench.env import PROJECT_ROOT, BenchEnv
@@ -31,21 +32,23 @@ TITLES = {
     "P4": "campaign vs raw provider loop",
     "P5": "queue health",
     "P6": "CLI start-up",
+    "P7": "no-op jobs on 1 and 2 worker hosts",
 }
 # Figures with workers first; the API figures leave queued messages nobody consumes.
-ORDER = ("P6", "P1", "P2", "P4", "P5", "P3")
+ORDER = ("P6", "P1", "P2", "P7", "P4", "P5", "P3")
+# Figures that start servers of their own (on separate hosts): they need no BenchEnv.
+OWN_SERVERS = {"P7"}
 
 
-def runners() -> dict[str, Callable[[Run], Figure]]:
+RUNNERS = {"P1": "fig_jobs:p1_noop", "P2": "fig_jobs:p2_retry", "P3": "fig_http:p3_http",
+           "P4": "fig_campaign:p4_campaign", "P5": "fig_health:p5_health", "P6": "fig_cli:p6_cli",
+           "P7": "fig_hosts:p7_hosts"}  # fmt: skip
+
+
+def runner(key: str) -> Callable[[Run], Figure]:
     """Imported only now: the figure modules read settings the environment has just set."""
-    from bench.fig_campaign import p4_campaign
-    from bench.fig_cli import p6_cli
-    from bench.fig_health import p5_health
-    from bench.fig_http import p3_http
-    from bench.fig_jobs import p1_noop, p2_retry
-
-    return {"P1": p1_noop, "P2": p2_retry, "P3": p3_http, "P4": p4_campaign, "P5": p5_health,
-            "P6": p6_cli}  # fmt: skip
+    module, function = RUNNERS[key].split(":")
+    return getattr(import_module(f"bench.{module}"), function)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -125,15 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     figures: list[Figure] = []
     began = time.monotonic()
     try:
-        env.start()
+        if set(args.only) - OWN_SERVERS:
+            env.start()
         run = Run(
             env=env, sizes=QUICK if args.quick else FULL, repeat=args.repeat, quick=args.quick
         )
-        table = runners()
         for key in [k for k in ORDER if k in args.only]:
             run.log(f"{key}: {TITLES[key]}")
             try:
-                figures.append(table[key](run))
+                figures.append(runner(key)(run))
             except Exception as exc:  # keep the other figures; say loudly what broke
                 traceback.print_exc()
                 figures.append(Figure(key, TITLES[key], error=f"{type(exc).__name__}: {exc}"))

@@ -45,6 +45,11 @@ def markdown(meta: dict[str, Any], figures: list[Figure]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for fig in figures:
+        if fig.skipped:
+            lines.append(
+                f"| {fig.key} {fig.title} | skipped: {fig.skipped} | | | {fig.target} | — |"
+            )
+            continue
         if fig.error and not fig.series:
             lines.append(f"| {fig.key} {fig.title} | error: {fig.error} | | | {fig.target} | ✗ |")
             continue

@@ -55,6 +55,7 @@ class Figure:
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    skipped: str | None = None  # why it could not run here (not an error)
 
     def get(self, label: str) -> Series:
         return next(s for s in self.series if s.label == label)
@@ -71,6 +72,7 @@ class Figure:
             "notes": self.notes,
             "details": self.details,
             "error": self.error,
+            "skipped": self.skipped,
         }
 
 

@@ -42,6 +42,13 @@ NAMING_CONVENTION = {
 STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
 # One API request's database work, pool wait included.
 REQUEST_DEADLINE_S = 1.0
+# Postgres ends a session left idle inside a transaction this long. Its client
+# has given up on it (no Keel client waits between two statements longer than
+# its own round-trip deadline), or cannot say so: a host cut off the network
+# mid-transaction sends nothing, so the server would keep the transaction, and
+# its row locks, until TCP keepalive notices the dead peer (two hours by default).
+# Meanwhile no other worker could requeue or claim the jobs it had locked.
+IDLE_IN_TRANSACTION_S = deadline.BACKGROUND_S + 5
 _LIMITS: dict[str, dict[str, Any]] = {
     "request": {
         "pool_timeout": REQUEST_DEADLINE_S,
@@ -64,7 +71,10 @@ _lock = threading.RLock()
 
 def _create(kind: str) -> Engine:
     limits = _LIMITS[kind]
-    options = f"-c statement_timeout={limits['statement_timeout_ms']}"
+    options = (
+        f"-c statement_timeout={limits['statement_timeout_ms']} "
+        f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
+    )
     created = create_engine(
         get_settings().sqlalchemy_url,
         pool_size=5,

@@ -58,3 +58,41 @@ def db_error(job: JobContext) -> None:
 
     with transaction() as session:
         session.execute(text("SELECT CAST(:v AS varchar(3))::int"), {"v": "secret-value-xyz"})
+
+
+@handler("test.outlast", queue="default")
+def outlast(job: JobContext) -> dict:
+    """First run: hold a transaction on its record until released (a re-run returns at once).
+
+    Stands for a worker cut off the network in the middle of a transaction on
+    a job: the server keeps the transaction open (nothing tells it the client
+    is gone) and the record locked (``FOR KEY SHARE``, as an insert referencing
+    it would: the run's own lock renewals still pass, a requeue or a claim does
+    not). The run says nothing to Postgres or Redis until the file
+    ``$KEEL_HOME/<job id>.release`` appears on its own host (at most
+    ``data["maxMs"]``), so a test releases it once the cut is over: its result
+    then arrives late, after another worker took the job over. It logs when
+    it wakes, so the test can see that the late result was offered.
+    """
+    import logging
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from tasks.config import get_settings
+    from tasks.db import transaction
+
+    if job.attempts_started == 1:
+        release = get_settings().home / f"{job.id}.release"
+        deadline = time.monotonic() + job.data["maxMs"] / 1000
+        try:
+            with transaction() as session:
+                session.execute(
+                    text("SELECT id FROM jobs WHERE id = :id FOR KEY SHARE"), {"id": job.id}
+                )
+                while not release.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        except DBAPIError:  # the database ended the abandoned transaction meanwhile
+            pass
+        logging.getLogger(__name__).warning("test.outlast %s: first run woke up", job.id)
+    return {"attempt": job.attempts_started}
