@@ -40,9 +40,15 @@ ORDER = ("P6", "P1", "P2", "P7", "P4", "P5", "P3")
 OWN_SERVERS = {"P7"}
 
 
-RUNNERS = {"P1": "fig_jobs:p1_noop", "P2": "fig_jobs:p2_retry", "P3": "fig_http:p3_http",
-           "P4": "fig_campaign:p4_campaign", "P5": "fig_health:p5_health", "P6": "fig_cli:p6_cli",
-           "P7": "fig_hosts:p7_hosts"}  # fmt: skip
+RUNNERS = {
+    "P1": "fig_jobs:p1_noop",
+    "P2": "fig_jobs:p2_retry",
+    "P3": "fig_http:p3_http",
+    "P4": "fig_campaign:p4_campaign",
+    "P5": "fig_health:p5_health",
+    "P6": "fig_cli:p6_cli",
+    "P7": "fig_hosts:p7_hosts",
+}
 
 
 def runner(key: str) -> Callable[[Run], Figure]:

@@ -41,8 +41,13 @@ def up() -> None:
 @click.option("--tenant", required=True)
 @click.option("--user", required=True)
 @click.option("--role", "roles", multiple=True, help="repeat for several roles")
-@click.option("--ttl", default=3600, show_default=True, type=click.IntRange(1),
-              help="seconds, at most KEEL_TOKEN_MAX_TTL_S (30 days by default)")  # fmt: skip
+@click.option(
+    "--ttl",
+    default=3600,
+    show_default=True,
+    type=click.IntRange(1),
+    help="seconds, at most KEEL_TOKEN_MAX_TTL_S (30 days by default)",
+)
 def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
     """Print a signed bearer token."""
     from web.auth import ID_RULE, check_secret, is_id, issue_token
@@ -106,9 +111,20 @@ def schedulers_list(tenant: str) -> None:
 @click.option("--queue", help="default: the queue the job's handler is registered on")
 @click.option("--tenant", default="", help="the tenant that owns it (default: the system)")
 @click.option("--user", help="with --tenant: the user its jobs belong to")
-def schedulers_upsert(scheduler_id: str, pattern: str | None, every: int | None, tz: str,
-                      immediately: bool, limit: int | None, job_name: str, data: str, opts: str,
-                      queue: str | None, tenant: str, user: str | None) -> None:  # fmt: skip
+def schedulers_upsert(
+    scheduler_id: str,
+    pattern: str | None,
+    every: int | None,
+    tz: str,
+    immediately: bool,
+    limit: int | None,
+    job_name: str,
+    data: str,
+    opts: str,
+    queue: str | None,
+    tenant: str,
+    user: str | None,
+) -> None:
     """Create or update SCHEDULER_ID.
 
     A tenant's scheduler (--tenant, --user) follows the API's rules: only jobs
@@ -127,16 +143,25 @@ def schedulers_upsert(scheduler_id: str, pattern: str | None, every: int | None,
     for name, value in (("--tenant", tenant), ("--user", user)):
         if value and not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
-    raw = {"pattern": pattern, "every": every, "tz": tz, "immediately": immediately,
-           "limit": limit,
-           "template": {"name": job_name, "data": _json_option("--data", data),
-                        "opts": _json_option("--opts", opts)}}  # fmt: skip
+    raw = {
+        "pattern": pattern,
+        "every": every,
+        "tz": tz,
+        "immediately": immediately,
+        "limit": limit,
+        "template": {
+            "name": job_name,
+            "data": _json_option("--data", data),
+            "opts": _json_option("--opts", opts),
+        },
+    }
     catalog.load()
     try:
         spec = SchedulerSpec.model_validate({k: v for k, v in raw.items() if v is not None})
         quota = quotas.current().scheduling if tenant else None
-        record = schedulers.upsert(Scope(tenant, user or "cli"), scheduler_id, spec,
-                                   queue=queue, quota=quota)  # fmt: skip
+        record = schedulers.upsert(
+            Scope(tenant, user or "cli"), scheduler_id, spec, queue=queue, quota=quota
+        )
     except (ValidationError, KeelError) as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(json.dumps(schedulers.describe(record), default=str))
@@ -179,9 +204,11 @@ def provider_sandbox(args: tuple[str, ...]) -> None:
     from provider_sandbox.__main__ import main as sandbox_main
 
     settings = get_settings()
-    for name, value in (("KEEL_SANDBOX_PORT", str(settings.sandbox_port)),
-                        ("KEEL_SANDBOX_HOME", str(settings.home / "sandbox")),
-                        ("KEEL_SANDBOX_ADMIN_KEY", settings.sandbox_admin_key)):  # fmt: skip
+    for name, value in (
+        ("KEEL_SANDBOX_PORT", str(settings.sandbox_port)),
+        ("KEEL_SANDBOX_HOME", str(settings.home / "sandbox")),
+        ("KEEL_SANDBOX_ADMIN_KEY", settings.sandbox_admin_key),
+    ):
         os.environ.setdefault(name, value)
     sys.exit(sandbox_main(list(args)))
 

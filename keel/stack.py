@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -114,15 +115,40 @@ class Stack:
         web_bind = f"127.0.0.1:{env['KEEL_WEB_PORT']}"
         return [
             Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
-            Child("beat", [*celery, "beat", "-l", "INFO", "-S", "tasks.jobs.beat:KeelScheduler",
-                           "--pidfile="]),
-            Child("sandbox", [sys.executable, "-m", "provider_sandbox",
-                              "--port", env["KEEL_SANDBOX_PORT"]]),
-            Child("flower", [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}",
-                             "--address=127.0.0.1"]),
-            Child("web", [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf",
-                          "-b", web_bind, "web:create_app()"]),
-        ]  # fmt: skip
+            Child(
+                "beat",
+                [
+                    *celery,
+                    "beat",
+                    "-l",
+                    "INFO",
+                    "-S",
+                    "tasks.jobs.beat:KeelScheduler",
+                    "--pidfile=",
+                ],
+            ),
+            Child(
+                "sandbox",
+                [sys.executable, "-m", "provider_sandbox", "--port", env["KEEL_SANDBOX_PORT"]],
+            ),
+            Child(
+                "flower",
+                [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}", "--address=127.0.0.1"],
+            ),
+            Child(
+                "web",
+                [
+                    sys.executable,
+                    "-m",
+                    "gunicorn",
+                    "-c",
+                    "python:web.gunicorn_conf",
+                    "-b",
+                    web_bind,
+                    "web:create_app()",
+                ],
+            ),
+        ]
 
     def run(self) -> int:
         os.umask(PRIVATE_UMASK)
@@ -162,7 +188,7 @@ class Stack:
         for child in self.plan(env):
             child.env, child.cwd = child_env, str(PROJECT_ROOT)
             child.death_signal = DEATH_SIGNALS.get(child.name, signal.SIGTERM)
-            self.supervisor.add(child, lambda child=child: child.start(self.supervisor.output))
+            self.supervisor.add(child, partial(child.start, self.supervisor.output))
 
     def _announce_when_ready(self) -> None:
         """Print "Keel is up" once ``/readyz`` says so (probed every second until then)."""

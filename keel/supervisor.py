@@ -85,10 +85,15 @@ class Child:
     def start(self, output: Output) -> None:
         """Spawn; call from the main thread (the death signal is tied to the spawning thread)."""
         self.process = subprocess.Popen(
-            self.args, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            self.args,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=tied_to_parent(self.death_signal),
-        )  # fmt: skip
+        )
         assert self.process.stdout is not None
         output.pump(self.name, self.process.stdout)
 
@@ -187,12 +192,15 @@ class Supervisor:
         delay = item.policy.after_exit(ran_for_s)
         name = item.unit.name
         if delay is None:
-            self.output.say(f"{name} {what}; it died {item.policy.failures + 1} times in a row "
-                            "right after starting: giving up, stopping the stack")  # fmt: skip
+            self.output.say(
+                f"{name} {what}; it died {item.policy.failures + 1} times in a row "
+                "right after starting: giving up, stopping the stack"
+            )
             return False
         count = f"restart {item.policy.failures} of {len(item.policy.delays_s)}"
-        self.output.say(f"{name} {what} after {ran_for_s:.1f} s; next start in {delay:g} s "
-                        f"({count})")  # fmt: skip
+        self.output.say(
+            f"{name} {what} after {ran_for_s:.1f} s; next start in {delay:g} s ({count})"
+        )
         item.restart_at = time.monotonic() + delay
         return True
 

@@ -17,9 +17,7 @@ def main(argv: list[str] | None = None) -> int:
         description="A fake messaging provider's group API, for dev and tests.",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument(
-        "--port", type=int, default=config.port(), help="default KEEL_SANDBOX_PORT"
-    )
+    parser.add_argument("--port", type=int, default=config.port(), help="default KEEL_SANDBOX_PORT")
     parser.add_argument("--home", type=Path, help="data folder, default $KEEL_HOME/sandbox")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

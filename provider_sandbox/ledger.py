@@ -51,8 +51,19 @@ def _groups(db: sqlite3.Connection, group_id: str | None) -> list[dict[str, Any]
 
 
 def _group(row: tuple) -> dict[str, Any]:
-    (group_id, name, created_at, deleted_at, count, duplicates, sent_at, rejected_sends,
-     send_count, sent_messages, dropped) = row  # fmt: skip
+    (
+        group_id,
+        name,
+        created_at,
+        deleted_at,
+        count,
+        duplicates,
+        sent_at,
+        rejected_sends,
+        send_count,
+        sent_messages,
+        dropped,
+    ) = row
     return {
         "groupId": group_id,
         "name": name,

@@ -23,8 +23,14 @@ RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "in
 class BoundedEventDispatcher(EventDispatcher):
     """Celery's dispatcher; an event sent with ``retry`` and no policy gets ``RETRY_POLICY``."""
 
-    def send(self, type: str, *args: Any, retry: bool = False,
-             retry_policy: dict[str, Any] | None = None, **fields: Any) -> Any:  # fmt: skip
+    def send(
+        self,
+        type: str,
+        *args: Any,
+        retry: bool = False,
+        retry_policy: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> Any:
         if retry and retry_policy is None:
             retry_policy = RETRY_POLICY
         return super().send(type, *args, retry=retry, retry_policy=retry_policy, **fields)

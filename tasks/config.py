@@ -84,8 +84,9 @@ class Settings(BaseSettings):
     means "unset". A value of the wrong type stops the process at start, naming it.
     """
 
-    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, frozen=True,
-                                      extra="ignore")  # fmt: skip
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, env_ignore_empty=True, frozen=True, extra="ignore"
+    )
 
     # Servers and secrets (unset URLs: `keel up` starts embedded servers and writes them).
     database_url: str | None = None

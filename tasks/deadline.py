@@ -91,7 +91,9 @@ def expiry() -> float:
     return current.expiry() if current is not None else time.monotonic() + BACKGROUND_S
 
 
-def _bounded(gen: Generator[Any, Any, Any], expires_at: float, what: str) -> Generator:
+def _bounded(
+    gen: Generator[Any, Any, Any], expires_at: float, what: str
+) -> Generator[Any, Any, Any]:
     """Drive psycopg's generator ``gen``; raise ``StoreTimeout`` once ``expires_at`` passes."""
     if time.monotonic() >= expires_at:  # nothing sent yet: do not start what cannot finish
         gen.close()
@@ -112,10 +114,10 @@ class DeadlineConnection(psycopg.Connection):
     """A psycopg connection whose every wait ends at the current deadline."""
 
     @classmethod
-    def _connect_gen(cls, conninfo: str = "") -> Generator:
+    def _connect_gen(cls, conninfo: str = "") -> Generator[Any, Any, Any]:
         return _bounded(super()._connect_gen(conninfo), expiry(), "connect")
 
-    def wait(self, gen: Generator, *args: Any, **kwargs: Any) -> Any:
+    def wait(self, gen: Generator[Any, Any, Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return super().wait(_bounded(gen, expiry(), "query"), *args, **kwargs)
         except StoreTimeout:

@@ -137,7 +137,7 @@ class Channel(kombu_redis.Channel):
             self.dead_letter(source.rsplit(self.sep, 1)[0], source, poison)
             raise Empty() from None  # nothing delivered: kombu issues the next BRPOP
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: Any, timeout: Any = None) -> Any:  # kombu's virtual signature
         while True:  # a poison item must not hide the message behind it
             try:
                 return super()._get(queue)

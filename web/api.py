@@ -113,8 +113,11 @@ def _body_problem(payload: Any) -> tuple[str, str, str] | None:
 
 
 def _too_deep() -> ApiError:
-    detail = {"field": "(body)", "type": "too_deep",
-              "message": f"nested deeper than {MAX_JSON_DEPTH} levels"}  # fmt: skip
+    detail = {
+        "field": "(body)",
+        "type": "too_deep",
+        "message": f"nested deeper than {MAX_JSON_DEPTH} levels",
+    }
     return ApiError(400, "the request body is invalid", code="validation_failed", details=[detail])
 
 
@@ -138,9 +141,14 @@ def parse_json_body() -> Any:
             400,
             "the request body is invalid",
             code="validation_failed",
-            details=[{"field": where.encode("utf-8", "backslashreplace").decode(),
-                      "type": kind, "message": message}],
-        )  # fmt: skip
+            details=[
+                {
+                    "field": where.encode("utf-8", "backslashreplace").decode(),
+                    "type": kind,
+                    "message": message,
+                }
+            ],
+        )
     return payload
 
 
@@ -158,10 +166,15 @@ def check_path_params(schemas: dict[str, dict[str, Any]], values: dict[str, Any]
                 400,
                 f"invalid path parameter {name}",
                 code="validation_failed",
-                details=[{"field": name, "type": "path_parameter",
-                          "message": f"must match {schema['pattern']} "
-                                     f"({schema['minLength']}..{schema['maxLength']} chars)"}],
-            )  # fmt: skip
+                details=[
+                    {
+                        "field": name,
+                        "type": "path_parameter",
+                        "message": f"must match {schema['pattern']} "
+                        f"({schema['minLength']}..{schema['maxLength']} chars)",
+                    }
+                ],
+            )
 
 
 def validation_details(error: ValidationError) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
-from typing import Any
+from typing import Any, TypeGuard
 
 import jwt
 from flask import current_app, g, request
@@ -37,7 +37,7 @@ ID_PATTERN = re.compile(r"(?!.*\.\.)(?!\.$)[A-Za-z0-9._-]{1,64}")
 ID_RULE = "1..64 of A-Z a-z 0-9 . _ - without '..' (and not '.')"
 
 
-def is_id(value: object) -> bool:
+def is_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
 
 

@@ -29,17 +29,29 @@ class Recipient(Strict):
 
 class CreateCampaign(Strict):
     # The document states the exactly-one rule that ``_one_source`` enforces.
-    model_config = ConfigDict(json_schema_extra={"oneOf": [
-        {"required": ["recipients"], "properties": {"recipients": {"type": "array"}}},
-        {"required": ["recipientCount"], "properties": {"recipientCount": {"type": "integer"}}},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["recipients"], "properties": {"recipients": {"type": "array"}}},
+                {
+                    "required": ["recipientCount"],
+                    "properties": {"recipientCount": {"type": "integer"}},
+                },
+            ]
+        }
+    )
 
     name: str = Field(min_length=1, max_length=200)
     category: str = Field(min_length=1, max_length=100)
-    template: str = Field(min_length=1, max_length=2000, pattern=TEMPLATE,
-                          description="{name} placeholders only; {{ }} for braces")  # fmt: skip
-    recipients: list[Recipient] | None = Field(default=None, min_length=1,
-                                               max_length=MAX_LISTED_RECIPIENTS)  # fmt: skip
+    template: str = Field(
+        min_length=1,
+        max_length=2000,
+        pattern=TEMPLATE,
+        description="{name} placeholders only; {{ }} for braces",
+    )
+    recipients: list[Recipient] | None = Field(
+        default=None, min_length=1, max_length=MAX_LISTED_RECIPIENTS
+    )
     recipientCount: int | None = Field(
         default=None,
         ge=1,
@@ -92,29 +104,48 @@ def _status_url(campaign_id: str) -> str:
     return f"{bp.url_prefix}/{campaign_id}"
 
 
-@operation(bp, "", "POST", summary="Start a notification campaign", body=CreateCampaign,
-           responses={202: CampaignAccepted, 400: None})  # fmt: skip
+@operation(
+    bp,
+    "",
+    "POST",
+    summary="Start a notification campaign",
+    body=CreateCampaign,
+    responses={202: CampaignAccepted, 400: None},
+)
 def create_campaign(body: CreateCampaign):
     spec = service.NewCampaign(
-        name=body.name, category=body.category, template=body.template,
+        name=body.name,
+        category=body.category,
+        template=body.template,
         recipients=[r.model_dump() for r in body.recipients] if body.recipients else None,
-        recipient_count=body.recipientCount, chunk_size=body.chunkSize,
-    )  # fmt: skip
+        recipient_count=body.recipientCount,
+        chunk_size=body.chunkSize,
+    )
     campaign = service.create(g.principal.owner, spec, quotas.current())
     return {"campaignId": campaign.id, "statusUrl": _status_url(campaign.id)}, 202
 
 
-@operation(bp, "/<campaign_id>", "GET", summary="A campaign's chunks, generations and report",
-           responses={200: CampaignStatus, 404: None})  # fmt: skip
+@operation(
+    bp,
+    "/<campaign_id>",
+    "GET",
+    summary="A campaign's chunks, generations and report",
+    responses={200: CampaignStatus, 404: None},
+)
 def get_campaign(campaign_id: str):
     principal = g.principal
     found = campaigns.get_owned(campaign_id, principal.owner, tenant_wide=principal.operator)
     return campaigns.describe(found)
 
 
-@operation(bp, "/<campaign_id>/resume", "POST", role="operator",
-           summary="Re-dispatch a campaign's unfinished chunks and sends",
-           responses={202: Resumed, 400: None, 404: None})  # fmt: skip
+@operation(
+    bp,
+    "/<campaign_id>/resume",
+    "POST",
+    role="operator",
+    summary="Re-dispatch a campaign's unfinished chunks and sends",
+    responses={202: Resumed, 400: None, 404: None},
+)
 def resume_campaign(campaign_id: str):
     principal = g.principal
     return service.resume(principal.owner, campaign_id, principal.user_id), 202

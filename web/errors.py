@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
@@ -70,9 +71,11 @@ def init_app(app: Flask) -> None:
     # Down, hung past the request's deadline (tasks.deadline), or out of
     # connections: the same errors a worker gives its delivery back for.
     for store_error in STORE_UNAVAILABLE:
-        app.register_error_handler(store_error, _unavailable("the job store"))
+        app.register_error_handler(
+            cast(type[Exception], store_error), _unavailable("the job store")
+        )
     for broker_error in BROKER_UNAVAILABLE:
-        app.register_error_handler(broker_error, _unavailable("the broker"))
+        app.register_error_handler(cast(type[Exception], broker_error), _unavailable("the broker"))
 
     @app.errorhandler(Exception)
     def _unexpected(error: Exception):
@@ -84,8 +87,11 @@ def _unavailable(part: str):
     def answer(error: Exception):
         log.warning("%s is unavailable: %s", part, str(error).splitlines()[0] if str(error) else "")
         return error_response(
-            ApiError(503, f"{part} is unavailable, try again shortly",
-                     headers={"Retry-After": str(RETRY_AFTER_S)})
-        )  # fmt: skip
+            ApiError(
+                503,
+                f"{part} is unavailable, try again shortly",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        )
 
     return answer

@@ -122,10 +122,12 @@ def _timeout_s() -> float:
     except ValueError:
         value = -1.0
     if not 0 < value <= MAX_TIMEOUT_S:
-        raise ApiError(400, f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
-                       code="validation_failed",
-                       details=[{"field": "timeout", "message": "out of range",
-                                 "type": "value_error"}])  # fmt: skip
+        raise ApiError(
+            400,
+            f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]",
+            code="validation_failed",
+            details=[{"field": "timeout", "message": "out of range", "type": "value_error"}],
+        )
     return value
 
 
@@ -160,8 +162,11 @@ def _take_stream_slot(environ: dict[str, Any]) -> threading.BoundedSemaphore | N
     if slots is None:
         return None
     if not slots.acquire(blocking=False):
-        raise ApiError(503, "too many open event streams on this server, try again shortly",
-                       headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+        raise ApiError(
+            503,
+            "too many open event streams on this server, try again shortly",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
     return slots
 
 

@@ -81,7 +81,9 @@ class TenantRateLimiter:
             return
         if shared and broker.unreachable():
             return
-        checks = [("tenant", self.item, (tenant_id,))]
+        checks: list[tuple[str, RateLimitItem, tuple[str, ...]]] = [
+            ("tenant", self.item, (tenant_id,))
+        ]
         if self.user_item is not None and user_id is not None:
             checks.insert(0, ("user", self.user_item, (tenant_id, user_id)))
         for who, item, keys in checks:
@@ -105,10 +107,11 @@ class TenantRateLimiter:
         return ApiError(
             429,
             f"{who} request rate limit exceeded ({item}); retry after {retry_after}s",
-            details=[{"limit": f"{who}RequestRate", "rate": str(item),
-                      "retryAfterSeconds": retry_after}],
+            details=[
+                {"limit": f"{who}RequestRate", "rate": str(item), "retryAfterSeconds": retry_after}
+            ],
             headers={"Retry-After": str(retry_after)},
-        )  # fmt: skip
+        )
 
 
 def _parse(limit: str, name: str = "KEEL_TENANT_RATE_LIMIT") -> RateLimitItem | None:

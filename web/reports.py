@@ -85,9 +85,15 @@ class RetryJob(Strict):
     reason: str = Field(min_length=10, max_length=2000)
 
 
-@operation(bp, "/jobs/<job_id>/retry", "POST", summary="Operator retry of a failed report job",
-           body=RetryJob, role="operator",
-           responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None})  # fmt: skip
+@operation(
+    bp,
+    "/jobs/<job_id>/retry",
+    "POST",
+    summary="Operator retry of a failed report job",
+    body=RetryJob,
+    role="operator",
+    responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None},
+)
 def retry_job(job_id: str, body: RetryJob):
     principal = g.principal
     service.retry(principal.owner, job_id, actor=principal.user_id, reason=body.reason)
@@ -112,21 +118,41 @@ class ReportScheduled(JobAccepted):
     runAt: str
 
 
-@operation(bp, "/scheduled", "POST", summary="Schedule a report job for later",
-           body=ScheduleReport, responses={202: ReportScheduled, 400: None})  # fmt: skip
+@operation(
+    bp,
+    "/scheduled",
+    "POST",
+    summary="Schedule a report job for later",
+    body=ScheduleReport,
+    responses={202: ReportScheduled, 400: None},
+)
 def schedule_report(body: ScheduleReport):
     now = datetime.now(UTC)
     if body.runAt <= now:
-        raise ApiError(400, "runAt must be in the future", code="validation_failed",
-                       details=[{"field": "runAt", "message": "not in the future",
-                                 "type": "value_error"}])  # fmt: skip
+        raise ApiError(
+            400,
+            "runAt must be in the future",
+            code="validation_failed",
+            details=[{"field": "runAt", "message": "not in the future", "type": "value_error"}],
+        )
     horizon = quotas.current().max_delay_seconds
     if body.runAt > now + timedelta(seconds=horizon):
-        raise ApiError(400, f"runAt may be at most {horizon} s ahead", code="validation_failed",
-                       details=[{"field": "runAt", "limit": "maxDelaySeconds", "max": horizon,
-                                 "type": "value_error"}])  # fmt: skip
-    submitted = service.submit(g.principal.owner, body.reportId, body.rows, run_at=body.runAt,
-                               now=now)  # fmt: skip
+        raise ApiError(
+            400,
+            f"runAt may be at most {horizon} s ahead",
+            code="validation_failed",
+            details=[
+                {
+                    "field": "runAt",
+                    "limit": "maxDelaySeconds",
+                    "max": horizon,
+                    "type": "value_error",
+                }
+            ],
+        )
+    submitted = service.submit(
+        g.principal.owner, body.reportId, body.rows, run_at=body.runAt, now=now
+    )
     return {
         "jobId": submitted.job_id,
         "accepted": True,
@@ -143,9 +169,16 @@ class QueueHealth(Open):
     failed: int
 
 
-@operation(bp, "/queue/health", "GET", summary="The tenant's jobs per state in the reports queue",
-           role="operator", responses={200: QueueHealth})  # fmt: skip
+@operation(
+    bp,
+    "/queue/health",
+    "GET",
+    summary="The tenant's jobs per state in the reports queue",
+    role="operator",
+    responses={200: QueueHealth},
+)
 def queue_health():
     found = counts(QUEUE, g.principal.tenant_id)
-    return {state: found[state] for state in ("waiting", "active", "delayed", "completed",
-                                              "failed")}  # fmt: skip
+    return {
+        state: found[state] for state in ("waiting", "active", "delayed", "completed", "failed")
+    }

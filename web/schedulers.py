@@ -80,10 +80,14 @@ class UpsertScheduler(SchedulerSpec):
     """A scheduler's rule and template (and optionally its queue)."""
 
     # The document states the exactly-one rule that ``Rule._one_rule`` enforces.
-    model_config = ConfigDict(json_schema_extra={"oneOf": [
-        {"required": ["pattern"], "properties": {"pattern": {"type": "string"}}},
-        {"required": ["every"], "properties": {"every": {"type": "integer"}}},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["pattern"], "properties": {"pattern": {"type": "string"}}},
+                {"required": ["every"], "properties": {"every": {"type": "integer"}}},
+            ]
+        }
+    )
 
     every: int | None = Field(default=None, ge=100, le=MAX_PERIOD_MS, description="milliseconds")
     template: SchedulerTemplate
@@ -126,31 +130,61 @@ def _checked_id(scheduler_id: str) -> str:
     return scheduler_id
 
 
-@operation(bp, "/<scheduler_id>", "PUT", summary="Create or update a job scheduler",
-           body=UpsertScheduler, role=OPERATOR, responses={200: SchedulerView},
-           params={"scheduler_id": ID})  # fmt: skip
+@operation(
+    bp,
+    "/<scheduler_id>",
+    "PUT",
+    summary="Create or update a job scheduler",
+    body=UpsertScheduler,
+    role=OPERATOR,
+    responses={200: SchedulerView},
+    params={"scheduler_id": ID},
+)
 def upsert_scheduler(scheduler_id: str, body: UpsertScheduler):
     catalog.load()  # every job type declared, whichever this process imported so far
     spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
-    record = schedulers.upsert(_scope(), _checked_id(scheduler_id), spec, queue=body.queue,
-                               quota=quotas.current().scheduling)  # fmt: skip
+    record = schedulers.upsert(
+        _scope(),
+        _checked_id(scheduler_id),
+        spec,
+        queue=body.queue,
+        quota=quotas.current().scheduling,
+    )
     return schedulers.describe(record)
 
 
-@operation(bp, "", "GET", summary="The tenant's job schedulers", role=OPERATOR,
-           responses={200: SchedulerList})  # fmt: skip
+@operation(
+    bp,
+    "",
+    "GET",
+    summary="The tenant's job schedulers",
+    role=OPERATOR,
+    responses={200: SchedulerList},
+)
 def list_schedulers():
     return {"schedulers": [schedulers.describe(r) for r in schedulers.list_all(_scope())]}
 
 
-@operation(bp, "/<scheduler_id>", "GET", summary="One job scheduler", role=OPERATOR,
-           responses={200: SchedulerView, 404: None})  # fmt: skip
+@operation(
+    bp,
+    "/<scheduler_id>",
+    "GET",
+    summary="One job scheduler",
+    role=OPERATOR,
+    responses={200: SchedulerView, 404: None},
+)
 def get_scheduler(scheduler_id: str):
     return schedulers.describe(schedulers.get(_scope(), scheduler_id))
 
 
-@operation(bp, "/<scheduler_id>", "DELETE", summary="Remove a job scheduler", role=OPERATOR,
-           responses={204: None, 404: None})  # fmt: skip
+@operation(
+    bp,
+    "/<scheduler_id>",
+    "DELETE",
+    summary="Remove a job scheduler",
+    role=OPERATOR,
+    responses={204: None, 404: None},
+)
 def remove_scheduler(scheduler_id: str):
     schedulers.remove(_scope(), scheduler_id)
     return "", 204

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from gunicorn.workers.gthread import ThreadWorker
 
@@ -55,13 +55,13 @@ class StreamingWorker(ThreadWorker):
         self._heads_lock = threading.Lock()
         self._stopping = threading.Event()
         slots = max(1, self.cfg.threads - REQUEST_THREADS)
-        self._environ = {STREAM_SLOTS: threading.BoundedSemaphore(slots),
-                         STOPPING: self._stopping}  # fmt: skip
+        self._environ = {STREAM_SLOTS: threading.BoundedSemaphore(slots), STOPPING: self._stopping}
         super().init_process()
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        app, extra = self.wsgi, self._environ
+        app: Any = cast(Any, self).wsgi  # gunicorn's attribute, untyped
+        extra = self._environ
 
         def with_serving_state(environ: dict, start_response: Callable) -> Iterable[bytes]:
             environ.update(extra)
@@ -96,8 +96,9 @@ class StreamingWorker(ThreadWorker):
             for conn in late:
                 del self._heads[conn]
         for conn in late:
-            self.log.info("closing %s: request head not received within %.0f s",
-                          conn.client, HEAD_TIMEOUT_S)  # fmt: skip
+            self.log.info(
+                "closing %s: request head not received within %.0f s", conn.client, HEAD_TIMEOUT_S
+            )
             with contextlib.suppress(OSError):  # the reading thread sees EOF and lets go
                 conn.sock.shutdown(socket.SHUT_RDWR)
 

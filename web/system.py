@@ -35,15 +35,19 @@ class JobActivityCollector:
     """Event counters and run histograms every worker process records in Redis."""
 
     def collect(self):
-        events = CounterMetricFamily("keel_job_events", "Queue events by type (failed, "
-                                     "retrying, deduplicated, stalled, ...)",
-                                     labels=["queue", "event"])  # fmt: skip
+        events = CounterMetricFamily(
+            "keel_job_events",
+            "Queue events by type (failed, retrying, deduplicated, stalled, ...)",
+            labels=["queue", "event"],
+        )
         families = {
-            "duration": HistogramMetricFamily("keel_job_duration_seconds",
-                                              "Run time of finished runs", labels=["queue"]),
-            "wait": HistogramMetricFamily("keel_job_wait_seconds",
-                                          "Time from due to start", labels=["queue"]),
-        }  # fmt: skip
+            "duration": HistogramMetricFamily(
+                "keel_job_duration_seconds", "Run time of finished runs", labels=["queue"]
+            ),
+            "wait": HistogramMetricFamily(
+                "keel_job_wait_seconds", "Time from due to start", labels=["queue"]
+            ),
+        }
         for queue, found in job_metrics.snapshot(list(QUEUES)).items():
             for event, n in found["events"].items():
                 events.add_metric([queue, event], n)

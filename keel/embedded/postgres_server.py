@@ -93,15 +93,27 @@ class EmbeddedPostgres:
         if account is not None and self.socket_dir != self.pgdata:
             os.chown(self.socket_dir, account.pw_uid, account.pw_gid)
         # No TCP listener; the socket is for our user only (the default is 0777).
-        args = [str(commands.POSTGRES_BIN_PATH / "postgres"), "-D", str(self.pgdata),
-                "-k", str(self.socket_dir), "-c", "listen_addresses=",
-                "-c", "unix_socket_permissions=0700"]  # fmt: skip
+        args = [
+            str(commands.POSTGRES_BIN_PATH / "postgres"),
+            "-D",
+            str(self.pgdata),
+            "-k",
+            str(self.socket_dir),
+            "-c",
+            "listen_addresses=",
+            "-c",
+            "unix_socket_permissions=0700",
+        ]
         with (self.pgdata / "log").open("ab") as log:
             self.process = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=tied_to_parent(signal.SIGINT),
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=tied_to_parent(signal.SIGINT),
                 **_run_as(account),
-            )  # fmt: skip
+            )
         self._wait_ready(timeout_s)
         return self.url
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = '0007'
-down_revision: str | None = '0006'
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -23,8 +23,16 @@ LIVE = "state IN ('waiting', 'active', 'delayed', 'waiting-children')"
 def _count_trigger(with_tenant: bool) -> str:
     """The delta trigger of 0004, optionally keyed by tenant ('' for system jobs)."""
     cols = "queue, tenant_id, state" if with_tenant else "queue, state"
-    old = "OLD.queue, COALESCE(OLD.tenant_id, ''), OLD.state" if with_tenant else "OLD.queue, OLD.state"
-    new = "NEW.queue, COALESCE(NEW.tenant_id, ''), NEW.state" if with_tenant else "NEW.queue, NEW.state"
+    old = (
+        "OLD.queue, COALESCE(OLD.tenant_id, ''), OLD.state"
+        if with_tenant
+        else "OLD.queue, OLD.state"
+    )
+    new = (
+        "NEW.queue, COALESCE(NEW.tenant_id, ''), NEW.state"
+        if with_tenant
+        else "NEW.queue, NEW.state"
+    )
     return f"""
         CREATE OR REPLACE FUNCTION jobs_count_states() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -45,10 +53,16 @@ def upgrade() -> None:
     # its own jobs, still without scanning the jobs table. Rebuilt from the records,
     # with writers held off, so counts and pending deltas stay consistent.
     op.execute("LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE")
-    op.add_column('job_count_deltas', sa.Column('tenant_id', sa.String(length=200), server_default='', nullable=False))
-    op.add_column('job_counts', sa.Column('tenant_id', sa.String(length=200), server_default='', nullable=False))
-    op.drop_constraint('pk_job_counts', 'job_counts', type_='primary')
-    op.create_primary_key('pk_job_counts', 'job_counts', ['queue', 'tenant_id', 'state'])
+    op.add_column(
+        "job_count_deltas",
+        sa.Column("tenant_id", sa.String(length=200), server_default="", nullable=False),
+    )
+    op.add_column(
+        "job_counts",
+        sa.Column("tenant_id", sa.String(length=200), server_default="", nullable=False),
+    )
+    op.drop_constraint("pk_job_counts", "job_counts", type_="primary")
+    op.create_primary_key("pk_job_counts", "job_counts", ["queue", "tenant_id", "state"])
     op.execute(_count_trigger(with_tenant=True))
     op.execute("DELETE FROM job_count_deltas")
     op.execute("DELETE FROM job_counts")
@@ -58,22 +72,50 @@ def upgrade() -> None:
         "GROUP BY queue, COALESCE(tenant_id, ''), state"
     )
     # Retention trims per (queue, tenant) — per job name for system jobs.
-    op.drop_index('ix_jobs_finished', table_name='jobs', postgresql_where=sa.text("state IN ('completed','failed')"))
-    op.create_index('ix_jobs_finished', 'jobs', ['queue', 'tenant_id', 'state', 'finished_on'], unique=False, postgresql_where=sa.text("state IN ('completed','failed')"))
+    op.drop_index(
+        "ix_jobs_finished",
+        table_name="jobs",
+        postgresql_where=sa.text("state IN ('completed','failed')"),
+    )
+    op.create_index(
+        "ix_jobs_finished",
+        "jobs",
+        ["queue", "tenant_id", "state", "finished_on"],
+        unique=False,
+        postgresql_where=sa.text("state IN ('completed','failed')"),
+    )
     # A tenant's live jobs and backlog (quota and fair priority) without its finished ones.
-    op.create_index('ix_jobs_tenant_live', 'jobs', ['tenant_id', 'queue', 'state'], unique=False, postgresql_where=sa.text(LIVE))
+    op.create_index(
+        "ix_jobs_tenant_live",
+        "jobs",
+        ["tenant_id", "queue", "state"],
+        unique=False,
+        postgresql_where=sa.text(LIVE),
+    )
 
 
 def downgrade() -> None:
-    op.drop_index('ix_jobs_tenant_live', table_name='jobs', postgresql_where=sa.text(LIVE))
-    op.drop_index('ix_jobs_finished', table_name='jobs', postgresql_where=sa.text("state IN ('completed','failed')"))
-    op.create_index('ix_jobs_finished', 'jobs', ['queue', 'state', 'finished_on'], unique=False, postgresql_where=sa.text("state IN ('completed','failed')"))
+    op.drop_index("ix_jobs_tenant_live", table_name="jobs", postgresql_where=sa.text(LIVE))
+    op.drop_index(
+        "ix_jobs_finished",
+        table_name="jobs",
+        postgresql_where=sa.text("state IN ('completed','failed')"),
+    )
+    op.create_index(
+        "ix_jobs_finished",
+        "jobs",
+        ["queue", "state", "finished_on"],
+        unique=False,
+        postgresql_where=sa.text("state IN ('completed','failed')"),
+    )
     op.execute("LOCK TABLE jobs IN SHARE ROW EXCLUSIVE MODE")
     op.execute(_count_trigger(with_tenant=False))
     op.execute("DELETE FROM job_count_deltas")
     op.execute("DELETE FROM job_counts")
-    op.drop_constraint('pk_job_counts', 'job_counts', type_='primary')
-    op.drop_column('job_counts', 'tenant_id')
-    op.create_primary_key('pk_job_counts', 'job_counts', ['queue', 'state'])
-    op.execute("INSERT INTO job_counts (queue, state, n) SELECT queue, state, count(*) FROM jobs GROUP BY queue, state")
-    op.drop_column('job_count_deltas', 'tenant_id')
+    op.drop_constraint("pk_job_counts", "job_counts", type_="primary")
+    op.drop_column("job_counts", "tenant_id")
+    op.create_primary_key("pk_job_counts", "job_counts", ["queue", "state"])
+    op.execute(
+        "INSERT INTO job_counts (queue, state, n) SELECT queue, state, count(*) FROM jobs GROUP BY queue, state"
+    )
+    op.drop_column("job_count_deltas", "tenant_id")

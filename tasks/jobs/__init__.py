@@ -26,12 +26,17 @@ if TYPE_CHECKING:
     from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
 
 _HOMES = {
-    "tasks.jobs.errors": ("InvalidJobState", "JobConflict", "JobNotFound", "KeelError",
-                          "UnrecoverableError"),
+    "tasks.jobs.errors": (
+        "InvalidJobState",
+        "JobConflict",
+        "JobNotFound",
+        "KeelError",
+        "UnrecoverableError",
+    ),
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
     "tasks.jobs.enqueue": ("AddedJob", "Owner", "add"),
     "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
-}  # fmt: skip
+}
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [

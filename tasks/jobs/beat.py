@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Any
 
 import redis
 from celery.beat import Scheduler
@@ -35,7 +36,7 @@ class KeelScheduler(Scheduler):
         if self.app.conf.beat_schedule:
             log.warning("beat_schedule entries are ignored: use job schedulers (keel schedulers)")
 
-    def tick(self, *args, **kwargs) -> float:
+    def tick(self, *args: Any, **kwargs: Any) -> float:
         self._heartbeat()
         try:
             for job_id in schedulers.fire_due(job_limits=quotas.current().jobs):

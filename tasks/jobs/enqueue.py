@@ -123,8 +123,15 @@ def add(
     ``QuotaExceeded`` refuses the add and nothing is recorded.
     """
     opts = opts or JobOptions()
-    job = NewJob(opts.job_id or new_job_id(), name, queue, data, opts,
-                 owner.tenant_id if owner else None, owner.user_id if owner else None)  # fmt: skip
+    job = NewJob(
+        opts.job_id or new_job_id(),
+        name,
+        queue,
+        data,
+        opts,
+        owner.tenant_id if owner else None,
+        owner.user_id if owner else None,
+    )
     rule = opts.deduplication
     priority = 0
     with transaction() as session:
@@ -134,15 +141,23 @@ def add(
                 load = tenancy.admit(session, job.tenant_id, queue, opts.delay, limits)
                 priority = tenancy.priority_for(load.on_queue)
             created = store.insert(session, job)
+    dedup_id = rule.id if rule else None
     if kept is not None:
-        events.emit(queue, "deduplicated", kept, name,
-                    deduplicationId=rule.id, deduplicatedJobId=job.id)  # fmt: skip
+        events.emit(
+            queue, "deduplicated", kept, name, deduplicationId=dedup_id, deduplicatedJobId=job.id
+        )
         return AddedJob(job_id=kept, created=False, state="deduplicated")
     if not created:
         return AddedJob(job_id=job.id, created=False, state="existing")
     if replaced is not None:
-        events.emit(queue, "deduplicated", job.id, name,
-                    deduplicationId=rule.id, deduplicatedJobId=replaced)  # fmt: skip
+        events.emit(
+            queue,
+            "deduplicated",
+            job.id,
+            name,
+            deduplicationId=dedup_id,
+            deduplicatedJobId=replaced,
+        )
     events.emit(queue, job.state, job.id, name, **({"delay": opts.delay} if opts.delay else {}))
     if job.state == State.WAITING and publish_now:
         publish_or_park(job.id, name, queue, data, priority=priority)

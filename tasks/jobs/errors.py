@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class KeelError(Exception):
     """Keel could not do what was asked.
@@ -14,8 +16,13 @@ class KeelError(Exception):
     code = "keel_error"
     status = 400
 
-    def __init__(self, message: str | None = None, *, details: list | None = None,
-                 headers: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        details: list[Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
         self.details = details or []
         self.headers = headers or {}
@@ -82,8 +89,9 @@ class Defer(KeelError):
 
     code = "deferred"
 
-    def __init__(self, delay_ms: int, reason: str = "deferred", *,
-                 waiting_children: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, delay_ms: int, reason: str = "deferred", *, waiting_children: bool = False
+    ) -> None:
         super().__init__(reason)
         self.delay_ms = delay_ms
         self.waiting_children = waiting_children

@@ -41,7 +41,13 @@ def stream_key(queue: str) -> str:
 
 
 def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields: Any) -> None:
-    entry = {"event": event, "jobId": job_id, "queue": queue, "time": f"{time.time():.3f}"}
+    # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
+    entry: dict[Any, Any] = {
+        "event": event,
+        "jobId": job_id,
+        "queue": queue,
+        "time": f"{time.time():.3f}",
+    }
     if name:
         entry["name"] = name
     for key, value in fields.items():
@@ -85,10 +91,10 @@ def read(
     ``block_ms`` stays under the client's socket timeout (``tasks.broker``):
     a blocking read that outlasts it would look like a hung Redis.
     """
-    cursors = {stream_key(q): since for q in queues}
+    cursors: dict[Any, Any] = {stream_key(q): since for q in queues}
     client = redis_client()
     while True:
-        batch = client.xread(cursors, block=block_ms if follow else None, count=500)
+        batch: Any = client.xread(cursors, block=block_ms if follow else None, count=500)
         if not batch and not follow:
             return
         for stream, entries in batch or []:

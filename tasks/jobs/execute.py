@@ -90,7 +90,7 @@ class KeelTask(Task):
     def _delivered_queue(self) -> str:
         """The queue this delivery came from: a job may be added on any queue."""
         info = self.request.delivery_info or {}
-        return info.get("routing_key") or self.queue
+        return str(info.get("routing_key") or self.queue)
 
     def _run_claimed(self, admission: limits.Admission) -> Any:
         claimed = self._claim()
@@ -161,8 +161,11 @@ class KeelTask(Task):
         it — what a plain exception here does — would leave a waiting record
         that no message will ever wake.
         """
-        log.warning("job store unavailable; job %s goes back to its queue: %s",
-                    self.request.id, exc.__class__.__name__)  # fmt: skip
+        log.warning(
+            "job store unavailable; job %s goes back to its queue: %s",
+            self.request.id,
+            exc.__class__.__name__,
+        )
         time.sleep(STORE_UNAVAILABLE_PAUSE_S)
         raise Reject(str(exc), requeue=True) from exc
 
@@ -171,8 +174,7 @@ class KeelTask(Task):
         request = self.request
         if not request.chord and not request.group:
             return None
-        return {"chord": request.chord, "group": request.group,
-                "group_index": request.group_index}  # fmt: skip
+        return {"chord": request.chord, "group": request.group, "group_index": request.group_index}
 
 
 def handler(

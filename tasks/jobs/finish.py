@@ -77,11 +77,18 @@ def failed(claimed: ClaimedJob, exc: BaseException) -> Retrying | None:
             finished(session, claimed, State.FAILED)
     made = claimed.attempts_made + 1
     if outcome.retry_at is None:
-        events.emit(claimed.queue, "failed", claimed.id, claimed.name, failedReason=reason,
-                    attemptsMade=made)  # fmt: skip
+        events.emit(
+            claimed.queue,
+            "failed",
+            claimed.id,
+            claimed.name,
+            failedReason=reason,
+            attemptsMade=made,
+        )
         return None
-    events.emit(claimed.queue, "retrying", claimed.id, claimed.name, failedReason=reason,
-                attemptsMade=made)  # fmt: skip
+    events.emit(
+        claimed.queue, "retrying", claimed.id, claimed.name, failedReason=reason, attemptsMade=made
+    )
     events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
     return Retrying(outcome.retry_at, reason)
 

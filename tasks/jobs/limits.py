@@ -239,7 +239,7 @@ def _remove(token: Token) -> None:
         log.warning("could not give back a token of %s", token.key, exc_info=True)
 
 
-def _eval(what: str, queue: str, script: str, key: str, *args: object) -> int:
+def _eval(what: str, queue: str, script: str, key: str, *args: str | int | float) -> int:
     try:
         return int(redis_client().eval(script, 1, key, *args))
     except Exception:
@@ -249,10 +249,10 @@ def _eval(what: str, queue: str, script: str, key: str, *args: object) -> int:
 
 def _take_slot(queue: str, concurrency: int) -> Token:
     slot = Token(slot_key(queue), uuid.uuid4().hex)
-    if not _eval("concurrency", queue, _TAKE_SLOT, slot.key, slot.member, concurrency,
-                 _lease_ms()):  # fmt: skip
-        raise LimitReached(random.uniform(CONCURRENCY_HOLD_S, 2 * CONCURRENCY_HOLD_S),
-                           "concurrency")  # fmt: skip
+    if not _eval("concurrency", queue, _TAKE_SLOT, slot.key, slot.member, concurrency, _lease_ms()):
+        raise LimitReached(
+            random.uniform(CONCURRENCY_HOLD_S, 2 * CONCURRENCY_HOLD_S), "concurrency"
+        )
     _leases.track(slot)
     return slot
 
@@ -261,8 +261,16 @@ def _reserve_start(queue: str, rate: Rate) -> tuple[Token, int]:
     """A reserved start and the ttl its key needs; ``LimitReached`` if the window is full."""
     start = Token(starts_key(queue), uuid.uuid4().hex)
     reserve_ms = max(_lease_ms(), rate.duration_ms)  # outlasts any claim, however slow
-    wait_us = _eval("rate", queue, _RESERVE_START, start.key, start.member, rate.max,
-                    rate.duration_ms, reserve_ms)  # fmt: skip
+    wait_us = _eval(
+        "rate",
+        queue,
+        _RESERVE_START,
+        start.key,
+        start.member,
+        rate.max,
+        rate.duration_ms,
+        reserve_ms,
+    )
     if wait_us:
         # Ask again somewhere in the window after the oldest start leaves it,
         # so held jobs spread out instead of all asking at the same instant.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Any
 
 import redis
 from celery import bootsteps
@@ -87,22 +88,24 @@ class Heartbeat(bootsteps.StartStopStep):
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
-    def __init__(self, c, **kwargs) -> None:
-        self.tref = None
+    def __init__(self, c: Any, **kwargs: Any) -> None:
+        self.tref: Any = None
         self.client: redis.Redis | None = None
 
-    def start(self, c) -> None:
+    def start(self, c: Any) -> None:
         self.client = quick_client()
         self._beat(c.hostname)
         self.tref = c.timer.call_repeatedly(HEARTBEAT_S, self._beat, (c.hostname,))
 
     def _beat(self, hostname: str) -> None:
+        if self.client is None:
+            return
         try:
             beat(self.client, "worker", hostname)
         except redis.RedisError as exc:  # readiness will say so; the worker goes on
             log.warning("worker heartbeat not recorded: %s", exc)
 
-    def stop(self, c) -> None:
+    def stop(self, c: Any) -> None:
         if self.tref is not None:
             c.timer.cancel(self.tref)
             self.tref = None

@@ -1,6 +1,6 @@
 """Manual retry: an operator gives a failed job its attempts again, with an audit trail.
 
-The checks run in the seed's order inside one transaction that holds the
+The checks run in this order inside one transaction that holds the
 job's row lock: owner → state → no live duplicate → no stored result (the
 domain's check) → audit row → reset and requeue. Concurrent retries of one
 job queue up on the row lock; the first one wins, the others then find the
@@ -31,11 +31,15 @@ ConflictCheck = Callable[[Session, JobRecord], str | None]
 
 @dataclass(frozen=True)
 class RetryRequest:
-    """An operator's retry: ``owner`` is the operator's tenant (``tenant_wide``) or itself."""
+    """An operator's retry: ``owner`` is the operator's tenant (``tenant_wide``) or itself.
+
+    ``owner`` ``None``: the caller already checked who may retry this job (a campaign's
+    resume retries the campaign's own internal jobs, some of which have no owner).
+    """
 
     job_id: str
     queue: str
-    owner: Owner
+    owner: Owner | None
     actor: str
     reason: str
     tenant_wide: bool = True
@@ -43,7 +47,7 @@ class RetryRequest:
 
 def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
     job = store.lock(session, request.job_id)
-    visible = owned_by(job, request.owner, tenant_wide=request.tenant_wide)
+    visible = request.owner is None or owned_by(job, request.owner, tenant_wide=request.tenant_wide)
     if job is None or not visible or job.queue != request.queue:
         raise JobNotFound("job not found")
     return job
@@ -65,19 +69,31 @@ def _check_live_duplicate(session: Session, job: JobRecord) -> Deduplication | N
     rule = Deduplication.model_validate(raw)
     holder = dedup.holder_of(session, job.queue, rule.id)
     if holder is not None and holder != job.id:
-        raise JobConflict("another job for the same operation is in progress",
-                          details=[{"jobId": holder}])  # fmt: skip
+        raise JobConflict(
+            "another job for the same operation is in progress", details=[{"jobId": holder}]
+        )
     return rule
 
 
 def _audit(session: Session, job: JobRecord, request: RetryRequest, ids: dict[str, Any]) -> None:
     """What the reset clears, copied first into the append-only audit table."""
-    store.record_audit(session, RetryAudit(
-        job_id=job.id, queue=job.queue, job_name=job.name, tenant_id=job.tenant_id,
-        owner_id=job.user_id, ids=ids, failed_reason=job.failed_reason,
-        stacktrace=job.stacktrace, attempts_made=job.attempts_made,
-        attempts_started=job.attempts_started, retried_by=request.actor, reason=request.reason,
-    ))  # fmt: skip
+    store.record_audit(
+        session,
+        RetryAudit(
+            job_id=job.id,
+            queue=job.queue,
+            job_name=job.name,
+            tenant_id=job.tenant_id,
+            owner_id=job.user_id,
+            ids=ids,
+            failed_reason=job.failed_reason,
+            stacktrace=job.stacktrace,
+            attempts_made=job.attempts_made,
+            attempts_started=job.attempts_started,
+            retried_by=request.actor,
+            reason=request.reason,
+        ),
+    )
 
 
 def retry_failed(

@@ -61,7 +61,8 @@ def snapshot(queues: list[str]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for queue in queues:
         counts = {k.decode(): int(v) for k, v in next(raw).items()}
-        histograms = {kind: {k.decode(): float(v) for k, v in next(raw).items()}
-                      for kind in HISTOGRAMS}  # fmt: skip
+        histograms = {
+            kind: {k.decode(): float(v) for k, v in next(raw).items()} for kind in HISTOGRAMS
+        }
         found[queue] = {"events": counts, **histograms}
     return found

@@ -187,17 +187,14 @@ class JobSchedulerRecord(Base):
     iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    created_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
-    updated_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (
-        Index("ix_job_schedulers_due", "next_run_at",
-              postgresql_where=text("next_run_at IS NOT NULL")),
-    )  # fmt: skip
+        Index(
+            "ix_job_schedulers_due", "next_run_at", postgresql_where=text("next_run_at IS NOT NULL")
+        ),
+    )
 
 
 class JobCount(Base):

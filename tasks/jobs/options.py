@@ -49,7 +49,7 @@ class JobOptions(_Options):
     remove_on_fail: bool | int | KeepJobs = Field(default=False, alias="removeOnFail")
     deduplication: Deduplication | None = None
 
-    def stored(self) -> dict:
+    def stored(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True)
 
     @classmethod

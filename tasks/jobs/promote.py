@@ -48,8 +48,14 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
             break
         started = time.monotonic()
         try:
-            publish(job.id, job.name, job.queue, job.data, job.celery_ctx,
-                    priority=priority.get(job.id, 0))  # fmt: skip
+            publish(
+                job.id,
+                job.name,
+                job.queue,
+                job.data,
+                job.celery_ctx,
+                priority=priority.get(job.id, 0),
+            )
         except Exception as exc:
             broker.failed(exc, started)
             break

@@ -46,8 +46,9 @@ def owned_by(job: JobRecord | None, owner: Owner, *, tenant_wide: bool = False) 
     return tenant_wide or job.user_id == owner.user_id
 
 
-def get_owned(job_id: str, owner: Owner, *, queue: str | None = None,
-              tenant_wide: bool = False) -> JobRecord:  # fmt: skip
+def get_owned(
+    job_id: str, owner: Owner, *, queue: str | None = None, tenant_wide: bool = False
+) -> JobRecord:
     """The job if ``owner`` may see it; anything else looks exactly like a missing job."""
     job = get(job_id)
     if job is None or not owned_by(job, owner, tenant_wide=tenant_wide):

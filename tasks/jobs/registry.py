@@ -84,8 +84,10 @@ def check_template(name: str, data: dict[str, Any], queue: str | None, *, tenant
         raise _refuse("queue", f"{name!r} runs on queue {job_type.queue!r}, not {queue!r}")
     claimed = owner_fields_in(data)
     if claimed:
-        raise _refuse("template.data", f"{claimed[0]}: identity comes from the scheduler's "
-                      "owner, never from data")  # fmt: skip
+        raise _refuse(
+            "template.data",
+            f"{claimed[0]}: identity comes from the scheduler's owner, never from data",
+        )
     if job_type.data is not None:
         try:
             job_type.data.model_validate(data)

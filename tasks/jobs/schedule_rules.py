@@ -85,7 +85,7 @@ def _next_match(rule: Rule, after: datetime) -> datetime:
     assert rule.pattern is not None
     six = len(rule.pattern.split()) == 6
     local = after.astimezone(ZoneInfo(rule.tz))
-    found = croniter(rule.pattern, local, second_at_beginning=six).get_next(datetime)
+    found: datetime = croniter(rule.pattern, local, second_at_beginning=six).get_next(datetime)
     return found.astimezone(UTC)
 
 

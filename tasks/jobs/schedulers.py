@@ -70,11 +70,17 @@ class Quota:
 
 
 def _now(session: Session) -> datetime:
-    return session.execute(text("SELECT clock_timestamp()")).scalar_one()
+    now: datetime = session.execute(text("SELECT clock_timestamp()")).scalar_one()
+    return now
 
 
-def upsert(scope: Scope, scheduler_id: str, spec: SchedulerSpec, queue: str | None = None,
-           quota: Quota | None = None) -> JobSchedulerRecord:  # fmt: skip
+def upsert(
+    scope: Scope,
+    scheduler_id: str,
+    spec: SchedulerSpec,
+    queue: str | None = None,
+    quota: Quota | None = None,
+) -> JobSchedulerRecord:
     """Create or update; an unchanged rule keeps its next fire time (safe to call at boot).
 
     The template is checked first (``TemplateRefused``); a tenant's new scheduler
@@ -88,14 +94,16 @@ def upsert(scope: Scope, scheduler_id: str, spec: SchedulerSpec, queue: str | No
     stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     with transaction() as session:
         now = _now(session)
-        record = session.get(JobSchedulerRecord, (scope.tenant_id, scheduler_id),
-                             with_for_update=True)  # fmt: skip
+        record = session.get(
+            JobSchedulerRecord, (scope.tenant_id, scheduler_id), with_for_update=True
+        )
         new = record is None
         if record is None:
             if quota is not None:
                 _check_room(session, scope.tenant_id, quota.schedulers)
-            record = JobSchedulerRecord(tenant_id=scope.tenant_id, id=scheduler_id,
-                                        iteration_count=0)  # fmt: skip
+            record = JobSchedulerRecord(
+                tenant_id=scope.tenant_id, id=scheduler_id, iteration_count=0
+            )
             session.add(record)
         rule_changed = new or _rule_of(record.spec) != _rule_of(stored) or spec.immediately
         record.queue = job_type.queue
@@ -139,16 +147,16 @@ def get(scope: Scope, scheduler_id: str) -> JobSchedulerRecord:
 
 def list_all(scope: Scope | None = None) -> list[JobSchedulerRecord]:
     """The scope's schedulers, or every scheduler when ``scope`` is None (CLI)."""
-    query = select(JobSchedulerRecord).order_by(JobSchedulerRecord.tenant_id,
-                                                JobSchedulerRecord.id)  # fmt: skip
+    query = select(JobSchedulerRecord).order_by(JobSchedulerRecord.tenant_id, JobSchedulerRecord.id)
     if scope is not None:
         query = query.where(JobSchedulerRecord.tenant_id == scope.tenant_id)
     with transaction() as session:
         return list(session.scalars(query))
 
 
-def _fire(session: Session, record: JobSchedulerRecord, now: datetime,
-          limits: TenantLimits | None) -> str | None:  # fmt: skip
+def _fire(
+    session: Session, record: JobSchedulerRecord, now: datetime, limits: TenantLimits | None
+) -> str | None:
     spec = SchedulerSpec.model_validate(record.spec)
     at = record.next_run_at
     assert at is not None
@@ -159,11 +167,22 @@ def _fire(session: Session, record: JobSchedulerRecord, now: datetime,
     opts = template.opts.model_copy(update={"job_id": fire_job_id(record.tenant_id, record.id, at)})
     owner = Owner(record.tenant_id, record.created_by or "scheduler") if record.tenant_id else None
     try:
-        added = add(template.name, template.data, queue=record.queue, opts=opts, owner=owner,
-                    limits=limits if owner else None)  # fmt: skip
+        added = add(
+            template.name,
+            template.data,
+            queue=record.queue,
+            opts=opts,
+            owner=owner,
+            limits=limits if owner else None,
+        )
     except QuotaExceeded as refused:  # this fire is skipped; the scheduler goes on
-        log.warning("scheduler %s/%s skipped the fire at %s: %s", record.tenant_id, record.id,
-                    at.isoformat(), refused)  # fmt: skip
+        log.warning(
+            "scheduler %s/%s skipped the fire at %s: %s",
+            record.tenant_id,
+            record.id,
+            at.isoformat(),
+            refused,
+        )
         added = None
     record.iteration_count += 1
     record.last_run_at = at
@@ -189,8 +208,7 @@ def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> list[s
                 with session.begin_nested():  # one broken scheduler must not stop the others
                     job_id = _fire(session, record, now, job_limits)
             except Exception:
-                log.exception("scheduler %s/%s could not fire; parked", record.tenant_id,
-                              record.id)  # fmt: skip
+                log.exception("scheduler %s/%s could not fire; parked", record.tenant_id, record.id)
                 _park(session, record)
                 continue
             if job_id:
@@ -209,9 +227,11 @@ def _park(session: Session, record: JobSchedulerRecord) -> None:
 def seconds_until_next(cap: float) -> float:
     with transaction() as session:
         row = session.execute(
-            text("SELECT EXTRACT(EPOCH FROM min(next_run_at) - clock_timestamp()) "
-                 "FROM job_schedulers WHERE next_run_at IS NOT NULL")
-        ).scalar()  # fmt: skip
+            text(
+                "SELECT EXTRACT(EPOCH FROM min(next_run_at) - clock_timestamp()) "
+                "FROM job_schedulers WHERE next_run_at IS NOT NULL"
+            )
+        ).scalar()
     if row is None:
         return cap
     return max(0.0, min(cap, float(row)))

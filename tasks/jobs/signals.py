@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from celery.signals import task_unknown, worker_process_init
 
@@ -16,8 +17,17 @@ log = logging.getLogger(__name__)
 
 
 @task_unknown.connect
-def fail_unknown_job(sender=None, name=None, id=None, message=None, exc=None, **kw):
+def fail_unknown_job(
+    sender: Any = None,
+    name: str | None = None,
+    id: str | None = None,
+    message: Any = None,
+    exc: BaseException | None = None,
+    **kw: Any,
+) -> None:
     """A message nobody can run fails its job loudly instead of vanishing."""
+    if id is None or name is None:
+        return
     queue = (message.delivery_info or {}).get("routing_key") if message is not None else None
     try:
         with transaction() as session:
@@ -33,6 +43,6 @@ def fail_unknown_job(sender=None, name=None, id=None, message=None, exc=None, **
 
 
 @worker_process_init.connect
-def fresh_connections(**kw):
+def fresh_connections(**kw: Any) -> None:
     """Prefork children must not reuse the parent's database connections."""
     db.dispose()

@@ -70,8 +70,10 @@ def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:
 
 def lock(session: Session, tenant_id: str, what: str) -> None:
     """Serialise this tenant's quota checks of kind ``what`` until the transaction ends."""
-    session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-                    {"key": f"keel:quota:{what}:{tenant_id}"})  # fmt: skip
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+        {"key": f"keel:quota:{what}:{tenant_id}"},
+    )
 
 
 def exceeded(limit: str, maximum: int, current: int, message: str) -> QuotaExceeded:
@@ -81,12 +83,15 @@ def exceeded(limit: str, maximum: int, current: int, message: str) -> QuotaExcee
 
 def delay_too_long(limits: TenantLimits) -> LimitExceeded:
     most = limits.max_delay_ms // 1000
-    return LimitExceeded(f"a job may be delayed at most {most} s",
-                         details=[{"limit": "maxDelaySeconds", "max": most}])  # fmt: skip
+    return LimitExceeded(
+        f"a job may be delayed at most {most} s",
+        details=[{"limit": "maxDelaySeconds", "max": most}],
+    )
 
 
-def admit(session: Session, tenant_id: str | None, queue: str, delay_ms: int,
-          limits: TenantLimits | None) -> TenantLoad:  # fmt: skip
+def admit(
+    session: Session, tenant_id: str | None, queue: str, delay_ms: int, limits: TenantLimits | None
+) -> TenantLoad:
     """Check ``limits`` for one more job of the tenant (locking first); its load for priority.
 
     Jobs without an owner (``tenant_id`` None) are the system's: no quota, a load all the same.
@@ -99,9 +104,12 @@ def admit(session: Session, tenant_id: str | None, queue: str, delay_ms: int,
         lock(session, tenant_id, "jobs")
     found = load(session, tenant_id, queue)
     if limits is not None and found.live >= limits.live_jobs:
-        raise exceeded("liveJobs", limits.live_jobs, found.live,
-                       f"the tenant has {found.live} live jobs, its quota is "
-                       f"{limits.live_jobs}")  # fmt: skip
+        raise exceeded(
+            "liveJobs",
+            limits.live_jobs,
+            found.live,
+            f"the tenant has {found.live} live jobs, its quota is {limits.live_jobs}",
+        )
     return found
 
 

@@ -71,9 +71,13 @@ def create_chunks(campaign: Campaign) -> None:
                 ON CONFLICT DO NOTHING
                 """
             ),
-            {"c": campaign.id, "size": campaign.chunk_size, "n": campaign.recipient_count,
-             "chunks": campaign.chunk_count},
-        )  # fmt: skip
+            {
+                "c": campaign.id,
+                "size": campaign.chunk_size,
+                "n": campaign.recipient_count,
+                "chunks": campaign.chunk_count,
+            },
+        )
 
 
 def _recipients(campaign: Campaign, first: int, last: int) -> list[tuple[int, str, dict]]:
@@ -82,10 +86,13 @@ def _recipients(campaign: Campaign, first: int, last: int) -> list[tuple[int, st
     with transaction() as session:
         rows = session.execute(
             select(CampaignRecipient.seq, CampaignRecipient.to, CampaignRecipient.vars)
-            .where(CampaignRecipient.campaign_id == campaign.id,
-                   CampaignRecipient.seq >= first, CampaignRecipient.seq < last)
+            .where(
+                CampaignRecipient.campaign_id == campaign.id,
+                CampaignRecipient.seq >= first,
+                CampaignRecipient.seq < last,
+            )
             .order_by(CampaignRecipient.seq)
-        ).all()  # fmt: skip
+        ).all()
     return [(r.seq, r.to, r.vars) for r in rows]
 
 
@@ -95,8 +102,11 @@ def _messages(campaign: Campaign, chunk_no: int) -> Iterator[dict[str, str]]:
     last = min(campaign.recipient_count, first + campaign.chunk_size)
     for start in range(first, last, BATCH):
         for seq, to, values in _recipients(campaign, start, min(last, start + BATCH)):
-            yield {"messageId": f"{campaign.id}:{seq}", "to": to,
-                   "text": templates.render(campaign.template, values)}  # fmt: skip
+            yield {
+                "messageId": f"{campaign.id}:{seq}",
+                "to": to,
+                "text": templates.render(campaign.template, values),
+            }
 
 
 def message_batches(campaign: Campaign, chunk_no: int) -> Iterator[list[dict[str, str]]]:
@@ -107,13 +117,18 @@ def message_batches(campaign: Campaign, chunk_no: int) -> Iterator[list[dict[str
 def _summary(campaign_id: str) -> dict[str, Any]:
     with transaction() as session:
         gens = session.scalars(
-            select(CampaignGeneration).where(CampaignGeneration.campaign_id == campaign_id)
+            select(CampaignGeneration)
+            .where(CampaignGeneration.campaign_id == campaign_id)
             .order_by(CampaignGeneration.generation)
-        ).all()  # fmt: skip
+        ).all()
         chunks = session.execute(
-            text("SELECT generation, count(*) AS chunks, sum(size) AS messages, "
-                 "count(loaded_at) AS loaded FROM campaign_chunks WHERE campaign_id = :c "
-                 "GROUP BY generation"), {"c": campaign_id}).all()  # fmt: skip
+            text(
+                "SELECT generation, count(*) AS chunks, sum(size) AS messages, "
+                "count(loaded_at) AS loaded FROM campaign_chunks WHERE campaign_id = :c "
+                "GROUP BY generation"
+            ),
+            {"c": campaign_id},
+        ).all()
     per_gen = {row.generation: row for row in chunks}
     return {
         "generations": [
@@ -145,18 +160,24 @@ def maybe_report(campaign_id: str) -> bool:
     chunks = summary["chunks"]
     if not gens or chunks["loaded"] != chunks["planned"] or not all(g["sent"] for g in gens):
         return False
-    report = {"generations": len(gens), "messages": sum(g["messages"] for g in gens),
-              "groups": [g["groupId"] for g in gens]}  # fmt: skip
+    report = {
+        "generations": len(gens),
+        "messages": sum(g["messages"] for g in gens),
+        "groups": [g["groupId"] for g in gens],
+    }
     with transaction() as session:
         won = session.execute(
-            text("UPDATE campaigns SET reported_at = clock_timestamp(), "
-                 "report = CAST(:r AS jsonb), stalled_at = NULL "
-                 "WHERE id = :c AND reported_at IS NULL RETURNING id"),
+            text(
+                "UPDATE campaigns SET reported_at = clock_timestamp(), "
+                "report = CAST(:r AS jsonb), stalled_at = NULL "
+                "WHERE id = :c AND reported_at IS NULL RETURNING id"
+            ),
             {"c": campaign_id, "r": json.dumps(report)},
-        ).first()  # fmt: skip
+        ).first()
         if won:
-            session.execute(text("DELETE FROM campaign_watch WHERE campaign_id = :c"),
-                            {"c": campaign_id})  # fmt: skip
+            session.execute(
+                text("DELETE FROM campaign_watch WHERE campaign_id = :c"), {"c": campaign_id}
+            )
     if won:
         log.info("campaign %s report: %s", campaign_id, report)
         events.emit(EVENTS_QUEUE, "campaign.report", campaign_id, "campaign", report=report)
@@ -201,7 +222,7 @@ def watch(quiet_seconds: float | None = None) -> dict[str, Any]:
     for campaign_id in stalled:
         log.error("campaign %s made no progress for %ss", campaign_id, quiet)
         events.emit(EVENTS_QUEUE, "campaign.stalled", campaign_id, "campaign", quietSeconds=quiet)
-    return {"stalled": list(stalled), "healed": list(healed)}  # fmt: skip
+    return {"stalled": list(stalled), "healed": list(healed)}
 
 
 def describe(campaign: Campaign) -> dict[str, Any]:
@@ -220,9 +241,11 @@ def describe(campaign: Campaign) -> dict[str, Any]:
         "chunkSize": campaign.chunk_size,
         "chunks": summary["chunks"],
         "generations": summary["generations"],
-        "messages": {"planned": campaign.recipient_count,
-                     "sent": sum(g["messages"] for g in summary["generations"] if g["sent"])},
+        "messages": {
+            "planned": campaign.recipient_count,
+            "sent": sum(g["messages"] for g in summary["generations"] if g["sent"]),
+        },
         "report": campaign.report,
         "stalled": campaign.stalled_at is not None,
         "createdAt": iso(campaign.created_at),
-    }  # fmt: skip
+    }

@@ -1,6 +1,6 @@
 """Generations of a campaign: who fills which provider group, and when it may be sent.
 
-Each rule is one atomic statement, the Postgres form of the seed's Redis
+Each rule is one atomic statement, the Postgres form of the usual Redis
 commands:
 
 - approval (``HINCRBY``): ``approved = approved + size RETURNING approved``;
@@ -62,20 +62,28 @@ def _approve(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple
             text("SELECT current_generation FROM campaigns WHERE id = :c"), {"c": campaign_id}
         ).scalar_one()
         session.execute(
-            text("INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, :g) "
-                 "ON CONFLICT DO NOTHING"), {"c": campaign_id, "g": current})  # fmt: skip
+            text(
+                "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, :g) "
+                "ON CONFLICT DO NOTHING"
+            ),
+            {"c": campaign_id, "g": current},
+        )
         approved, closed = session.execute(
-            text("UPDATE campaign_generations SET approved = approved + :n "
-                 "WHERE campaign_id = :c AND generation = :g RETURNING approved, closed"),
+            text(
+                "UPDATE campaign_generations SET approved = approved + :n "
+                "WHERE campaign_id = :c AND generation = :g RETURNING approved, closed"
+            ),
             {"c": campaign_id, "g": current, "n": size},
-        ).one()  # fmt: skip
+        ).one()
         if closed or approved > capacity:
             return current, False
         session.execute(
-            text("UPDATE campaign_chunks SET generation = :g, assigned_at = clock_timestamp() "
-                 "WHERE campaign_id = :c AND chunk_no = :k AND generation IS NULL"),
+            text(
+                "UPDATE campaign_chunks SET generation = :g, assigned_at = clock_timestamp() "
+                "WHERE campaign_id = :c AND chunk_no = :k AND generation IS NULL"
+            ),
             {"c": campaign_id, "g": current, "k": chunk_no},
-        )  # fmt: skip
+        )
         return current, True
 
 
@@ -83,19 +91,27 @@ def close(campaign_id: str, generation: int, *, open_next: bool) -> bool:
     """Close ``generation`` (first caller wins); ``open_next`` rolls the campaign over."""
     with transaction() as session:
         won = session.execute(
-            text("UPDATE campaign_generations SET closed = true, closed_at = clock_timestamp() "
-                 "WHERE campaign_id = :c AND generation = :g AND NOT closed RETURNING generation"),
+            text(
+                "UPDATE campaign_generations SET closed = true, closed_at = clock_timestamp() "
+                "WHERE campaign_id = :c AND generation = :g AND NOT closed RETURNING generation"
+            ),
             {"c": campaign_id, "g": generation},
-        ).first()  # fmt: skip
+        ).first()
         if won and open_next:
             session.execute(
-                text("INSERT INTO campaign_generations (campaign_id, generation) "
-                     "VALUES (:c, :g) ON CONFLICT DO NOTHING"),
-                {"c": campaign_id, "g": generation + 1})  # fmt: skip
+                text(
+                    "INSERT INTO campaign_generations (campaign_id, generation) "
+                    "VALUES (:c, :g) ON CONFLICT DO NOTHING"
+                ),
+                {"c": campaign_id, "g": generation + 1},
+            )
             session.execute(
-                text("UPDATE campaigns SET current_generation = :next "
-                     "WHERE id = :c AND current_generation = :g"),
-                {"c": campaign_id, "g": generation, "next": generation + 1})  # fmt: skip
+                text(
+                    "UPDATE campaigns SET current_generation = :next "
+                    "WHERE id = :c AND current_generation = :g"
+                ),
+                {"c": campaign_id, "g": generation, "next": generation + 1},
+            )
     return won is not None
 
 
@@ -120,33 +136,41 @@ def attach_group(campaign_id: str, generation: int, group_id: str) -> str:
     """Record ``group_id`` unless the generation has one; returns the generation's group."""
     with transaction() as session:
         won = session.execute(
-            text("UPDATE campaign_generations SET group_id = :gid WHERE campaign_id = :c "
-                 "AND generation = :g AND group_id IS NULL RETURNING group_id"),
+            text(
+                "UPDATE campaign_generations SET group_id = :gid WHERE campaign_id = :c "
+                "AND generation = :g AND group_id IS NULL RETURNING group_id"
+            ),
             {"c": campaign_id, "g": generation, "gid": group_id},
-        ).scalar()  # fmt: skip
+        ).scalar()
         if won is not None:
             return won
         return session.execute(
-            text("SELECT group_id FROM campaign_generations "
-                 "WHERE campaign_id = :c AND generation = :g"),
+            text(
+                "SELECT group_id FROM campaign_generations "
+                "WHERE campaign_id = :c AND generation = :g"
+            ),
             {"c": campaign_id, "g": generation},
-        ).scalar_one()  # fmt: skip
+        ).scalar_one()
 
 
 def record_load(campaign_id: str, chunk_no: int) -> bool:
     """The chunk's load record, written only after every message was accepted."""
     with transaction() as session:
         recorded = session.execute(
-            text("UPDATE campaign_chunks SET loaded_at = clock_timestamp() "
-                 "WHERE campaign_id = :c AND chunk_no = :k AND loaded_at IS NULL RETURNING 1"),
+            text(
+                "UPDATE campaign_chunks SET loaded_at = clock_timestamp() "
+                "WHERE campaign_id = :c AND chunk_no = :k AND loaded_at IS NULL RETURNING 1"
+            ),
             {"c": campaign_id, "k": chunk_no},
-        ).first()  # fmt: skip
+        ).first()
         session.execute(
-            text("INSERT INTO campaign_watch (campaign_id, last_load_at) "
-                 "VALUES (:c, clock_timestamp()) ON CONFLICT (campaign_id) "
-                 "DO UPDATE SET last_load_at = EXCLUDED.last_load_at"),
+            text(
+                "INSERT INTO campaign_watch (campaign_id, last_load_at) "
+                "VALUES (:c, clock_timestamp()) ON CONFLICT (campaign_id) "
+                "DO UPDATE SET last_load_at = EXCLUDED.last_load_at"
+            ),
             {"c": campaign_id},
-        )  # fmt: skip
+        )
     return recorded is not None
 
 
@@ -172,41 +196,62 @@ def readiness(campaign_id: str, generation: int) -> Readiness:
 def mark_sent(campaign_id: str, generation: int) -> bool:
     """The durable "sent" marker, written after the provider confirmed."""
     with transaction() as session:
-        return session.execute(
-            text("UPDATE campaign_generations SET sent_at = clock_timestamp() "
-                 "WHERE campaign_id = :c AND generation = :g AND sent_at IS NULL RETURNING 1"),
-            {"c": campaign_id, "g": generation},
-        ).first() is not None  # fmt: skip
+        return (
+            session.execute(
+                text(
+                    "UPDATE campaign_generations SET sent_at = clock_timestamp() "
+                    "WHERE campaign_id = :c AND generation = :g AND sent_at IS NULL RETURNING 1"
+                ),
+                {"c": campaign_id, "g": generation},
+            ).first()
+            is not None
+        )
 
 
 def all_loaded(campaign_id: str) -> bool:
     with transaction() as session:
         missing = session.execute(
-            text("SELECT count(*) FROM campaign_chunks WHERE campaign_id = :c "
-                 "AND loaded_at IS NULL"), {"c": campaign_id}).scalar_one()  # fmt: skip
+            text(
+                "SELECT count(*) FROM campaign_chunks WHERE campaign_id = :c AND loaded_at IS NULL"
+            ),
+            {"c": campaign_id},
+        ).scalar_one()
     return missing == 0
 
 
 def generations(campaign_id: str) -> list[int]:
     with transaction() as session:
-        return list(session.execute(
-            text("SELECT generation FROM campaign_generations WHERE campaign_id = :c "
-                 "ORDER BY generation"), {"c": campaign_id}).scalars())  # fmt: skip
+        return list(
+            session.execute(
+                text(
+                    "SELECT generation FROM campaign_generations WHERE campaign_id = :c "
+                    "ORDER BY generation"
+                ),
+                {"c": campaign_id},
+            ).scalars()
+        )
 
 
 def record_attempt(campaign_id: str, generation: int, key: str) -> None:
     """Written before the provider is asked for a group, so its group can always be found."""
     with transaction() as session:
         session.execute(
-            text("INSERT INTO campaign_group_attempts (campaign_id, generation, key) "
-                 "VALUES (:c, :g, :k) ON CONFLICT DO NOTHING"),
+            text(
+                "INSERT INTO campaign_group_attempts (campaign_id, generation, key) "
+                "VALUES (:c, :g, :k) ON CONFLICT DO NOTHING"
+            ),
             {"c": campaign_id, "g": generation, "k": key},
-        )  # fmt: skip
+        )
 
 
 def attempts(campaign_id: str, generation: int) -> list[str]:
     with transaction() as session:
-        return list(session.execute(
-            text("SELECT key FROM campaign_group_attempts "
-                 "WHERE campaign_id = :c AND generation = :g ORDER BY key"),
-            {"c": campaign_id, "g": generation}).scalars())  # fmt: skip
+        return list(
+            session.execute(
+                text(
+                    "SELECT key FROM campaign_group_attempts "
+                    "WHERE campaign_id = :c AND generation = :g ORDER BY key"
+                ),
+                {"c": campaign_id, "g": generation},
+            ).scalars()
+        )

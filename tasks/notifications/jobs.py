@@ -1,7 +1,7 @@
 """Handlers of the ``notifications`` queue: plan, load chunks, create and send groups.
 
 Every provider call happens inside a job, so retries, backoff, records and
-the queue's global limits apply to all of them (seed 004).
+the queue's global limits apply to all of them.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ FINALIZE = "campaign.finalize"
 MONITOR = "campaign.monitor"
 
 
-
 def provider_options(job_id: str) -> JobOptions:
     """Options of a job that calls the provider: its attempts and backoff are settings."""
     settings = get_settings()
     backoff = Backoff(type="exponential", delay=settings.provider_retry_delay_ms, jitter=0.5)
-    return JobOptions(jobId=job_id, attempts=settings.provider_retry_attempts, backoff=backoff,
-                      removeOnComplete=1000)  # fmt: skip
+    return JobOptions(
+        job_id=job_id,
+        attempts=settings.provider_retry_attempts,
+        backoff=backoff,
+        remove_on_complete=1000,
+    )
 
 
 SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
@@ -81,8 +84,7 @@ def plan_campaign(job: JobContext) -> dict:
     for chunk_no in range(campaign.chunk_count):
         data = {"campaignId": campaign.id, "chunk": chunk_no}
         job_id = chunk_job_id(campaign.id, chunk_no)
-        add(LOAD, data, queue=QUEUE, opts=provider_options(job_id),
-            owner=owner, publish_now=False)  # fmt: skip
+        add(LOAD, data, queue=QUEUE, opts=provider_options(job_id), owner=owner, publish_now=False)
         header.append(
             current_app.signature(
                 LOAD,
@@ -93,10 +95,17 @@ def plan_campaign(job: JobContext) -> dict:
             )
         )
     finalize_id = f"{FINALIZE}:{campaign.id}:plan-{job.attempts_started}"
-    add(FINALIZE, {"campaignId": campaign.id}, queue=QUEUE, owner=campaigns.owner(campaign),
-        opts=JobOptions(jobId=finalize_id), publish_now=False)  # fmt: skip
-    body = current_app.signature(FINALIZE, kwargs={"campaignId": campaign.id},
-                                 task_id=finalize_id, queue=QUEUE)  # fmt: skip
+    add(
+        FINALIZE,
+        {"campaignId": campaign.id},
+        queue=QUEUE,
+        owner=campaigns.owner(campaign),
+        opts=JobOptions(job_id=finalize_id),
+        publish_now=False,
+    )
+    body = current_app.signature(
+        FINALIZE, kwargs={"campaignId": campaign.id}, task_id=finalize_id, queue=QUEUE
+    )
     chord(header)(body)
     return {"chunks": campaign.chunk_count}
 
@@ -111,8 +120,9 @@ def load_chunk(job: JobContext) -> dict:
         after_load(campaign_id, chunk.generation)
         return {"generation": chunk.generation, "alreadyLoaded": True}
     try:
-        generation, closed = generations.assign(campaign_id, chunk_no, chunk.size,
-                                                campaign.capacity)  # fmt: skip
+        generation, closed = generations.assign(
+            campaign_id, chunk_no, chunk.size, campaign.capacity
+        )
     except Rollover:
         raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
     for full in closed:
@@ -138,8 +148,12 @@ def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn
     provider outage cost little. A creator that failed for good fails this run instead:
     the chunk then fails closed once its attempts are spent, and a resume restarts both.
     """
-    created = add(CREATE, {"campaignId": campaign_id, "generation": generation}, queue=QUEUE,
-                  opts=provider_options(create_job_id(campaign_id, generation)))  # fmt: skip
+    created = add(
+        CREATE,
+        {"campaignId": campaign_id, "generation": generation},
+        queue=QUEUE,
+        opts=provider_options(create_job_id(campaign_id, generation)),
+    )
     if not created.created and _state_of(created.job_id) == "failed":
         raise GroupUnavailable(f"the group of generation {generation} could not be created")
     wait_ms = min(GROUP_WAIT_MS * max(1, job.attempts_started), GROUP_WAIT_MAX_MS)
@@ -178,8 +192,12 @@ def maybe_send(campaign_id: str, generation: int) -> None:
     ready = generations.readiness(campaign_id, generation)
     if ready.complete and not ready.sent:
         data = {"campaignId": campaign_id, "generation": generation, "groupId": ready.group_id}
-        add(SEND, data, queue=QUEUE,
-            opts=SEND_OPTS.model_copy(update={"job_id": f"{SEND}:{ready.group_id}"}))  # fmt: skip
+        add(
+            SEND,
+            data,
+            queue=QUEUE,
+            opts=SEND_OPTS.model_copy(update={"job_id": f"{SEND}:{ready.group_id}"}),
+        )
 
 
 def finalize(campaign_id: str) -> dict:
@@ -223,8 +241,9 @@ def _group_name(campaign_id: str, generation: int) -> str:
     return f"{campaign_id}:g{generation}"
 
 
-def remove_losing_groups(provider: ProviderClient, campaign_id: str, generation: int,
-                         kept: str) -> int:  # fmt: skip
+def remove_losing_groups(
+    provider: ProviderClient, campaign_id: str, generation: int, kept: str
+) -> int:
     """Delete the empty groups of creators that lost, even ones that died before cleaning up.
 
     Each attempt's idempotency key gives back the group it made (or a fresh
@@ -251,15 +270,19 @@ def _delete_empty(provider: ProviderClient, group_id: str) -> None:
 @handler(SEND, queue=QUEUE)
 def send_group(job: JobContext) -> dict:
     """Send a complete generation exactly once: durable marker, then provider status."""
-    campaign_id, generation, group_id = (job.data["campaignId"], job.data["generation"],
-                                         job.data["groupId"])  # fmt: skip
+    campaign_id, generation, group_id = (
+        job.data["campaignId"],
+        job.data["generation"],
+        job.data["groupId"],
+    )
     ready = generations.readiness(campaign_id, generation)
     if ready.sent:
         removed = remove_losing_groups(_provider(), campaign_id, generation, group_id)
         return {"groupId": group_id, "sent": True, "already": True, "losingGroupsRemoved": removed}
     if not ready.complete:
-        raise Stragglers(f"{ready.assigned - ready.loaded} chunks of generation {generation} "
-                         "are still loading")  # fmt: skip
+        raise Stragglers(
+            f"{ready.assigned - ready.loaded} chunks of generation {generation} are still loading"
+        )
     provider = _provider()
     if not provider.status(group_id).sent:
         try:

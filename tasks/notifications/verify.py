@@ -1,4 +1,4 @@
-"""``keel campaign verify``: DESIGN.md's four invariants, checked against the provider's ledger.
+"""``keel campaign verify``: the group send's four invariants, against the provider's ledger.
 
 Only the provider knows what really happened (silent capacity drops, sends
 whose response was lost), so every count here comes from its ledger; Keel's
@@ -64,11 +64,17 @@ def _sent_once_when_complete(groups: list[dict], expected_sizes: dict[str, int])
         for g in groups
         if g["sendCount"] == 1 and g["sentMessages"] != expected_sizes.get(g["groupId"])
     ]
-    return Check("2. each group triggered once, only when every assigned chunk was loaded",
-                 not bad_count and not partial,
-                 {"groups": len(groups), "sends": sum(g["sendCount"] for g in groups),
-                  "rejectedRepeatSends": sum(g["rejectedSends"] for g in groups),
-                  "notSentExactlyOnce": bad_count, "sentIncomplete": partial})  # fmt: skip
+    return Check(
+        "2. each group triggered once, only when every assigned chunk was loaded",
+        not bad_count and not partial,
+        {
+            "groups": len(groups),
+            "sends": sum(g["sendCount"] for g in groups),
+            "rejectedRepeatSends": sum(g["rejectedSends"] for g in groups),
+            "notSentExactlyOnce": bad_count,
+            "sentIncomplete": partial,
+        },
+    )
 
 
 def _messages_once(provider: ProviderClient, groups: list[dict], planned: int) -> Check:
@@ -78,16 +84,25 @@ def _messages_once(provider: ProviderClient, groups: list[dict], planned: int) -
         most = max(most, scoped["maxAcceptancesPerMessage"])
         distinct += scoped["distinctMessages"]
         dropped += scoped["dropped"]
-    return Check("3. every message landed in a group exactly once",
-                 most <= 1 and distinct == planned and dropped == 0,
-                 {"planned": planned, "landed": distinct, "maxPerMessage": most,
-                  "droppedOverCapacity": dropped})  # fmt: skip
+    return Check(
+        "3. every message landed in a group exactly once",
+        most <= 1 and distinct == planned and dropped == 0,
+        {
+            "planned": planned,
+            "landed": distinct,
+            "maxPerMessage": most,
+            "droppedOverCapacity": dropped,
+        },
+    )
 
 
 def _reported_once(campaign_id: str) -> Check:
     campaign = campaigns.get(campaign_id)
-    emitted = [e for e in events.read([campaigns.EVENTS_QUEUE])
-               if e["event"] == "campaign.report" and e["jobId"] == campaign_id]  # fmt: skip
+    emitted = [
+        e
+        for e in events.read([campaigns.EVENTS_QUEUE])
+        if e["event"] == "campaign.report" and e["jobId"] == campaign_id
+    ]
     return Check(
         "4. the campaign report was emitted exactly once",
         campaign.reported_at is not None and len(emitted) <= 1,

@@ -13,6 +13,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from tasks.jobs.store import affected
 from tasks.reports.models import ReportArtifact
 
 
@@ -54,7 +55,7 @@ def save_once(session: Session, artifact: ReportArtifact) -> tuple[ReportArtifac
 def remove_older_than(session: Session, keep_days: int) -> int:
     cutoff = func.now() - timedelta(days=keep_days)
     result = session.execute(delete(ReportArtifact).where(ReportArtifact.created_at < cutoff))
-    return result.rowcount or 0
+    return affected(result)
 
 
 def count(session: Session, operation_key: str) -> int:

@@ -23,8 +23,8 @@ DAILY_CLEANUP = SchedulerSpec(
         opts=JobOptions(
             attempts=3,
             backoff=Backoff(type="exponential", delay=5000),
-            removeOnComplete=30,
-            removeOnFail=30,
+            remove_on_complete=30,
+            remove_on_fail=30,
         ),
     ),
 )

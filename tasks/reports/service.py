@@ -34,8 +34,8 @@ def report_options(key: str, delay_ms: int = 0) -> JobOptions:
         attempts=REPORT_ATTEMPTS,
         backoff=REPORT_BACKOFF,
         delay=delay_ms,
-        removeOnComplete=KEEP_FINISHED,
-        removeOnFail=KEEP_FINISHED,
+        remove_on_complete=KEEP_FINISHED,
+        remove_on_fail=KEEP_FINISHED,
     )
 
 
@@ -56,8 +56,14 @@ def submit(
     if run_at is not None and now is not None:
         delay_ms = max(1, int((run_at - now).total_seconds() * 1000))
     key = operation_key(owner.tenant_id, owner.user_id, report_id, rows)
-    added = add(GENERATE, data, queue=QUEUE, opts=report_options(key, delay_ms), owner=owner,
-                limits=quotas.current().jobs)  # fmt: skip
+    added = add(
+        GENERATE,
+        data,
+        queue=QUEUE,
+        opts=report_options(key, delay_ms),
+        owner=owner,
+        limits=quotas.current().jobs,
+    )
     return Submitted(job_id=added.job_id, deduplicated=not added.created, operation_key=key)
 
 
@@ -86,8 +92,11 @@ def _result_exists(session: Session, job: JobRecord) -> str | None:
 
 def _audit_ids(job: JobRecord) -> dict:
     """Non-secret identifiers only: never the whole payload."""
-    return {"reportId": job.data.get("reportId"), "rows": job.data.get("rows"),
-            "operationKey": _key_of(job)}  # fmt: skip
+    return {
+        "reportId": job.data.get("reportId"),
+        "rows": job.data.get("rows"),
+        "operationKey": _key_of(job),
+    }
 
 
 def retry(owner: Owner, job_id: str, *, actor: str, reason: str) -> None:

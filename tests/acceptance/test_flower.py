@@ -22,10 +22,22 @@ def flower(stack, worker):
     port = free_port()
     log = (stack.home / "flower.log").open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
-         "--address=127.0.0.1", f"--basic-auth={AUTH[0]}:{AUTH[1]}"],
-        cwd=PROJECT_ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+            f"--basic-auth={AUTH[0]}:{AUTH[1]}",
+        ],
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def hears_the_worker() -> bool:

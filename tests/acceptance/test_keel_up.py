@@ -20,16 +20,23 @@ from tests.support.stack import PROJECT_ROOT, wait_for
 def user_token(up: KeelUp) -> dict[str, str]:
     token = subprocess.run(
         [KEEL, "token", "--tenant", "acme", "--user", "alice"],
-        env=up.env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        env=up.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     return {"Authorization": f"Bearer {token}"}
 
 
 def run_report(up: KeelUp, rows: int = 1000, timeout: float = 60) -> dict:
     """POST a report through the stack's web child and wait until it completed."""
     headers = user_token(up)
-    accepted = requests.post(f"{up.web}/api/v1/reports", json={"reportId": f"q{time.time_ns()}",
-                             "rows": rows}, headers=headers, timeout=10)  # fmt: skip
+    accepted = requests.post(
+        f"{up.web}/api/v1/reports",
+        json={"reportId": f"q{time.time_ns()}", "rows": rows},
+        headers=headers,
+        timeout=10,
+    )
     assert accepted.status_code == 202, accepted.text
 
     def completed() -> dict | None:
@@ -81,8 +88,9 @@ def test_a_second_keel_up_on_the_same_home_is_refused_at_once(keel_up: KeelUp):
     before = env_file.read_bytes()
     # When a second `keel up` starts on the same home (other ports, so nothing else collides)
     env = {**keel_up.env, "KEEL_WEB_PORT": "1"}
-    again = subprocess.run([KEEL, "up"], env=env, cwd=PROJECT_ROOT, capture_output=True,
-                           text=True, timeout=60)  # fmt: skip
+    again = subprocess.run(
+        [KEEL, "up"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60
+    )
     # Then it refuses, naming the running supervisor, and leaves the env file as it was
     assert again.returncode != 0
     assert f"pid {keel_up.process.pid}" in again.stderr, again.stderr

@@ -55,5 +55,6 @@ def test_kill_9_power_cut_and_graceful_stop_leave_nothing_running(tmp_path):
     assert code == 0, up.log_tail()
     assert not alive(tree), [(p.pid, p.name()) for p in alive(tree)]
     pgdata = str(up.home / "pg")
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if pgdata in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert not [
+        p for p in psutil.process_iter(["cmdline"]) if pgdata in " ".join(p.info["cmdline"] or [])
+    ]

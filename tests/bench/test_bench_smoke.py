@@ -27,10 +27,24 @@ def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     env["TMPDIR"] = str(tmp_path)
     out = tmp_path / "results"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--repeat", "1", "--only", "P1,P5",
-         "--results-dir", str(out)],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=140,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--repeat",
+            "1",
+            "--only",
+            "P1,P5",
+            "--results-dir",
+            str(out),
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     [report] = out.glob("*.json")

@@ -77,8 +77,9 @@ def test_redis_down_is_named(stack, client, worker):
 
 def test_no_recent_worker_heartbeat_is_named(stack, client, worker):
     # Given every worker this session started, held still (their heartbeats stop) ...
-    workers = [p.pid for p in psutil.Process().children(recursive=True)
-               if "worker" in command_line(p)]  # fmt: skip
+    workers = [
+        p.pid for p in psutil.Process().children(recursive=True) if "worker" in command_line(p)
+    ]
     assert worker.process.pid in workers
     with stopped(workers):
         # ... and their last beats aged out (here: removed, rather than waiting 10 s)

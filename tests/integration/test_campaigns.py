@@ -1,4 +1,4 @@
-"""Notification group sends (seed 004), checked against the provider sandbox's own ledger."""
+"""Notification group sends, checked against the provider sandbox's own ledger."""
 
 from __future__ import annotations
 
@@ -43,10 +43,19 @@ def unfinished_jobs(campaign_id: str) -> list[dict]:
     from sqlalchemy import text
 
     with transaction() as session:
-        rows = session.execute(text(
-            "SELECT id, state, attempts_made, attempts_started, stalled_count, failed_reason "
-            "FROM jobs WHERE queue = 'notifications' AND state <> 'completed' "
-            "AND data->>'campaignId' = :c"), {"c": campaign_id}).mappings().all()  # fmt: skip
+        rows = (
+            session.execute(
+                text(
+                    "SELECT id, state, attempts_made, attempts_started, stalled_count, "
+                    "failed_reason "
+                    "FROM jobs WHERE queue = 'notifications' AND state <> 'completed' "
+                    "AND data->>'campaignId' = :c"
+                ),
+                {"c": campaign_id},
+            )
+            .mappings()
+            .all()
+        )
     return [dict(r) for r in rows]
 
 
@@ -123,8 +132,10 @@ def faults(sandbox, **settings) -> None:
 def chunk_jobs(campaign_id: str, count: int) -> list[tuple[str, dict]]:
     from tasks.notifications.jobs import chunk_job_id
 
-    return [(chunk_job_id(campaign_id, k), {"campaignId": campaign_id, "chunk": k})
-            for k in range(count)]  # fmt: skip
+    return [
+        (chunk_job_id(campaign_id, k), {"campaignId": campaign_id, "chunk": k})
+        for k in range(count)
+    ]
 
 
 def run_under_faults(client, stack, sandbox, seed: int) -> None:
@@ -132,10 +143,16 @@ def run_under_faults(client, stack, sandbox, seed: int) -> None:
     from tasks.notifications.jobs import LOAD, QUEUE
 
     # Given a flaky provider: 10% 503s, 5% lost responses after commit, jittery latency
-    faults(sandbox, errorRate=0.10, dropResponseRate=0.05, latencyMs=2, latencyJitterMs=20,
-           seed=seed)  # fmt: skip
-    victim = WorkerProcess(stack.home, f"victim{seed}", concurrency=2, queues="notifications",
-                           extra_env={"KEEL_LOCK_DURATION_S": "6"})  # fmt: skip
+    faults(
+        sandbox, errorRate=0.10, dropResponseRate=0.05, latencyMs=2, latencyJitterMs=20, seed=seed
+    )
+    victim = WorkerProcess(
+        stack.home,
+        f"victim{seed}",
+        concurrency=2,
+        queues="notifications",
+        extra_env={"KEEL_LOCK_DURATION_S": "6"},
+    )
     victim.start()
     try:
         # When a 100k campaign runs, some chunk messages are delivered twice,
@@ -144,8 +161,13 @@ def run_under_faults(client, stack, sandbox, seed: int) -> None:
         for job_id, data in chunk_jobs(campaign_id, 20)[::4]:
             publish(job_id, LOAD, QUEUE, data)
         # and a worker is SIGKILLed mid-campaign
-        wait_for(lambda: client.get(f"{URL}/{campaign_id}", headers=OPERATOR).get_json()[
-            "chunks"]["loaded"] >= 4, timeout=60)  # fmt: skip
+        wait_for(
+            lambda: (
+                client.get(f"{URL}/{campaign_id}", headers=OPERATOR).get_json()["chunks"]["loaded"]
+                >= 4
+            ),
+            timeout=60,
+        )
         victim.kill()
         status = finished(client, campaign_id, timeout=240)
     finally:
@@ -157,8 +179,7 @@ def run_under_faults(client, stack, sandbox, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", [11, 29])
-def test_invariants_hold_under_faults_duplicates_and_a_killed_worker(client, stack, sandbox,
-                                                                      seed):  # fmt: skip
+def test_invariants_hold_under_faults_duplicates_and_a_killed_worker(client, stack, sandbox, seed):
     run_under_faults(client, stack, sandbox, seed)
 
 
@@ -211,8 +232,10 @@ def test_the_monitor_clears_an_entry_revived_after_the_end(client):
     finished(client, campaign_id)
     # a late duplicate delivery writes a heartbeat after the campaign ended
     with transaction() as session:
-        session.execute(text("INSERT INTO campaign_watch VALUES (:c, now() - interval '1 hour')"),
-                        {"c": campaign_id})  # fmt: skip
+        session.execute(
+            text("INSERT INTO campaign_watch VALUES (:c, now() - interval '1 hour')"),
+            {"c": campaign_id},
+        )
     result = watch(quiet_seconds=1)
     assert campaign_id in result["healed"] and campaign_id not in result["stalled"]
     assert client.get(f"{URL}/{campaign_id}", headers=OPERATOR).get_json()["stalled"] is False

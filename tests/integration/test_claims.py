@@ -33,8 +33,7 @@ def test_a_claim_waits_for_the_promotion_and_takes_the_job():
 
     # When a promoter moves it to waiting and, before committing, a delivery claims it
     with transaction() as promoting:
-        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"),
-                          {"id": job_id})  # fmt: skip
+        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"), {"id": job_id})
         worker = threading.Thread(target=claim)
         worker.start()
         time.sleep(0.3)
@@ -67,8 +66,7 @@ def test_a_limit_parks_a_job_whose_promotion_has_not_committed_yet():
             store.park(session, [job_id], 5.0)
 
     with transaction() as promoting:
-        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"),
-                          {"id": job_id})  # fmt: skip
+        promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"), {"id": job_id})
         holder = threading.Thread(target=park)
         holder.start()
         time.sleep(0.3)

@@ -1,4 +1,4 @@
-"""Results stay single when workers die or race (seed 000: idempotency is not dedup)."""
+"""Results stay single when workers die or race (idempotency is not dedup)."""
 
 from __future__ import annotations
 

@@ -129,7 +129,7 @@ def test_debounce_replace_swaps_the_delayed_job_for_the_newest():
 
 def test_custom_job_id_is_unique():
     job_id = unique("custom")
-    first = add("test.echo", {"n": 1}, queue="default", opts=JobOptions(jobId=job_id))
-    second = add("test.echo", {"n": 2}, queue="default", opts=JobOptions(jobId=job_id))
+    first = add("test.echo", {"n": 1}, queue="default", opts=JobOptions(job_id=job_id))
+    second = add("test.echo", {"n": 2}, queue="default", opts=JobOptions(job_id=job_id))
     assert first.created and not second.created and second.job_id == job_id
     assert wait_state(job_id, "completed")["result"] == {"echo": {"n": 1}}

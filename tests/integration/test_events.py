@@ -17,8 +17,19 @@ from tests.support.events import EventFollower
 pytestmark = pytest.mark.usefixtures("inline_worker")
 
 # A report whose first run fails: BullMQ's whole retry sequence, then success.
-RETRIED_SEQUENCE = ["waiting", "active", "retrying", "delayed", "waiting", "active",
-                    "progress", "progress", "progress", "progress", "completed"]  # fmt: skip
+RETRIED_SEQUENCE = [
+    "waiting",
+    "active",
+    "retrying",
+    "delayed",
+    "waiting",
+    "active",
+    "progress",
+    "progress",
+    "progress",
+    "progress",
+    "completed",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +56,9 @@ def read_sse(response) -> list[dict]:
             line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
         )
         if fields:
-            found.append({"id": fields["id"], "event": fields["event"],
-                          "data": json.loads(fields["data"])})  # fmt: skip
+            found.append(
+                {"id": fields["id"], "event": fields["event"], "data": json.loads(fields["data"])}
+            )
     return found
 
 
@@ -77,8 +89,11 @@ def test_keel_events_shows_a_deduplicated_add_with_both_ids(client, follower):
     again = submit(client, report_id)
     # Then the add was absorbed, and the event names the kept and the discarded job
     assert again["deduplicated"] is True and again["jobId"] == kept["jobId"]
-    event = next(e for e in follower.wait_for_event(kept["jobId"], "deduplicated")
-                 if e["event"] == "deduplicated")  # fmt: skip
+    event = next(
+        e
+        for e in follower.wait_for_event(kept["jobId"], "deduplicated")
+        if e["event"] == "deduplicated"
+    )
     assert event["deduplicationId"] == operation_key("acme", "alice", report_id, 7)
     assert event["deduplicatedJobId"] not in ("", kept["jobId"])
     follower.wait_for_event(kept["jobId"], "completed")
@@ -129,8 +144,9 @@ def test_the_event_stream_resumes_after_last_event_id(client):
 def test_the_event_stream_ends_after_its_timeout(client):
     # Given a report job scheduled a minute from now
     now = datetime.now(UTC)
-    submitted = service.submit(Owner("acme", "alice"), unique(), 3,
-                               run_at=now + timedelta(seconds=60), now=now)  # fmt: skip
+    submitted = service.submit(
+        Owner("acme", "alice"), unique(), 3, run_at=now + timedelta(seconds=60), now=now
+    )
     # When its owner follows it with a 1 s timeout
     started = time.monotonic()
     events = read_sse(client.get(events_url(submitted.job_id, "?timeout=1"), headers=bearer()))

@@ -84,8 +84,10 @@ def test_a_slot_is_given_back_on_every_way_a_run_ends(limited_workers):
     unrecoverable = add("test.unrecoverable", {}, queue=SINGLE).job_id
     echoes = [add("test.echo", {"n": n}, queue=SINGLE).job_id for n in range(3)]
     # When runs end by retry, final failure, unrecoverable error and success
-    jobs = {job_id: wait_state(job_id, "completed", "failed", timeout=10) for job_id in
-            [failing, unrecoverable, *echoes]}  # fmt: skip
+    jobs = {
+        job_id: wait_state(job_id, "completed", "failed", timeout=10)
+        for job_id in [failing, unrecoverable, *echoes]
+    }
     # Then every job got the slot in turn, well before a leaked lease could lapse
     assert (jobs[failing]["state"], jobs[failing]["attemptsStarted"]) == ("failed", 2)
     assert jobs[failing]["attemptsMade"] == 2
@@ -112,10 +114,11 @@ def test_a_held_job_waits_in_the_delayed_set_without_using_an_attempt(limited_wo
 def test_a_dead_workers_slot_frees_itself_and_its_held_job_is_not_lost(stack):
     # Given a single-slot queue whose slot a worker holds (3 s leases), with a job held behind it
     queue = unique("orphaned")
-    env = {"KEEL_QUEUE_LIMITS": json.dumps({queue: {"concurrency": 1}}),
-           "KEEL_LOCK_DURATION_S": "3"}  # fmt: skip
-    victim = WorkerProcess(stack.home, unique("holder"), concurrency=2, queues=queue,
-                           extra_env=env)  # fmt: skip
+    env = {
+        "KEEL_QUEUE_LIMITS": json.dumps({queue: {"concurrency": 1}}),
+        "KEEL_LOCK_DURATION_S": "3",
+    }
+    victim = WorkerProcess(stack.home, unique("holder"), concurrency=2, queues=queue, extra_env=env)
     rescuer = WorkerProcess(stack.home, unique("heir"), concurrency=2, queues=queue, extra_env=env)
     victim.start()
     try:

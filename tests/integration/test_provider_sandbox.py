@@ -330,19 +330,26 @@ def test_other_bad_requests_are_json_errors(provider: Provider):
 
 def test_admin_and_ledger_need_the_admin_key_and_json_bodies(provider: Provider):
     # Given the sandbox of the session, whose key the provider client sends
-    routes = [("GET", "/v1/ledger"), ("GET", "/admin/faults"), ("PUT", "/admin/faults"),
-              ("GET", "/admin/config"), ("PUT", "/admin/config"),
-              ("POST", "/admin/reset")]  # fmt: skip
+    routes = [
+        ("GET", "/v1/ledger"),
+        ("GET", "/admin/faults"),
+        ("PUT", "/admin/faults"),
+        ("GET", "/admin/config"),
+        ("PUT", "/admin/config"),
+        ("POST", "/admin/reset"),
+    ]
     for method, path in routes:
         # When called without the key, or with another one: 401 in the error shape
         for headers in ({}, {ADMIN_KEY_HEADER: "not-the-key"}):
-            response = requests.request(method, f"{provider.url}{path}", json={},
-                                        headers=headers, timeout=TIMEOUT_S)  # fmt: skip
+            response = requests.request(
+                method, f"{provider.url}{path}", json={}, headers=headers, timeout=TIMEOUT_S
+            )
             assert_error(response, 401, "unauthorized")
     # And a body that is not JSON (a cross-origin form or text/plain post): 415, key or not
     for content_type in ("text/plain", "application/x-www-form-urlencoded"):
-        response = provider.call("POST", "/admin/reset", data="{}",
-                                 headers={"Content-Type": content_type})  # fmt: skip
+        response = provider.call(
+            "POST", "/admin/reset", data="{}", headers={"Content-Type": content_type}
+        )
         assert_error(response, 415, "unsupported_media_type")
     # While the provider API itself needs no admin key
     assert requests.post(f"{provider.url}/v1/groups", json={}, timeout=TIMEOUT_S).status_code == 201

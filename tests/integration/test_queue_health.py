@@ -23,14 +23,28 @@ def both_views(queue: str) -> tuple[dict[str, int], dict[str, int]]:
     with engine().connect() as conn:
         conn.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
         exact = dict.fromkeys(FIVE, 0)
-        exact.update(dict(conn.execute(
-            text("SELECT state, count(*) FROM jobs WHERE queue = :q GROUP BY state"),
-            {"q": queue}).all()))  # fmt: skip
+        exact.update(
+            dict(
+                conn.execute(
+                    text("SELECT state, count(*) FROM jobs WHERE queue = :q GROUP BY state"),
+                    {"q": queue},
+                ).all()
+            )
+        )
         fast = dict.fromkeys(FIVE, 0)
-        fast.update({s: int(n) for s, n in conn.execute(text(
-            "SELECT state, sum(n) FROM (SELECT state, n FROM job_counts WHERE queue = :q "
-            "UNION ALL SELECT state, n FROM job_count_deltas WHERE queue = :q) c GROUP BY state"),
-            {"q": queue}).all()})  # fmt: skip
+        fast.update(
+            {
+                s: int(n)
+                for s, n in conn.execute(
+                    text(
+                        "SELECT state, sum(n) FROM (SELECT state, n FROM job_counts "
+                        "WHERE queue = :q UNION ALL SELECT state, n FROM job_count_deltas "
+                        "WHERE queue = :q) c GROUP BY state"
+                    ),
+                    {"q": queue},
+                ).all()
+            }
+        )
         conn.rollback()
     return {k: exact[k] for k in FIVE}, {k: fast[k] for k in FIVE}
 
@@ -39,9 +53,11 @@ def test_health_counts_equal_the_records_throughout_a_mixed_run(stack):
     # Given a queue of 100 mixed jobs: quick, failing with retries, and delayed
     queue = unique("mixed")
     rng = random.Random(5)
-    kinds = [("test.echo", JobOptions()),
-             ("test.always_fails", JobOptions(attempts=2, backoff=Backoff(delay=200))),
-             ("test.echo", JobOptions(delay=800))]  # fmt: skip
+    kinds = [
+        ("test.echo", JobOptions()),
+        ("test.always_fails", JobOptions(attempts=2, backoff=Backoff(delay=200))),
+        ("test.echo", JobOptions(delay=800)),
+    ]
     worker = WorkerProcess(stack.home, unique("mixed"), concurrency=3, queues=queue)
     worker.start()
     mismatches: list = []

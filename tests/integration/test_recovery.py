@@ -1,4 +1,4 @@
-"""Manual retry with an audit trail (seed exercise 2) and its guards."""
+"""Manual retry with an audit trail, and its guards."""
 
 from __future__ import annotations
 

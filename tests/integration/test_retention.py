@@ -34,8 +34,11 @@ def test_report_jobs_keep_the_newest_hundred_of_each_kind():
 def all_finished(job_ids: list[str]) -> bool:
     """Every one of these jobs completed or failed (or was already trimmed)."""
     with transaction() as session:
-        live = session.scalar(select(func.count()).where(
-            JobRecord.id.in_(job_ids), JobRecord.state.not_in(("completed", "failed"))))
+        live = session.scalar(
+            select(func.count()).where(
+                JobRecord.id.in_(job_ids), JobRecord.state.not_in(("completed", "failed"))
+            )
+        )
     return live == 0
 
 
@@ -59,7 +62,7 @@ def test_250_completed_reports_leave_at_most_100_records(client):
 
 
 def test_trimmed_failed_records_are_archived():
-    opts = JobOptions(attempts=1, removeOnFail=5, backoff=Backoff(delay=0))
+    opts = JobOptions(attempts=1, remove_on_fail=5, backoff=Backoff(delay=0))
     jobs = [
         add("test.always_fails", {"i": i}, queue="default", opts=opts).job_id for i in range(15)
     ]

@@ -1,4 +1,4 @@
-"""Delayed jobs and job schedulers fired by real Celery beat processes (seed 001)."""
+"""Delayed jobs and job schedulers fired by real Celery beat processes."""
 
 from __future__ import annotations
 
@@ -64,12 +64,15 @@ def test_a_report_scheduled_three_seconds_ahead_is_delayed_then_completed(client
     assert started >= run_at - timedelta(milliseconds=50)
 
 
-@pytest.mark.parametrize("run_at", [
-    (datetime.now(UTC) - timedelta(seconds=5)).isoformat(),
-    "tomorrow at noon",
-    "2030-01-01T00:00:00",  # no time zone: ambiguous
-    12345,
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "run_at",
+    [
+        (datetime.now(UTC) - timedelta(seconds=5)).isoformat(),
+        "tomorrow at noon",
+        "2030-01-01T00:00:00",  # no time zone: ambiguous
+        12345,
+    ],
+)
 def test_run_at_must_be_a_future_iso_time_with_zone(client, run_at):
     response = client.post(
         "/api/v1/reports/scheduled",

@@ -51,8 +51,9 @@ def artifact_rows(key: str) -> int:
 def test_sigterm_finishes_the_active_jobs_takes_no_new_ones_and_exits_0(stack):
     # Given a worker of concurrency 6 running 6 report jobs, with a 7th waiting behind them
     queue = unique("graceful")
-    victim = WorkerProcess(stack.home, unique("graceful"), concurrency=6, queues=queue,
-                           extra_env=SLOW_STEPS)  # fmt: skip
+    victim = WorkerProcess(
+        stack.home, unique("graceful"), concurrency=6, queues=queue, extra_env=SLOW_STEPS
+    )
     victim.start()
     try:
         jobs = add_reports(queue, 6)
@@ -74,9 +75,16 @@ def test_sigterm_finishes_the_active_jobs_takes_no_new_ones_and_exits_0(stack):
 def test_sigkill_jobs_are_completed_by_another_worker_with_one_artifact_each(stack):
     # Given a worker (3 s job locks) running 6 report jobs, and a second worker on the queue
     queue = unique("killed")
-    victim = WorkerProcess(stack.home, unique("victim"), concurrency=6, queues=queue,
-                           extra_env={"KEEL_REPORT_STEP_PAUSE_MS": "3000",  # 9 s per report
-                                      "KEEL_LOCK_DURATION_S": "3"})  # fmt: skip
+    victim = WorkerProcess(
+        stack.home,
+        unique("victim"),
+        concurrency=6,
+        queues=queue,
+        extra_env={
+            "KEEL_REPORT_STEP_PAUSE_MS": "3000",  # 9 s per report
+            "KEEL_LOCK_DURATION_S": "3",
+        },
+    )
     victim.start()
     rescuer = WorkerProcess(stack.home, unique("rescuer"), concurrency=6, queues=queue)
     try:

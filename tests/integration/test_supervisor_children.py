@@ -49,10 +49,13 @@ def test_a_child_that_keeps_dying_makes_the_stack_give_up_loudly():
 def test_a_child_that_dies_once_is_restarted_and_its_output_is_prefixed(tmp_path: Path):
     # Given a child that crashes on its first run only, and a quiet neighbour
     marker = tmp_path / "ran-once"
-    flaky = child("flaky", f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n"
-                           "print('run', p.exists(), flush=True)\n"
-                           "if not p.exists():\n    p.touch(); sys.exit(9)\n"
-                           "time.sleep(60)")  # fmt: skip
+    flaky = child(
+        "flaky",
+        f"import pathlib, sys, time\np = pathlib.Path({str(marker)!r})\n"
+        "print('run', p.exists(), flush=True)\n"
+        "if not p.exists():\n    p.touch(); sys.exit(9)\n"
+        "time.sleep(60)",
+    )
     quiet = child("quiet", "import time; print('hello', flush=True); time.sleep(60)")
     supervisor, stream = supervised(flaky, quiet)
     # When the supervisor watches them for a moment

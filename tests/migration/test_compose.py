@@ -22,8 +22,12 @@ def test_compose_has_every_part_on_official_images():
     assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
     for name in ("worker", "beat"):
         assert services[name]["healthcheck"]["test"] == [
-            "CMD", "python", "-m", "tasks.jobs.healthcheck", name
-        ]  # fmt: skip
+            "CMD",
+            "python",
+            "-m",
+            "tasks.jobs.healthcheck",
+            name,
+        ]
     for name in ("web", "worker", "flower"):
         env = services[name]["environment"]
         assert env["KEEL_DATABASE_URL"].startswith("postgresql://")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from alembic import command
 
 from tasks.migrate import alembic_config
@@ -16,9 +17,10 @@ def test_models_and_migrations_agree(stack):
     command.check(alembic_config())
 
 
-def test_ruff_is_clean():
+@pytest.mark.parametrize("args", [["check", "--quiet"], ["format", "--check", "--quiet"]])
+def test_ruff_is_clean(args):
     result = subprocess.run(
-        [sys.executable, "-m", "ruff", "check", "--quiet", "."],
+        [sys.executable, "-m", "ruff", *args, "."],
         cwd=PROJECT_ROOT,
         capture_output=True,
         text=True,

@@ -90,21 +90,24 @@ def _created(response, key: str) -> str:
 
 def create_report_job(client) -> str:
     """A delayed report job: nothing (no worker, no promoter) changes it during the test."""
-    response = client.post("/api/v1/reports/scheduled", json=VALID_BODIES["ScheduleReport"](),
-                           headers=OWNER)  # fmt: skip
+    response = client.post(
+        "/api/v1/reports/scheduled", json=VALID_BODIES["ScheduleReport"](), headers=OWNER
+    )
     return _created(response, "jobId")
 
 
 def create_scheduler(client) -> str:
     scheduler_id = unique("sched")
-    response = client.put(f"/api/v1/schedulers/{scheduler_id}",
-                          json=VALID_BODIES["UpsertScheduler"](), headers=OWNER)  # fmt: skip
+    response = client.put(
+        f"/api/v1/schedulers/{scheduler_id}", json=VALID_BODIES["UpsertScheduler"](), headers=OWNER
+    )
     return _created(response, "id")
 
 
 def create_campaign(client) -> str:
-    response = client.post("/api/v1/campaigns", json=VALID_BODIES["CreateCampaign"](),
-                           headers=OWNER)  # fmt: skip
+    response = client.post(
+        "/api/v1/campaigns", json=VALID_BODIES["CreateCampaign"](), headers=OWNER
+    )
     return _created(response, "campaignId")
 
 
@@ -121,8 +124,14 @@ def scheduler_fingerprint(scheduler_id: str) -> Any:
         record = session.get(JobSchedulerRecord, (TENANT_A, scheduler_id))
         if record is None:
             return None
-        return (record.spec, record.queue, record.created_by, record.updated_at,
-                record.next_run_at, record.iteration_count)  # fmt: skip
+        return (
+            record.spec,
+            record.queue,
+            record.created_by,
+            record.updated_at,
+            record.next_run_at,
+            record.iteration_count,
+        )
 
 
 def campaign_fingerprint(campaign_id: str) -> Any:
@@ -180,8 +189,12 @@ def call(client, op: DocumentedOperation, headers: dict, object_id: str | None =
     if object_id is not None:
         url = url.replace("{" + op.path_params[0] + "}", object_id)
     body = body_for(op)
-    return client.open(url, method=op.method.upper(), headers=headers,
-                       **({"json": body} if body is not None else {}))  # fmt: skip
+    return client.open(
+        url,
+        method=op.method.upper(),
+        headers=headers,
+        **({"json": body} if body is not None else {}),
+    )
 
 
 def _normalized(value: Any, object_id: str | None) -> Any:

@@ -54,40 +54,100 @@ def no_leftover_schedulers(drop_schedulers_of):
 
 HOSTILE_BODIES = [
     # (why, method, url, body, the field the 400 names)
-    ("NUL in a stored string", "POST", "/api/v1/campaigns",
-     {"name": "n", "category": "c", "template": "t", "recipients": [{"to": "\x00"}]},
-     "recipients.0.to"),
-    ("NUL in a JSON key", "PUT", SCHEDULER,
-     {"every": 1000, "template": {"name": "x", "data": {"a\x00": 1}}}, "template.data.a\x00"),
-    ("unpaired surrogate", "POST", "/api/v1/campaigns",
-     '{"name": "\\ud800", "category": "c", "template": "t", "recipientCount": 1}', "name"),
-    ("JSON nested 5000 deep", "POST", "/api/v1/campaigns",
-     '{"name":"n","category":"c","template":"t","recipients":[{"to":"a","vars":{"k":'
-     + DEEP + "}}]}", "(body)"),
-    ("every overflowing the calendar", "PUT", SCHEDULER,
-     {"every": 10**20, "template": TEMPLATE}, "every"),
-    ("cron after the last representable date", "PUT", SCHEDULER,
-     {"pattern": "* * * * *", "startDate": "9999-12-31T23:59:59Z", "template": TEMPLATE},
-     "(body)"),
-    ("cron that never matches (30 February)", "PUT", SCHEDULER,
-     {"pattern": "0 0 30 2 *", "template": TEMPLATE}, "(body)"),
-    ("template delay past any interval", "PUT", SCHEDULER,
-     {"every": 1000, "template": {"name": "x", "opts": {"delay": 10**30}}},
-     "template.opts.delay"),
-    ("template retention past any LIMIT", "PUT", SCHEDULER,
-     {"every": 1000, "template": {"name": "x", "opts": {"removeOnFail": {"count": 10**30}}}},
-     None),
-    ("runAt with no UTC equivalent", "POST", "/api/v1/reports/scheduled",
-     {"reportId": "a", "rows": 1, "runAt": "9999-12-31T23:59:59-23:59"}, "runAt"),
-    ("str.format attribute access", "POST", "/api/v1/campaigns",
-     {"name": "n", "category": "c", "template": "{to.__class__}", "recipientCount": 1},
-     "template"),
-    ("str.format 2 GB padding", "POST", "/api/v1/campaigns",
-     {"name": "n", "category": "c", "template": "{to:>2000000000}", "recipientCount": 1},
-     "template"),
-    ("positional placeholder", "POST", "/api/v1/campaigns",
-     {"name": "n", "category": "c", "template": "{0}", "recipientCount": 1}, "template"),
-]  # fmt: skip
+    (
+        "NUL in a stored string",
+        "POST",
+        "/api/v1/campaigns",
+        {"name": "n", "category": "c", "template": "t", "recipients": [{"to": "\x00"}]},
+        "recipients.0.to",
+    ),
+    (
+        "NUL in a JSON key",
+        "PUT",
+        SCHEDULER,
+        {"every": 1000, "template": {"name": "x", "data": {"a\x00": 1}}},
+        "template.data.a\x00",
+    ),
+    (
+        "unpaired surrogate",
+        "POST",
+        "/api/v1/campaigns",
+        '{"name": "\\ud800", "category": "c", "template": "t", "recipientCount": 1}',
+        "name",
+    ),
+    (
+        "JSON nested 5000 deep",
+        "POST",
+        "/api/v1/campaigns",
+        '{"name":"n","category":"c","template":"t","recipients":[{"to":"a","vars":{"k":'
+        + DEEP
+        + "}}]}",
+        "(body)",
+    ),
+    (
+        "every overflowing the calendar",
+        "PUT",
+        SCHEDULER,
+        {"every": 10**20, "template": TEMPLATE},
+        "every",
+    ),
+    (
+        "cron after the last representable date",
+        "PUT",
+        SCHEDULER,
+        {"pattern": "* * * * *", "startDate": "9999-12-31T23:59:59Z", "template": TEMPLATE},
+        "(body)",
+    ),
+    (
+        "cron that never matches (30 February)",
+        "PUT",
+        SCHEDULER,
+        {"pattern": "0 0 30 2 *", "template": TEMPLATE},
+        "(body)",
+    ),
+    (
+        "template delay past any interval",
+        "PUT",
+        SCHEDULER,
+        {"every": 1000, "template": {"name": "x", "opts": {"delay": 10**30}}},
+        "template.opts.delay",
+    ),
+    (
+        "template retention past any LIMIT",
+        "PUT",
+        SCHEDULER,
+        {"every": 1000, "template": {"name": "x", "opts": {"removeOnFail": {"count": 10**30}}}},
+        None,
+    ),
+    (
+        "runAt with no UTC equivalent",
+        "POST",
+        "/api/v1/reports/scheduled",
+        {"reportId": "a", "rows": 1, "runAt": "9999-12-31T23:59:59-23:59"},
+        "runAt",
+    ),
+    (
+        "str.format attribute access",
+        "POST",
+        "/api/v1/campaigns",
+        {"name": "n", "category": "c", "template": "{to.__class__}", "recipientCount": 1},
+        "template",
+    ),
+    (
+        "str.format 2 GB padding",
+        "POST",
+        "/api/v1/campaigns",
+        {"name": "n", "category": "c", "template": "{to:>2000000000}", "recipientCount": 1},
+        "template",
+    ),
+    (
+        "positional placeholder",
+        "POST",
+        "/api/v1/campaigns",
+        {"name": "n", "category": "c", "template": "{0}", "recipientCount": 1},
+        "template",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -126,8 +186,9 @@ def test_nested_models_do_not_coerce_strings_to_numbers(client):
     # Given a scheduler whose nested template options carry "3" for an integer
     body = {"every": 1000, "template": {"name": "x", "opts": {"attempts": "3"}}}
     # Then the strict rule of every body holds at any depth
-    assert_refused(send(client, "PUT", SCHEDULER.format(id=unique("s")), body),
-                   "template.opts.attempts")  # fmt: skip
+    assert_refused(
+        send(client, "PUT", SCHEDULER.format(id=unique("s")), body), "template.opts.attempts"
+    )
 
 
 @pytest.mark.parametrize(

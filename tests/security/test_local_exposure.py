@@ -38,8 +38,9 @@ def secrets_of(up: KeelUp) -> dict[str, str]:
 def test_the_embedded_redis_wants_a_password_and_refuses_config(keel_up: KeelUp):
     url = urlsplit(keel_up.stack_env["KEEL_REDIS_URL"])
     # Without the password: nothing, CONFIG SET included
-    anonymous = redis.Redis(host=url.hostname, port=url.port, socket_timeout=5,
-                            retry=Retry(NoBackoff(), 0))  # fmt: skip
+    anonymous = redis.Redis(
+        host=url.hostname, port=url.port, socket_timeout=5, retry=Retry(NoBackoff(), 0)
+    )
     with pytest.raises(redis.AuthenticationError):
         anonymous.config_set("dir", "/tmp")
     with pytest.raises(redis.AuthenticationError):
@@ -71,19 +72,30 @@ def test_the_sandbox_admin_and_ledger_need_the_key_and_json(keel_up: KeelUp):
     key = {ADMIN_KEY_HEADER: keel_up.stack_env["KEEL_SANDBOX_ADMIN_KEY"]}
     # Without the key, or with a wrong one: 401 in the error shape
     for headers in ({}, {ADMIN_KEY_HEADER: "wrong"}):
-        for method, path in (("GET", "/v1/ledger"), ("GET", "/admin/faults"),
-                             ("POST", "/admin/reset"), ("PUT", "/admin/config")):  # fmt: skip
-            response = requests.request(method, sandbox + path, headers=headers, json={},
-                                        timeout=5)  # fmt: skip
+        for method, path in (
+            ("GET", "/v1/ledger"),
+            ("GET", "/admin/faults"),
+            ("POST", "/admin/reset"),
+            ("PUT", "/admin/config"),
+        ):
+            response = requests.request(method, sandbox + path, headers=headers, json={}, timeout=5)
             assert response.status_code == 401, (method, path, response.text)
             assert response.json()["error"] == "unauthorized"
     # A form or text/plain body (what a web page can send cross-origin): 415, even with the key
-    plain = requests.post(sandbox + "/admin/reset", data="{}", timeout=5,
-                          headers={**key, "Content-Type": "text/plain"})  # fmt: skip
+    plain = requests.post(
+        sandbox + "/admin/reset",
+        data="{}",
+        timeout=5,
+        headers={**key, "Content-Type": "text/plain"},
+    )
     assert plain.status_code == 415, plain.text
     # With the key: the ledger and the admin API answer
-    assert requests.get(sandbox + "/v1/ledger", params={"summary": 1}, headers=key,
-                        timeout=5).status_code == 200  # fmt: skip
+    assert (
+        requests.get(
+            sandbox + "/v1/ledger", params={"summary": 1}, headers=key, timeout=5
+        ).status_code
+        == 200
+    )
     assert requests.get(sandbox + "/admin/config", headers=key, timeout=5).status_code == 200
 
 

@@ -37,8 +37,9 @@ LIST_URL = "/api/v1/schedulers"  # an operator GET of the caller's own tenant: c
 
 def limited_app(limit: str, **config: object) -> Flask:
     """An app with the tenant limit ``limit`` (and no per-user share unless ``config`` sets one)."""
-    return create_app({"TESTING": True, "KEEL_TENANT_RATE_LIMIT": limit,
-                       "KEEL_USER_RATE_LIMIT": "off", **config})  # fmt: skip
+    return create_app(
+        {"TESTING": True, "KEEL_TENANT_RATE_LIMIT": limit, "KEEL_USER_RATE_LIMIT": "off", **config}
+    )
 
 
 def operator_of(tenant: str) -> dict[str, str]:
@@ -62,9 +63,13 @@ def test_a_body_past_the_limit_is_413(client, op):
     for param in op.path_params:
         url = url.replace("{" + param + "}", "x1")
     body = b'{"pad": "' + b"x" * MAX_BODY_BYTES + b'"}'
-    response = client.open(url, method=op.method.upper(), data=body,
-                           content_type="application/json",
-                           headers=operator_of(unique("big")))  # fmt: skip
+    response = client.open(
+        url,
+        method=op.method.upper(),
+        data=body,
+        content_type="application/json",
+        headers=operator_of(unique("big")),
+    )
     # Then 413 in the error shape (and documented)
     assert response.status_code == 413, response.get_data()
     assert response.get_json()["error"] == "payload_too_large"
@@ -89,8 +94,12 @@ def test_a_recipient_list_past_the_limit_is_400_naming_it(client):
 def test_a_synthetic_count_past_the_limit_is_400_naming_it(client):
     from web.campaigns import MAX_SYNTHETIC_RECIPIENTS
 
-    body = {"name": "n", "category": "c", "template": "t",
-            "recipientCount": MAX_SYNTHETIC_RECIPIENTS + 1}  # fmt: skip
+    body = {
+        "name": "n",
+        "category": "c",
+        "template": "t",
+        "recipientCount": MAX_SYNTHETIC_RECIPIENTS + 1,
+    }
     response = client.post("/api/v1/campaigns", json=body, headers=operator_of(unique("big")))
     assert response.status_code == 400
     [detail] = response.get_json()["details"]
@@ -112,8 +121,9 @@ def test_one_tenants_flood_does_not_starve_another(figures):
     def meanwhile() -> list:
         start.wait()
         client = app.test_client()
-        return [client.get(LIST_URL, headers=operator_of(neighbour))
-                for _ in range(NEIGHBOUR_REQUESTS)]  # fmt: skip
+        return [
+            client.get(LIST_URL, headers=operator_of(neighbour)) for _ in range(NEIGHBOUR_REQUESTS)
+        ]
 
     # When the first sends twice its budget while the second works normally, at the same time
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -140,17 +150,19 @@ def test_one_user_takes_only_its_share_of_the_tenants_budget(figures):
     client = app.test_client()
     tenant = unique("shared")
     # When one user of the tenant sends the whole tenant budget
-    runaway = [client.get(LIST_URL, headers=bearer(tenant=tenant, user="script",
-                                                   roles=("operator",)))
-               for _ in range(LIMIT)]  # fmt: skip
+    runaway = [
+        client.get(LIST_URL, headers=bearer(tenant=tenant, user="script", roles=("operator",)))
+        for _ in range(LIMIT)
+    ]
     # Then it gets its share, and 429s naming the per-user limit for the rest
     assert Counter(r.status_code for r in runaway) == {200: LIMIT // 2, 429: LIMIT // 2}
     refused = runaway[-1].get_json()
     assert refused["details"][0]["limit"] == "userRequestRate"
     # And another user of the same tenant is still served from what is left
-    colleague = [client.get(LIST_URL, headers=bearer(tenant=tenant, user="human",
-                                                     roles=("operator",)))
-                 for _ in range(LIMIT // 2)]  # fmt: skip
+    colleague = [
+        client.get(LIST_URL, headers=bearer(tenant=tenant, user="human", roles=("operator",)))
+        for _ in range(LIMIT // 2)
+    ]
     assert [r.status_code for r in colleague] == [200] * (LIMIT // 2)
     figures["per-user share"] = (
         f"one user {LIMIT // 2}/{LIMIT} ok then 429 (userRequestRate), colleague "
@@ -166,8 +178,9 @@ def test_failed_authentication_spends_no_tenants_budget():
     claims = {"sub": "x", "tenant": victim, "roles": ["operator"], "exp": 2**33}
     forged = jwt.encode(claims, "not-the-secret-but-long-enough-for-hs256-ok", algorithm="HS256")
     # When an attacker sends twice the budget with them
-    rejected = [client.get(LIST_URL, headers={"Authorization": f"Bearer {forged}"})
-                for _ in range(FLOOD)]  # fmt: skip
+    rejected = [
+        client.get(LIST_URL, headers={"Authorization": f"Bearer {forged}"}) for _ in range(FLOOD)
+    ]
     assert {r.status_code for r in rejected} == {401}
     # Then the tenant still has its whole budget
     served = [client.get(LIST_URL, headers=operator_of(victim)) for _ in range(LIMIT)]

@@ -53,14 +53,20 @@ def objects(app) -> dict[str, str]:
     client = app.test_client()
     viewer = NON_OPERATORS["no roles"]
     run_at = (datetime.now(UTC) + timedelta(days=30)).isoformat()
-    job = client.post("/api/v1/reports/scheduled", headers=viewer,
-                      json={"reportId": unique(), "rows": 3, "runAt": run_at})  # fmt: skip
-    campaign = client.post("/api/v1/campaigns", headers=viewer,
-                           json={"name": "n", "category": "c", "template": "t",
-                                 "recipientCount": 1})  # fmt: skip
+    job = client.post(
+        "/api/v1/reports/scheduled",
+        headers=viewer,
+        json={"reportId": unique(), "rows": 3, "runAt": run_at},
+    )
+    campaign = client.post(
+        "/api/v1/campaigns",
+        headers=viewer,
+        json={"name": "n", "category": "c", "template": "t", "recipientCount": 1},
+    )
     scheduler_id = unique("sched")
-    scheduler = client.put(f"/api/v1/schedulers/{scheduler_id}", headers=OPERATOR,
-                           json=BODIES["UpsertScheduler"])  # fmt: skip
+    scheduler = client.put(
+        f"/api/v1/schedulers/{scheduler_id}", headers=OPERATOR, json=BODIES["UpsertScheduler"]
+    )
     assert (job.status_code, campaign.status_code, scheduler.status_code) == (202, 202, 200)
     return {
         "job_id": job.get_json()["jobId"],
@@ -77,9 +83,12 @@ def footprint(objects: dict[str, str]) -> tuple:
             select(func.count()).where(JobSchedulerRecord.tenant_id == TENANT)
         )
         audits = session.scalar(select(func.count()).where(RetryAudit.tenant_id == TENANT))
-        resumes = session.scalar(select(func.count()).where(
-            JobRecord.id.like(f"campaign.finalize:{objects['campaign_id']}:%"),
-            JobRecord.id.not_like("%:plan-%")))  # fmt: skip
+        resumes = session.scalar(
+            select(func.count()).where(
+                JobRecord.id.like(f"campaign.finalize:{objects['campaign_id']}:%"),
+                JobRecord.id.not_like("%:plan-%"),
+            )
+        )
         state = (scheduler.spec, scheduler.updated_at) if scheduler else None
         return state, schedulers, audits, resumes
 
@@ -89,8 +98,12 @@ def request(client, op, headers: dict, ids: dict[str, str]):
     for param in op.path_params:
         url = url.replace("{" + param + "}", ids.get(param, unique("id")))
     body = BODIES.get(op.body_schema) if op.body_schema else None
-    response = client.open(url, method=op.method.upper(), headers=headers,
-                           **({"json": body} if body is not None else {}))  # fmt: skip
+    response = client.open(
+        url,
+        method=op.method.upper(),
+        headers=headers,
+        **({"json": body} if body is not None else {}),
+    )
     if response.mimetype == "text/event-stream":
         response.close()
     return response

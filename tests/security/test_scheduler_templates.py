@@ -34,31 +34,41 @@ REFUSED: list[str] = []
 
 # (what, template, queue) — each must be refused at upsert, for a tenant.
 FORBIDDEN = {
-    "the artifact cleanup (a system job)": ({"name": "reports.cleanup",
-                                             "data": {"keepDays": 0}}, None),
-    "the campaign monitor (a system job)": ({"name": "campaign.monitor",
-                                             "data": {"quietSeconds": 0.001}}, None),
+    "the artifact cleanup (a system job)": (
+        {"name": "reports.cleanup", "data": {"keepDays": 0}},
+        None,
+    ),
+    "the campaign monitor (a system job)": (
+        {"name": "campaign.monitor", "data": {"quietSeconds": 0.001}},
+        None,
+    ),
     "a Celery built-in": ({"name": "celery.backend_cleanup"}, None),
     "an unknown job name": ({"name": "security.noop"}, None),
-    "a report on Celery's default queue": ({"name": "report.generate",
-                                            "data": {"reportId": "r", "rows": 5}}, "celery"),
-    "a report naming another tenant": ({"name": "report.generate",
-                                        "data": {"reportId": "r", "rows": 5,
-                                                 "tenantId": "victim"}}, None),
-    "a report naming another user": ({"name": "report.generate",
-                                      "data": {"reportId": "r", "rows": 5,
-                                               "requestedBy": "victim"}}, None),
-    "a report with zero rows": ({"name": "report.generate",
-                                 "data": {"reportId": "r", "rows": 0}}, None),
+    "a report on Celery's default queue": (
+        {"name": "report.generate", "data": {"reportId": "r", "rows": 5}},
+        "celery",
+    ),
+    "a report naming another tenant": (
+        {"name": "report.generate", "data": {"reportId": "r", "rows": 5, "tenantId": "victim"}},
+        None,
+    ),
+    "a report naming another user": (
+        {"name": "report.generate", "data": {"reportId": "r", "rows": 5, "requestedBy": "victim"}},
+        None,
+    ),
+    "a report with zero rows": (
+        {"name": "report.generate", "data": {"reportId": "r", "rows": 0}},
+        None,
+    ),
     "a report without rows": ({"name": "report.generate", "data": {"reportId": "r"}}, None),
-}  # fmt: skip
+}
 
 
 def schedulers_of(tenant: str) -> int:
     with transaction() as session:
-        return session.scalar(
-            select(func.count()).where(JobSchedulerRecord.tenant_id == tenant)
-        ) or 0  # fmt: skip
+        return (
+            session.scalar(select(func.count()).where(JobSchedulerRecord.tenant_id == tenant)) or 0
+        )
 
 
 def cli(*args: str):
@@ -73,8 +83,9 @@ def no_leftover_schedulers(drop_schedulers_of):
 @pytest.fixture(scope="module", autouse=True)
 def figures():
     yield
-    record_figure("scheduler templates refused at upsert (API + CLI)",
-                  f"{len(REFUSED)} refused, 0 recorded")  # fmt: skip
+    record_figure(
+        "scheduler templates refused at upsert (API + CLI)", f"{len(REFUSED)} refused, 0 recorded"
+    )
 
 
 @pytest.mark.parametrize("what", list(FORBIDDEN))
@@ -109,16 +120,29 @@ def test_a_template_a_tenant_may_not_schedule_is_400_at_upsert(client, what):
 def test_system_scope_may_still_schedule_system_jobs():
     """The CLI's system scope is where retention and monitoring belong."""
     scheduler_id = unique("sys")
-    result = cli(scheduler_id, "--pattern", "0 0 1 1 *", "--name", "reports.cleanup",
-                 "--data", '{"keepDays": 30}')  # fmt: skip
+    result = cli(
+        scheduler_id,
+        "--pattern",
+        "0 0 1 1 *",
+        "--name",
+        "reports.cleanup",
+        "--data",
+        '{"keepDays": 30}',
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["queue"] == "reports"
     assert CliRunner().invoke(keel, ["schedulers", "remove", scheduler_id]).exit_code == 0
 
 
 def test_cli_tenant_needs_a_user_and_valid_ids():
-    base = ["--every", "1000", "--name", "report.generate", "--data",
-            '{"reportId": "r", "rows": 5}']  # fmt: skip
+    base = [
+        "--every",
+        "1000",
+        "--name",
+        "report.generate",
+        "--data",
+        '{"reportId": "r", "rows": 5}',
+    ]
     assert cli(unique("s"), *base, "--tenant", TENANT).exit_code != 0
     assert cli(unique("s"), *base, "--tenant", "../x", "--user", "u").exit_code != 0
     assert cli(unique("s"), *base, "--data", "not json").exit_code != 0
@@ -135,9 +159,11 @@ def beat(stack):
 
 def fired(tenant: str, scheduler_id: str) -> list[JobRecord]:
     with transaction() as session:
-        return list(session.scalars(
-            select(JobRecord).where(JobRecord.id.startswith(fire_prefix(tenant, scheduler_id)))
-        ))  # fmt: skip
+        return list(
+            session.scalars(
+                select(JobRecord).where(JobRecord.id.startswith(fire_prefix(tenant, scheduler_id)))
+            )
+        )
 
 
 def assert_report_scheduler_works(tenant: str, user: str, scheduler_id: str, report_id: str):
@@ -151,8 +177,9 @@ def assert_report_scheduler_works(tenant: str, user: str, scheduler_id: str, rep
     # And one artifact, owned by that tenant, reused by the later runs
     key = operation_key(tenant, user, report_id, 5)
     with transaction() as session:
-        stored = session.scalars(select(ReportArtifact).where(
-            ReportArtifact.operation_key == key)).all()  # fmt: skip
+        stored = session.scalars(
+            select(ReportArtifact).where(ReportArtifact.operation_key == key)
+        ).all()
     assert [(a.tenant_id, a.object_key) for a in stored] == [
         (tenant, f"reports/{tenant}/{key}.csv")
     ]
@@ -177,9 +204,21 @@ def test_a_report_scheduler_made_through_the_api_fires_the_tenants_reports(clien
 @pytest.mark.usefixtures("worker", "beat")
 def test_a_report_scheduler_made_through_the_cli_fires_the_tenants_reports():
     scheduler_id, report_id = unique("cli-nightly"), unique("q")
-    result = cli(scheduler_id, "--every", "1000", "--limit", "3", "--name", "report.generate",
-                 "--data", json.dumps({"reportId": report_id, "rows": 5}),
-                 "--tenant", TENANT, "--user", "carl")  # fmt: skip
+    result = cli(
+        scheduler_id,
+        "--every",
+        "1000",
+        "--limit",
+        "3",
+        "--name",
+        "report.generate",
+        "--data",
+        json.dumps({"reportId": report_id, "rows": 5}),
+        "--tenant",
+        TENANT,
+        "--user",
+        "carl",
+    )
     assert result.exit_code == 0, result.output
     assert_report_scheduler_works(TENANT, "carl", scheduler_id, report_id)
 

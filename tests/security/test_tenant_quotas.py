@@ -29,8 +29,13 @@ from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.usefixtures("stack")
 
-SMALL = {"liveJobs": 5, "schedulers": 2, "campaignRecipients": 1000, "minChunkSize": 100,
-         "maxDelaySeconds": 3600}  # fmt: skip
+SMALL = {
+    "liveJobs": 5,
+    "schedulers": 2,
+    "campaignRecipients": 1000,
+    "minChunkSize": 100,
+    "maxDelaySeconds": 3600,
+}
 
 
 @pytest.fixture
@@ -61,15 +66,19 @@ def schedule_report(client, tenant: str, minutes: int = 30):
 
 
 def campaign(client, tenant: str, count: int, **extra):
-    body = {"name": "q", "category": "c", "template": "hi {seq}", "recipientCount": count,
-            **extra}  # fmt: skip
+    body = {"name": "q", "category": "c", "template": "hi {seq}", "recipientCount": count, **extra}
     return client.post("/api/v1/campaigns", json=body, headers=operator(tenant))
 
 
 def scheduler(client, tenant: str, scheduler_id: str, **template_opts):
-    body = {"pattern": "0 0 1 1 *",
-            "template": {"name": "report.generate", "data": {"reportId": "y", "rows": 5},
-                         **({"opts": template_opts} if template_opts else {})}}  # fmt: skip
+    body = {
+        "pattern": "0 0 1 1 *",
+        "template": {
+            "name": "report.generate",
+            "data": {"reportId": "y", "rows": 5},
+            **({"opts": template_opts} if template_opts else {}),
+        },
+    }
     return client.put(f"/api/v1/schedulers/{scheduler_id}", json=body, headers=operator(tenant))
 
 
@@ -88,8 +97,13 @@ def test_each_quota_refuses_the_request_past_it_and_serves_other_tenants(
     # Live jobs: 5 delayed reports are accepted, the 6th is 429 naming liveJobs
     assert [schedule_report(client, greedy).status_code for _ in range(5)] == [202] * 5
     refused(schedule_report(client, greedy), 429, "liveJobs")
-    refused(client.post("/api/v1/reports", json={"reportId": unique(), "rows": 1},
-                        headers=operator(greedy)), 429, "liveJobs")  # fmt: skip
+    refused(
+        client.post(
+            "/api/v1/reports", json={"reportId": unique(), "rows": 1}, headers=operator(greedy)
+        ),
+        429,
+        "liveJobs",
+    )
     # Schedulers: 2 accepted, a 3rd is 429; updating one it holds still works
     assert scheduler(client, greedy, "s1").status_code == 200
     assert scheduler(client, greedy, "s2").status_code == 200
@@ -106,9 +120,12 @@ def test_each_quota_refuses_the_request_past_it_and_serves_other_tenants(
     assert schedule_report(client, calm).status_code == 202
     assert scheduler(client, calm, "s1").status_code == 200
     assert campaign(client, calm, 1000, chunkSize=500).status_code == 202
-    record_figure("tenant quotas", "liveJobs 5 → 6th 429, schedulers 2 → 3rd 429, "
-                  "campaignRecipients 1000 → +500 429, chunkSize 1 → 400, delay past 3600 s "
-                  "→ 400; the other tenant served 3/3")  # fmt: skip
+    record_figure(
+        "tenant quotas",
+        "liveJobs 5 → 6th 429, schedulers 2 → 3rd 429, "
+        "campaignRecipients 1000 → +500 429, chunkSize 1 → 400, delay past 3600 s "
+        "→ 400; the other tenant served 3/3",
+    )
 
 
 def test_the_live_job_quota_holds_under_concurrent_requests(app, small_quotas):
@@ -129,13 +146,17 @@ def test_the_live_job_quota_holds_under_concurrent_requests(app, small_quotas):
 def test_another_tenants_traffic_never_trims_my_finished_records(client):
     # Given tenant A's finished report
     mine, theirs = unique("keeper"), unique("busy")
-    accepted = client.post("/api/v1/reports", json={"reportId": unique(), "rows": 1},
-                           headers=bearer(tenant=mine)).get_json()  # fmt: skip
+    accepted = client.post(
+        "/api/v1/reports", json={"reportId": unique(), "rows": 1}, headers=bearer(tenant=mine)
+    ).get_json()
     wait_state(accepted["jobId"], "completed")
     # When tenant B posts 150 reports (its own retention keeps 100) and they all finish
-    ids = [client.post("/api/v1/reports", json={"reportId": unique(), "rows": 1},
-                       headers=bearer(tenant=theirs)).get_json()["jobId"]
-           for _ in range(150)]  # fmt: skip
+    ids = [
+        client.post(
+            "/api/v1/reports", json={"reportId": unique(), "rows": 1}, headers=bearer(tenant=theirs)
+        ).get_json()["jobId"]
+        for _ in range(150)
+    ]
 
     def states() -> list[str]:
         return [job.state if job else "trimmed" for job in map(get, ids)]
@@ -155,7 +176,7 @@ def test_system_jobs_are_trimmed_per_job_name(stack):
     worker = WorkerProcess(stack.home, unique("sys"), queues=queue)
     worker.start()
     try:
-        keep = JobOptions(removeOnComplete=2)
+        keep = JobOptions(remove_on_complete=2)
         quiet = add("test.sleep", {"ms": 0}, queue=queue, opts=keep).job_id
         wait_state(quiet, "completed")
         busy = [add("test.echo", {"i": i}, queue=queue, opts=keep).job_id for i in range(6)]
@@ -180,16 +201,26 @@ def finished_after_created(job_id: str) -> float:
 def test_one_tenants_burst_does_not_starve_another_tenants_report(stack):
     # Given a worker of 3 processes on a queue of its own, where a report takes ~0.6 s
     queue = unique("fair")
-    worker = WorkerProcess(stack.home, unique("fair"), concurrency=3, queues=queue,
-                           extra_env={"KEEL_REPORT_STEP_PAUSE_MS": "200"})  # fmt: skip
+    worker = WorkerProcess(
+        stack.home,
+        unique("fair"),
+        concurrency=3,
+        queues=queue,
+        extra_env={"KEEL_REPORT_STEP_PAUSE_MS": "200"},
+    )
     worker.start()
     a, b = Owner(unique("burst"), "alice"), Owner(unique("single"), "bob")
 
     def report(owner: Owner) -> str:
         report_id = unique()
         key = operation_key(owner.tenant_id, owner.user_id, report_id, 5)
-        return add(GENERATE, {"reportId": report_id, "rows": 5}, queue=queue, owner=owner,
-                   opts=report_options(key)).job_id  # fmt: skip
+        return add(
+            GENERATE,
+            {"reportId": report_id, "rows": 5},
+            queue=queue,
+            owner=owner,
+            opts=report_options(key),
+        ).job_id
 
     try:
         # B's report on the idle worker
@@ -204,5 +235,8 @@ def test_one_tenants_burst_does_not_starve_another_tenants_report(stack):
     # Then B's report finished within 3x its idle time, with most of A's burst still waiting
     assert busy <= 3 * idle, f"idle {idle:.2f}s, behind a burst {busy:.2f}s"
     assert waiting >= 80
-    record_figure("fairness", f"B alone {idle:.2f}s; B after A's burst of 100: {busy:.2f}s "
-                  f"({busy / idle:.1f}x); {waiting} of A's still waiting")  # fmt: skip
+    record_figure(
+        "fairness",
+        f"B alone {idle:.2f}s; B after A's burst of 100: {busy:.2f}s "
+        f"({busy / idle:.1f}x); {waiting} of A's still waiting",
+    )

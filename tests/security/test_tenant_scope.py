@@ -77,11 +77,13 @@ def test_queue_health_counts_only_the_operators_tenant(client):
     for tenant, n in ((mine, 2), (theirs, 3)):
         for _ in range(n):
             body = {"reportId": unique(), "rows": 5, "runAt": run_at}
-            response = client.post("/api/v1/reports/scheduled", json=body,
-                                   headers=bearer(tenant=tenant))  # fmt: skip
+            response = client.post(
+                "/api/v1/reports/scheduled", json=body, headers=bearer(tenant=tenant)
+            )
             assert response.status_code == 202
-    health = client.get("/api/v1/reports/queue/health",
-                        headers=bearer(tenant=mine, roles=("operator",))).get_json()  # fmt: skip
+    health = client.get(
+        "/api/v1/reports/queue/health", headers=bearer(tenant=mine, roles=("operator",))
+    ).get_json()
     assert health == {"waiting": 0, "active": 0, "delayed": 2, "completed": 0, "failed": 0}
 
 
@@ -89,8 +91,13 @@ def test_queue_health_counts_only_the_operators_tenant(client):
 def test_an_operator_retry_of_a_job_with_unexpected_data_is_not_a_500(client):
     # Given a report job of the tenant that failed on data it could not use
     tenant = unique("odd")
-    job = add(GENERATE, {"rows": "many"}, queue="reports", owner=Owner(tenant, "alice"),
-              opts=JobOptions(attempts=1)).job_id  # fmt: skip
+    job = add(
+        GENERATE,
+        {"rows": "many"},
+        queue="reports",
+        owner=Owner(tenant, "alice"),
+        opts=JobOptions(attempts=1),
+    ).job_id
     assert "rows" in wait_state(job, "failed")["failedReason"]
     # When the tenant's operator retries it
     response = client.post(
@@ -114,16 +121,26 @@ def test_a_failure_reason_never_quotes_sql_or_its_parameters(client):
 @pytest.mark.usefixtures("sandbox")
 def test_a_template_that_renders_past_the_providers_limit_is_400(client):
     # The review's request: "{a}" x 666 and one 300 KB value — 200 MB per message
-    huge = {"name": "n", "category": "c", "template": "{a}" * 666,
-            "recipients": [{"to": "+82-10-1", "vars": {"a": "x" * 300_000}}]}  # fmt: skip
+    huge = {
+        "name": "n",
+        "category": "c",
+        "template": "{a}" * 666,
+        "recipients": [{"to": "+82-10-1", "vars": {"a": "x" * 300_000}}],
+    }
     response = client.post("/api/v1/campaigns", json=huge, headers=bearer())
     assert response.status_code == 400, response.get_json()
     [detail] = response.get_json()["details"]
     assert detail["limit"] == "maxMessageLength" and detail["longest"] == 666 * 300_000
     # A message of exactly the provider's limit is accepted
-    fits = {"name": "n", "category": "c", "template": "{a}{b}",
-            "recipients": [{"to": "+82-10-1", "vars": {"a": "x" * (MAX_TEXT_LENGTH - 1)}},
-                           {"to": "+82-10-2", "vars": {"a": "x", "b": 12345}}]}  # fmt: skip
+    fits = {
+        "name": "n",
+        "category": "c",
+        "template": "{a}{b}",
+        "recipients": [
+            {"to": "+82-10-1", "vars": {"a": "x" * (MAX_TEXT_LENGTH - 1)}},
+            {"to": "+82-10-2", "vars": {"a": "x", "b": 12345}},
+        ],
+    }
     assert client.post("/api/v1/campaigns", json=fits, headers=bearer()).status_code == 202
     fits["recipients"][1]["vars"]["b"] = "y" * MAX_TEXT_LENGTH
     assert client.post("/api/v1/campaigns", json=fits, headers=bearer()).status_code == 400
@@ -131,16 +148,30 @@ def test_a_template_that_renders_past_the_providers_limit_is_400(client):
 
 def stored_campaign(recipients: int, value_chars: int) -> Campaign:
     """A campaign written straight to the records (no plan job: nothing sends it)."""
-    campaign = Campaign(id=new_job_id(), tenant_id=unique("mem"), user_id="u", name="m",
-                        category="c", template="{a}" * 600, recipient_count=recipients,
-                        synthetic=False, chunk_size=recipients, chunk_count=1, capacity=10_000,
-                        current_generation=0)  # fmt: skip
+    campaign = Campaign(
+        id=new_job_id(),
+        tenant_id=unique("mem"),
+        user_id="u",
+        name="m",
+        category="c",
+        template="{a}" * 600,
+        recipient_count=recipients,
+        synthetic=False,
+        chunk_size=recipients,
+        chunk_count=1,
+        capacity=10_000,
+        current_generation=0,
+    )
     with transaction() as session:
         session.add(campaign)
         session.flush()
-        session.bulk_insert_mappings(CampaignRecipient, [
-            {"campaign_id": campaign.id, "seq": i, "to": f"+82-{i}", "vars": {"a": "y" * 15}}
-            for i in range(recipients)])  # fmt: skip
+        session.bulk_insert_mappings(
+            CampaignRecipient,
+            [
+                {"campaign_id": campaign.id, "seq": i, "to": f"+82-{i}", "vars": {"a": "y" * 15}}
+                for i in range(recipients)
+            ],
+        )
     return campaign
 
 
@@ -162,8 +193,11 @@ def test_a_worker_renders_a_bounded_amount_of_text_at_a_time():
     assert sent == 2000
     assert largest <= TEXT_PER_REQUEST
     assert peak < 8_000_000, f"peak {peak / 1e6:.1f} MB"
-    record_figure("chunk rendering", f"18 MB of messages in requests of <= {largest} chars; "
-                  f"peak Python memory {peak / 1e6:.1f} MB")  # fmt: skip
+    record_figure(
+        "chunk rendering",
+        f"18 MB of messages in requests of <= {largest} chars; "
+        f"peak Python memory {peak / 1e6:.1f} MB",
+    )
 
 
 def test_a_weak_signing_key_stops_the_app_the_cli_and_keel_up(tmp_path):
@@ -171,17 +205,23 @@ def test_a_weak_signing_key_stops_the_app_the_cli_and_keel_up(tmp_path):
         create_app({"TESTING": True, "SECRET_KEY": "a"})
     env = {**os.environ, "KEEL_SECRET_KEY": "a", "KEEL_HOME": str(tmp_path)}
     for args in (["token", "--tenant", "acme", "--user", "alice"], ["up"]):
-        result = subprocess.run([KEEL, *args], env=env, capture_output=True, text=True,
-                                timeout=60)  # fmt: skip
+        result = subprocess.run([KEEL, *args], env=env, capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and "at least 32" in result.stderr, (args, result.stderr)
     assert not (tmp_path / "pg").exists()  # keel up refused before starting anything
 
 
 def test_keel_token_refuses_a_lifetime_past_the_maximum():
-    result = subprocess.run([KEEL, "token", "--tenant", "acme", "--user", "alice",
-                             "--ttl", str(10 * 366 * 86_400)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [KEEL, "token", "--tenant", "acme", "--user", "alice", "--ttl", str(10 * 366 * 86_400)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0 and "--ttl" in result.stderr
-    fine = subprocess.run([KEEL, "token", "--tenant", "acme", "--user", "alice", "--ttl", "60"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    fine = subprocess.run(
+        [KEEL, "token", "--tenant", "acme", "--user", "alice", "--ttl", "60"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert fine.returncode == 0 and fine.stdout.count(".") == 2

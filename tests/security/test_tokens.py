@@ -46,8 +46,13 @@ def claims(**changes: Any) -> dict[str, Any]:
     now = int(time.time())
     # The forgeries are made when the module is collected; the suite may run for a
     # while before they are used, and only the forged part must make them invalid.
-    base = {"sub": "mallory", "tenant": "acme", "roles": ["operator"], "iat": now,
-            "exp": now + 4 * 3600}  # fmt: skip
+    base = {
+        "sub": "mallory",
+        "tenant": "acme",
+        "roles": ["operator"],
+        "iat": now,
+        "exp": now + 4 * 3600,
+    }
     base.update(changes)
     return {k: v for k, v in base.items() if v is not DROP}
 
@@ -183,8 +188,9 @@ def test_a_token_in_the_query_string_is_401(client, name, with_header):
     headers = {"Authorization": f"Bearer {genuine}"} if with_header else {}
     for op in PROTECTED:
         # When it is used as ?access_token= / ?token=
-        response = client.open(f"{url_of(op)}?{name}={genuine}", method=op.method.upper(),
-                               headers=headers)  # fmt: skip
+        response = client.open(
+            f"{url_of(op)}?{name}={genuine}", method=op.method.upper(), headers=headers
+        )
         # Then 401: tokens are taken from the Authorization header only
         assert_401(response, f"?{name}= on {op.label}")
         REJECTED.append(f"?{name} {op.label}")
@@ -203,9 +209,20 @@ def test_a_genuine_token_gets_past_authentication_everywhere(client):
 def test_the_forgeries_cover_the_brief():
     """alg none, key confusion both ways, bad signature, time claims, required and typed
     claims, size, and the query string: each has a token above."""
-    expected = {"alg none", "RS256 with its own key pair",
-                "HS256 keyed with the RSA public key PEM", "bad signature", "expired",
-                "nbf in the future", "missing exp", "missing tenant", "tenant is a number",
-                "tenant is a list", "token over 8 KB", "missing iat", "lives ten years",
-                "tenant ../x"}  # fmt: skip
+    expected = {
+        "alg none",
+        "RS256 with its own key pair",
+        "HS256 keyed with the RSA public key PEM",
+        "bad signature",
+        "expired",
+        "nbf in the future",
+        "missing exp",
+        "missing tenant",
+        "tenant is a number",
+        "tenant is a list",
+        "token over 8 KB",
+        "missing iat",
+        "lives ten years",
+        "tenant ../x",
+    }
     assert expected <= set(FORGERIES)

@@ -59,15 +59,20 @@ class Api:
     def call(self, method: str, path: str, headers: dict | None = None) -> tuple[int, dict, float]:
         """(status, headers, seconds); a request that gets no answer in 10 s fails the test."""
         started = time.monotonic()
-        response = requests.request(method, self.url + path, headers=headers or self.headers,
-                                    timeout=10)  # fmt: skip
+        response = requests.request(
+            method, self.url + path, headers=headers or self.headers, timeout=10
+        )
         return response.status_code, dict(response.headers), time.monotonic() - started
 
     def post_report(self) -> tuple[int, dict, float, str | None, str]:
         report_id = unique("srv")
         started = time.monotonic()
-        response = requests.post(f"{self.url}/api/v1/reports", headers=self.headers,
-                                 json={"reportId": report_id, "rows": 5}, timeout=10)  # fmt: skip
+        response = requests.post(
+            f"{self.url}/api/v1/reports",
+            headers=self.headers,
+            json={"reportId": report_id, "rows": 5},
+            timeout=10,
+        )
         took = time.monotonic() - started
         job_id = response.json().get("jobId") if response.status_code == 202 else None
         return response.status_code, dict(response.headers), took, job_id, report_id
@@ -79,9 +84,12 @@ class Api:
 def scheduled_job(api: Api) -> str:
     """A job that stays delayed for an hour: its event stream never sees it end."""
     run_at = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
-    response = requests.post(f"{api.url}/api/v1/reports/scheduled", headers=api.headers,
-                             json={"reportId": unique("later"), "rows": 5, "runAt": run_at},
-                             timeout=10)  # fmt: skip
+    response = requests.post(
+        f"{api.url}/api/v1/reports/scheduled",
+        headers=api.headers,
+        json={"reportId": unique("later"), "rows": 5, "runAt": run_at},
+        timeout=10,
+    )
     assert response.status_code == 202, response.text
     return response.json()["jobId"]
 
@@ -92,8 +100,9 @@ def p99(values: list[float]) -> float:
 
 def streams_do_not_starve_requests(web: WebProcess, api: Api, path: str) -> None:
     # Given 49 more open streams (50 with the long one)
-    streams = [open_stream(web.port, path + "?timeout=300", token(*OWNER))
-               for _ in range(STREAMS - 1)]  # fmt: skip
+    streams = [
+        open_stream(web.port, path + "?timeout=300", token(*OWNER)) for _ in range(STREAMS - 1)
+    ]
     assert all(s.head.startswith(b"HTTP/1.1 200") for s in streams), streams[0].head
     # When clients call the API meanwhile
     with requests.Session() as session:
@@ -105,9 +114,11 @@ def streams_do_not_starve_requests(web: WebProcess, api: Api, path: str) -> None
     with ThreadPoolExecutor(20) as pool:
         posts = list(pool.map(lambda _: api.post_report(), range(20)))
     # Then /healthz stays fast and every POST is answered within a second
-    print(f"\n{STREAMS} open streams: /healthz p99 {p99(health) * 1000:.1f} ms "
-          f"(median {statistics.median(health) * 1000:.1f} ms); 20 parallel POST /reports: "
-          f"slowest {max(p[2] for p in posts) * 1000:.0f} ms")  # fmt: skip
+    print(
+        f"\n{STREAMS} open streams: /healthz p99 {p99(health) * 1000:.1f} ms "
+        f"(median {statistics.median(health) * 1000:.1f} ms); 20 parallel POST /reports: "
+        f"slowest {max(p[2] for p in posts) * 1000:.0f} ms"
+    )
     assert p99(health) <= 0.050, sorted(health)[-5:]
     assert all(p[0] == 202 for p in posts), [p[0] for p in posts]
     assert max(p[2] for p in posts) <= 1.0, sorted(p[2] for p in posts)
@@ -116,8 +127,9 @@ def streams_do_not_starve_requests(web: WebProcess, api: Api, path: str) -> None
     for stream in streams:
         stream.close()
     closed_at = time.monotonic()
-    wait_for(lambda: not held_client_ports(web.worker_pids(), web.port) & ports,
-             timeout=5, interval=0.1)  # fmt: skip
+    wait_for(
+        lambda: not held_client_ports(web.worker_pids(), web.port) & ports, timeout=5, interval=0.1
+    )
     print(f"  {len(ports)} closed streams released in {time.monotonic() - closed_at:.1f} s")
 
 
@@ -183,9 +195,11 @@ def hung_postgres(stack, web: WebProcess, api: Api, watched_job: str, path: str)
     # Then every call was answered within 2 s: 503 with Retry-After, or a success
     slowest = max(s[3] for s in seen)
     unavailable = [s for s in seen if s[1] == 503]
-    print(f"  Postgres hung {PG_HUNG_S} s with {in_flight} of 50 jobs in flight: {len(seen)} "
-          f"calls, {len(unavailable)} answered 503, "
-          f"slowest {slowest * 1000:.0f} ms")  # fmt: skip
+    print(
+        f"  Postgres hung {PG_HUNG_S} s with {in_flight} of 50 jobs in flight: {len(seen)} "
+        f"calls, {len(unavailable)} answered 503, "
+        f"slowest {slowest * 1000:.0f} ms"
+    )
     assert slowest < ANSWER_WITHIN_S, sorted(seen, key=lambda s: -s[3])[:3]
     assert {s[1] for s in seen} <= {200, 202, 503}, {(s[0], s[1]) for s in seen}
     assert all(s[2].get("Retry-After") for s in unavailable)
@@ -221,8 +235,10 @@ def hung_redis(stack, api: Api, watched_job: str) -> None:
     assert set(reads) == {200}, reads
     # And once it is back, every accepted job completes exactly once
     result = settle(accepted, timeout=90)
-    print(f"  Redis hung {REDIS_HUNG_S} s: {len(accepted)} POSTs answered 202, slowest "
-          f"{max(latencies) * 1000:.0f} ms; afterwards {result.figure()}")  # fmt: skip
+    print(
+        f"  Redis hung {REDIS_HUNG_S} s: {len(accepted)} POSTs answered 202, slowest "
+        f"{max(latencies) * 1000:.0f} ms; afterwards {result.figure()}"
+    )
     assert result.clean, (result.figure(), stragglers(result))
 
 
@@ -237,9 +253,10 @@ def test_streams_slow_clients_and_hung_servers_do_not_hold_the_api(stack, worker
     assert long_stream.head.startswith(b"HTTP/1.1 200"), long_stream.head
     lasted: dict[str, object] = {}
     reader = threading.Thread(
-        target=lambda: lasted.update(zip(("body", "seconds"),
-                                         long_stream.read_to_end(LONG_STREAM_S + 60),
-                                         strict=True)))  # fmt: skip
+        target=lambda: lasted.update(
+            zip(("body", "seconds"), long_stream.read_to_end(LONG_STREAM_S + 60), strict=True)
+        )
+    )
     reader.start()
     # When everything else happens while it is open
     streams_do_not_starve_requests(web, api, path)
@@ -277,8 +294,10 @@ def test_streams_past_the_slots_are_refused_and_a_graceful_stop_ends_the_rest(st
         reopened = wait_for(lambda: _opened(server, path), timeout=5, interval=0.1)
         # When the server is stopped (SIGTERM) while their clients read them
         ended: list[tuple[bytes, float]] = []  # (body, when it ended)
-        readers = [threading.Thread(target=lambda s=s: ended.append(_read_to_end(s)))
-                   for s in (second, reopened)]  # fmt: skip
+        readers = [
+            threading.Thread(target=lambda s=s: ended.append(_read_to_end(s)))
+            for s in (second, reopened)
+        ]
         for reader in readers:
             reader.start()
         stopping = time.monotonic()
@@ -288,8 +307,10 @@ def test_streams_past_the_slots_are_refused_and_a_graceful_stop_ends_the_rest(st
             reader.join()
         # Then both end at once and cleanly, instead of holding the stop for graceful_timeout
         after = max(at for _, at in ended) - stopping
-        print(f"\nSIGTERM with 2 open streams: they ended {after:.1f} s later, the server "
-              f"stopped in {took:.1f} s")  # fmt: skip
+        print(
+            f"\nSIGTERM with 2 open streams: they ended {after:.1f} s later, the server "
+            f"stopped in {took:.1f} s"
+        )
         assert len(ended) == 2 and all(body.endswith(b"0\r\n\r\n") for body, _ in ended), ended
         assert after < 1.5 and took < 5, (after, took)
     finally:

@@ -24,8 +24,8 @@ TEMPLATE = "keel_template"
 
 
 def _named(url: str, database: str) -> str:
-    return make_url(sqlalchemy_url(url)).set(database=database).render_as_string(
-        hide_password=False
+    return (
+        make_url(sqlalchemy_url(url)).set(database=database).render_as_string(hide_password=False)
     )
 
 

@@ -226,11 +226,24 @@ class PostgresServer:
         options = "-U postgres --auth-host=scram-sha-256 --auth-local=reject -E UTF8 --no-locale"
         try:
             done = subprocess.run(
-                [postgres_bin("initdb"), "-D", str(self.pgdata), f"--pwfile={secret}",
-                 *options.split(), "--no-sync", "--no-instructions"],
-                user=account.pw_uid, group=account.pw_gid, extra_groups=[], env=self.env,
-                cwd=self.home, capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
+                [
+                    postgres_bin("initdb"),
+                    "-D",
+                    str(self.pgdata),
+                    f"--pwfile={secret}",
+                    *options.split(),
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                user=account.pw_uid,
+                group=account.pw_gid,
+                extra_groups=[],
+                env=self.env,
+                cwd=self.home,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         finally:
             secret.unlink()
         if done.returncode != 0:

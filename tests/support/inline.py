@@ -27,8 +27,14 @@ def inline_worker(concurrency: int = 8) -> Iterator[Any]:
     tests mostly wait: report steps, backoffs; threads overlap the waiting)."""
     from tasks.celery import app
 
-    with start_worker(app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=15) as worker:  # fmt: skip
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=15,
+    ) as worker:
         yield worker
 
 

@@ -154,15 +154,34 @@ class BeatProcess:
         return self.home / f"beat-{self.name}.log"
 
     def start(self) -> None:
-        args = [sys.executable, "-m", "celery", "-A", "tasks", "beat", "-l", "INFO",
-                "-S", "tasks.jobs.beat:KeelScheduler", "--pidfile=",
-                "-s", str(self.home / f"beat-{self.name}-schedule")]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks",
+            "beat",
+            "-l",
+            "INFO",
+            "-S",
+            "tasks.jobs.beat:KeelScheduler",
+            "--pidfile=",
+            "-s",
+            str(self.home / f"beat-{self.name}-schedule"),
+        ]
         self.process = subprocess.Popen(
-            args, cwd=PROJECT_ROOT, env=dict(os.environ), stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        wait_for(lambda: "beat: Starting" in self.log_path.read_text(errors="replace"),
-                 timeout=30, interval=0.2)  # fmt: skip
+            args,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ),
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(
+            lambda: "beat: Starting" in self.log_path.read_text(errors="replace"),
+            timeout=30,
+            interval=0.2,
+        )
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -196,12 +215,22 @@ class SandboxProcess:
     def start(self) -> None:
         import requests
 
-        args = [sys.executable, "-m", "provider_sandbox", "--port", str(self.port),
-                "--home", str(self.home / "sandbox")]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "provider_sandbox",
+            "--port",
+            str(self.port),
+            "--home",
+            str(self.home / "sandbox"),
+        ]
         self.process = subprocess.Popen(
-            args, cwd=PROJECT_ROOT, stdout=(self.home / "sandbox.log").open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            args,
+            cwd=PROJECT_ROOT,
+            stdout=(self.home / "sandbox.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
         def up() -> bool:
             try:
@@ -240,12 +269,25 @@ class WebProcess:
         from keel.embedded import free_port
 
         self.port = self.port or free_port()
-        args = [sys.executable, "-m", "gunicorn", "-c", "python:web.gunicorn_conf",
-                "-b", f"127.0.0.1:{self.port}", *self.extra_args, "web:create_app()"]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "python:web.gunicorn_conf",
+            "-b",
+            f"127.0.0.1:{self.port}",
+            *self.extra_args,
+            "web:create_app()",
+        ]
         self.process = subprocess.Popen(
-            args, cwd=PROJECT_ROOT, env=dict(os.environ), stdout=self.log_path.open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            args,
+            cwd=PROJECT_ROOT,
+            env=dict(os.environ),
+            stdout=self.log_path.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
         def up() -> bool:
             if self.process.poll() is not None:

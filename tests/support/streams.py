@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 def _request(path: str, token: str | None, extra: str = "") -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
-            f"Accept: text/event-stream\r\nConnection: close\r\n{extra}\r\n").encode()  # fmt: skip
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+        f"Accept: text/event-stream\r\nConnection: close\r\n{extra}\r\n"
+    ).encode()
 
 
 @dataclass

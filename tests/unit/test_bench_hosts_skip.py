@@ -15,8 +15,13 @@ def test_p7_without_network_namespaces_is_skipped_with_its_reason(monkeypatch):
     figure = fig_hosts.p7_hosts(Run(env=None, sizes=QUICK, repeat=1, quick=True))
     # Then it is skipped, not an error, and the table says why
     assert figure.skipped == reason and figure.error is None and not figure.series
-    meta = {"timestamp": "t", "command": "c", "repeat": 1, "servers": {"postgres": "-",
-            "redis": "-"}, "machine": {"cpus": 2, "python": "3"}}  # fmt: skip
+    meta = {
+        "timestamp": "t",
+        "command": "c",
+        "repeat": 1,
+        "servers": {"postgres": "-", "redis": "-"},
+        "machine": {"cpus": 2, "python": "3"},
+    }
     assert f"| P7 {figure.title} | skipped: {reason} |" in markdown(meta, [figure])
 
 

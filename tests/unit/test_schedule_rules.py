@@ -53,13 +53,16 @@ def test_end_date_stops_and_start_date_delays():
     assert next_fire(ending, NOW, NOW) is None
 
 
-@pytest.mark.parametrize("bad", [
-    {"pattern": "* * *"},
-    {"pattern": "61 * * * *"},
-    {"pattern": "* * * * *", "every": 1000},
-    {},
-    {"every": 1000, "tz": "Mars/Olympus"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"pattern": "* * *"},
+        {"pattern": "61 * * * *"},
+        {"pattern": "* * * * *", "every": 1000},
+        {},
+        {"every": 1000, "tz": "Mars/Olympus"},
+    ],
+)
 def test_invalid_rules_are_rejected(bad):
     with pytest.raises(ValidationError):
         Rule.model_validate(bad)

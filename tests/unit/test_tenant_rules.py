@@ -11,21 +11,35 @@ from tasks.notifications.templates import Shape, batches, longest, render
 from tasks.quotas import parse
 
 
-@pytest.mark.parametrize(("load", "priority"), [(0, 0), (1, 3), (3, 3), (4, 6), (15, 6),
-                                                 (16, 9), (10_000, 9)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("load", "priority"), [(0, 0), (1, 3), (3, 3), (4, 6), (15, 6), (16, 9), (10_000, 9)]
+)
 def test_a_tenants_load_on_a_queue_lowers_its_next_jobs_priority(load, priority):
     assert priority_for(load) == priority
     assert priority in PRIORITY_STEPS
 
 
-@pytest.mark.parametrize("template", ["hi {name}", "{a}{a}{b} {{literal}} {a}", "no fields",
-                                      "{x}" * 50, "{{}}{a}"])  # fmt: skip
+@pytest.mark.parametrize(
+    "template", ["hi {name}", "{a}{a}{b} {{literal}} {a}", "no fields", "{x}" * 50, "{{}}{a}"]
+)
 def test_the_measured_length_is_the_rendered_length(template):
     rng = random.Random(7)
     for _ in range(50):
-        values = {k: rng.choice(["", "é" * rng.randint(0, 9), rng.randint(-999, 999), None,
-                                 True, 2.5, [1, "x"], {"k": "v"}])
-                  for k in rng.sample(["a", "b", "name", "x", "unused"], 3)}  # fmt: skip
+        values = {
+            k: rng.choice(
+                [
+                    "",
+                    "é" * rng.randint(0, 9),
+                    rng.randint(-999, 999),
+                    None,
+                    True,
+                    2.5,
+                    [1, "x"],
+                    {"k": "v"},
+                ]
+            )
+            for k in rng.sample(["a", "b", "name", "x", "unused"], 3)
+        }
         assert Shape.of(template).length(values) == len(render(template, values))
 
 

@@ -9,3 +9,14 @@ The lifecycle modules (``enqueue``, ``execute``, ``finish``, ``promote``,
 ``stalls``, ``manual_retry``, ``maintenance``) own the transactions and call
 these named operations; nothing else writes SQL against these tables.
 """
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy.engine import CursorResult, Result
+
+
+def affected(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE touched (``Result`` is typed without it)."""
+    return cast(CursorResult[Any], result).rowcount or 0

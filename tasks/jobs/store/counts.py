@@ -14,6 +14,7 @@ from sqlalchemy import text
 
 from tasks.db import transaction
 from tasks.jobs.models import STATES
+from tasks.jobs.store import affected
 
 _COMPACT_LOCK = 0x6B65656C  # "keel"
 
@@ -21,10 +22,11 @@ _COMPACT_LOCK = 0x6B65656C  # "keel"
 def compact(max_rows: int = 50_000) -> int:
     """Fold pending deltas into the counts; returns how many were folded."""
     with transaction() as session:
-        if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"),
-                               {"k": _COMPACT_LOCK}).scalar():  # fmt: skip
+        if not session.execute(
+            text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": _COMPACT_LOCK}
+        ).scalar():
             return 0
-        return (
+        return affected(
             session.execute(
                 text(
                     """
@@ -40,8 +42,7 @@ def compact(max_rows: int = 50_000) -> int:
                 """
                 ),
                 {"max": max_rows},
-            ).rowcount
-            or 0
+            )
         )
 
 
@@ -62,6 +63,6 @@ def counts(queue: str, tenant_id: str | None = None) -> dict[str, int]:
             ),
             {"queue": queue, "tenant": tenant_id},
         ).all()
-    found = dict.fromkeys(STATES, 0)
+    found: dict[str, int] = dict.fromkeys(STATES, 0)
     found.update({state: int(n) for state, n in rows})
     return found

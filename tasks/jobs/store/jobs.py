@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from tasks.jobs.models import JobRecord, RetryAudit, State
 from tasks.jobs.options import JobOptions
+from tasks.jobs.store import affected
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,17 @@ _INSERT = text(
 
 def insert(session: Session, job: NewJob) -> bool:
     """Record ``job``; ``False`` if a job with its id exists (nothing is changed)."""
-    row = {"id": job.id, "queue": job.queue, "name": job.name, "data": json.dumps(job.data),
-           "opts": json.dumps(job.opts.stored()), "tenant_id": job.tenant_id,
-           "user_id": job.user_id, "state": job.state, "delay_ms": job.opts.delay}  # fmt: skip
+    row = {
+        "id": job.id,
+        "queue": job.queue,
+        "name": job.name,
+        "data": json.dumps(job.data),
+        "opts": json.dumps(job.opts.stored()),
+        "tenant_id": job.tenant_id,
+        "user_id": job.user_id,
+        "state": job.state,
+        "delay_ms": job.opts.delay,
+    }
     return session.execute(_INSERT, row).first() is not None
 
 
@@ -149,8 +158,9 @@ _LOAD = """
 def party_load(session: Session, tenant_id: str | None, queue: str) -> tuple[int, int]:
     """A tenant's (``None``: the system's) live jobs, and those running or waiting on ``queue``."""
     party = "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
-    row = session.execute(text(_LOAD.format(party=party)),
-                          {"tenant": tenant_id, "queue": queue}).one()  # fmt: skip
+    row = session.execute(
+        text(_LOAD.format(party=party)), {"tenant": tenant_id, "queue": queue}
+    ).one()
     return int(row.live), int(row.on_queue)
 
 
@@ -191,11 +201,22 @@ _CLAIM = text(
 )
 
 
-def claim(session: Session, job_id: str, token: str, lock_s: float, worker: str,
-          ctx: dict[str, Any] | None = None) -> ClaimedJob | None:  # fmt: skip
+def claim(
+    session: Session,
+    job_id: str,
+    token: str,
+    lock_s: float,
+    worker: str,
+    ctx: dict[str, Any] | None = None,
+) -> ClaimedJob | None:
     """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
-    params = {"id": job_id, "token": token, "lock_s": lock_s, "worker": worker,
-              "ctx": json.dumps(ctx) if ctx else None}  # fmt: skip
+    params = {
+        "id": job_id,
+        "token": token,
+        "lock_s": lock_s,
+        "worker": worker,
+        "ctx": json.dumps(ctx) if ctx else None,
+    }
     row = session.execute(_CLAIM, params).mappings().first()
     if row is None:
         return None
@@ -217,10 +238,12 @@ def claim(session: Session, job_id: str, token: str, lock_s: float, worker: str,
 
 def set_progress(session: Session, job: ClaimedJob, progress: Any) -> bool:
     row = session.execute(
-        text("UPDATE jobs SET progress = CAST(:p AS jsonb) "
-             "WHERE id = :id AND lock_token = :token RETURNING id"),
+        text(
+            "UPDATE jobs SET progress = CAST(:p AS jsonb) "
+            "WHERE id = :id AND lock_token = :token RETURNING id"
+        ),
         {"id": job.id, "token": job.token, "p": json.dumps(progress)},
-    ).first()  # fmt: skip
+    ).first()
     return row is not None
 
 
@@ -229,11 +252,13 @@ def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
     if not tokens:
         return 0
     result = session.execute(
-        text("UPDATE jobs SET locked_until = clock_timestamp() + make_interval(secs => :lock_s) "
-             "WHERE lock_token = ANY(:tokens) AND state = 'active'"),
+        text(
+            "UPDATE jobs SET locked_until = clock_timestamp() + make_interval(secs => :lock_s) "
+            "WHERE lock_token = ANY(:tokens) AND state = 'active'"
+        ),
         {"tokens": tokens, "lock_s": lock_s},
-    )  # fmt: skip
-    return result.rowcount or 0
+    )
+    return affected(result)
 
 
 # --- finishing ------------------------------------------------------------------------------
@@ -251,14 +276,19 @@ def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
             RETURNING id
             """
         ),
-        {"id": job.id, "token": job.token, "result": json.dumps(result),
-         "run_patch": json.dumps({"outcome": "completed"})},
-    ).first()  # fmt: skip
+        {
+            "id": job.id,
+            "token": job.token,
+            "result": json.dumps(result),
+            "run_patch": json.dumps({"outcome": "completed"}),
+        },
+    ).first()
     return row is not None
 
 
-def fail(session: Session, job: ClaimedJob, reason: str, stack: list[str],
-         retry_in_ms: int | None) -> FailedRun:  # fmt: skip
+def fail(
+    session: Session, job: ClaimedJob, reason: str, stack: list[str], retry_in_ms: int | None
+) -> FailedRun:
     """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good."""
     retrying = retry_in_ms is not None
     row = session.execute(
@@ -279,11 +309,18 @@ def fail(session: Session, job: ClaimedJob, reason: str, stack: list[str],
             RETURNING run_at
             """
         ),
-        {"id": job.id, "token": job.token, "reason": reason, "stack": json.dumps(stack[-10:]),
-         "retrying": retrying, "delay_s": (retry_in_ms or 0) / 1000.0,
-         "run_patch": json.dumps({"outcome": "retrying" if retrying else "failed",
-                                  "error": reason})},
-    ).first()  # fmt: skip
+        {
+            "id": job.id,
+            "token": job.token,
+            "reason": reason,
+            "stack": json.dumps(stack[-10:]),
+            "retrying": retrying,
+            "delay_s": (retry_in_ms or 0) / 1000.0,
+            "run_patch": json.dumps(
+                {"outcome": "retrying" if retrying else "failed", "error": reason}
+            ),
+        },
+    ).first()
     if row is None:
         return FailedRun(ours=False)
     return FailedRun(ours=True, retry_at=row[0] if retrying else None)
@@ -302,9 +339,14 @@ def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason
             RETURNING id
             """
         ),
-        {"id": job.id, "token": job.token, "state": state, "delay_s": delay_ms / 1000.0,
-         "run_patch": json.dumps({"outcome": "deferred", "reason": reason})},
-    ).first()  # fmt: skip
+        {
+            "id": job.id,
+            "token": job.token,
+            "state": state,
+            "delay_s": delay_ms / 1000.0,
+            "run_patch": json.dumps({"outcome": "deferred", "reason": reason}),
+        },
+    ).first()
     return row is not None
 
 
@@ -358,24 +400,38 @@ class Partition:
         return "queue = :queue AND tenant_id IS NULL AND name = :name AND state = :state"
 
 
-def trim(session: Session, partition: Partition, state: State, count: int | None,
-         age_s: int | None) -> int:  # fmt: skip
+def trim(
+    session: Session, partition: Partition, state: State, count: int | None, age_s: int | None
+) -> int:
     """Delete the partition's records in ``state`` beyond the newest ``count`` or older than
     ``age_s``; failed ones are copied to the archive by the same statement."""
     deletes = []
     if count is not None:
-        deletes.append(f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE "
-                       f"{partition.where} ORDER BY finished_on DESC OFFSET :count "
-                       "FOR UPDATE SKIP LOCKED)")  # fmt: skip
+        # Only the rows past the newest ``count`` are locked (a lock under the OFFSET would
+        # take every row of the partition): two trims at once skip each other's rows and
+        # never touch the rows they both keep.
+        deletes.append(
+            f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE id IN ("
+            f"SELECT id FROM jobs WHERE {partition.where} "
+            "ORDER BY finished_on DESC OFFSET :count) FOR UPDATE SKIP LOCKED)"
+        )
     if age_s is not None:
-        deletes.append(f"DELETE FROM jobs WHERE {partition.where} "
-                       "AND finished_on < clock_timestamp() - make_interval(secs => :age)")
-    params = {"queue": partition.queue, "tenant": partition.tenant_id, "name": partition.name,
-              "state": state, "count": count, "age": age_s}  # fmt: skip
+        deletes.append(
+            f"DELETE FROM jobs WHERE {partition.where} "
+            "AND finished_on < clock_timestamp() - make_interval(secs => :age)"
+        )
+    params = {
+        "queue": partition.queue,
+        "tenant": partition.tenant_id,
+        "name": partition.name,
+        "state": state,
+        "count": count,
+        "age": age_s,
+    }
     removed = 0
     for delete in deletes:
         statement = _ARCHIVE.format(delete=delete) if state == State.FAILED else delete
-        removed += session.execute(text(statement), params).rowcount or 0
+        removed += affected(session.execute(text(statement), params))
     return removed
 
 
@@ -427,17 +483,21 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
     ).all()
-    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id, State(r.state),
-                     r.opts) for r in rows]  # fmt: skip
+    return [
+        ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id, State(r.state), r.opts)
+        for r in rows
+    ]
 
 
 def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]:
     """Waiting jobs in id order after ``after_id`` (to republish them all, a page at a time)."""
     rows = session.execute(
-        text("SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
-             "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"),
+        text(
+            "SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"
+        ),
         {"after": after_id, "limit": limit},
-    ).all()  # fmt: skip
+    ).all()
     return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
 
 
