@@ -5,10 +5,10 @@ from __future__ import annotations
 from celery import Celery
 
 from tasks.catalog import JOB_MODULES
-from tasks.jobs.liveness import Heartbeat
-from tasks.jobs.maintenance import Maintenance
 
 app = Celery("keel", include=JOB_MODULES, events="tasks.celery_events:KeelEvents")
 app.config_from_object("tasks.celeryconfig")
-app.steps["worker"].add(Maintenance)
-app.steps["consumer"].add(Heartbeat)
+# Named, not imported: Celery loads its bootsteps by name, and the job layer they
+# come from imports this app (to publish) — nothing here imports it back.
+app.steps["worker"].add("tasks.jobs.maintenance:Maintenance")
+app.steps["consumer"].add("tasks.jobs.liveness:Heartbeat")

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.jobs.enqueue import AddedJob, Owner, add
+    from tasks.jobs.enqueue import AddedJob, add
     from tasks.jobs.errors import (
         InvalidJobState,
         JobConflict,
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     )
     from tasks.jobs.execute import JobContext, KeelTask, handler
     from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
+    from tasks.jobs.owner import Owner
 
 _HOMES = {
     "tasks.jobs.errors": (
@@ -34,7 +35,8 @@ _HOMES = {
         "UnrecoverableError",
     ),
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
-    "tasks.jobs.enqueue": ("AddedJob", "Owner", "add"),
+    "tasks.jobs.enqueue": ("AddedJob", "add"),
+    "tasks.jobs.owner": ("Owner",),
     "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
 }
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}

@@ -23,10 +23,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from tasks import broker
+from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
 from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
+from tasks.jobs.owner import Owner
 from tasks.jobs.store import dedup
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
@@ -35,14 +37,6 @@ from tasks.jobs.tenancy import TenantLimits
 log = logging.getLogger(__name__)
 
 PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who a job belongs to; the API only ever shows a job to its owner."""
-
-    tenant_id: str
-    user_id: str
 
 
 @dataclass(frozen=True)
@@ -81,8 +75,6 @@ def publish(
     ``priority`` places the message among the queue's priority lists (0 first;
     see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it).
     """
-    from tasks.celery import app
-
     ctx = ctx or {}
     app.send_task(
         name,

@@ -17,10 +17,11 @@ from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs import events
-from tasks.jobs.enqueue import Owner, publish_or_park
+from tasks.jobs.enqueue import publish_or_park
 from tasks.jobs.errors import InvalidJobState, JobConflict, JobNotFound
 from tasks.jobs.models import LIVE_STATES, JobRecord, RetryAudit, State
 from tasks.jobs.options import Deduplication
+from tasks.jobs.owner import Owner
 from tasks.jobs.queries import owned_by
 from tasks.jobs.store import dedup
 from tasks.jobs.store import jobs as store

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from tasks.db import transaction
-from tasks.jobs.enqueue import Owner
 from tasks.jobs.errors import JobNotFound
 from tasks.jobs.models import JobRecord
+from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
 
 

@@ -25,9 +25,11 @@ from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs import registry, tenancy
-from tasks.jobs.enqueue import Owner, add
+from tasks.jobs.enqueue import add
 from tasks.jobs.errors import JobNotFound, QuotaExceeded
 from tasks.jobs.models import JobSchedulerRecord
+from tasks.jobs.owner import Owner
+from tasks.jobs.queries import iso
 from tasks.jobs.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 from tasks.jobs.tenancy import TenantLimits
 
@@ -238,8 +240,6 @@ def seconds_until_next(cap: float) -> float:
 
 
 def describe(record: JobSchedulerRecord) -> dict[str, Any]:
-    from tasks.jobs.queries import iso
-
     return {
         "id": record.id,
         "queue": record.queue,
