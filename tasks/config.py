@@ -12,7 +12,7 @@ import os
 import shlex
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
@@ -84,6 +84,7 @@ class Settings(BaseSettings):
     means "unset". A value of the wrong type stops the process at start, naming it.
     """
 
+    use_env_file: ClassVar[bool] = True  # below the environment: $KEEL_HOME/env
     model_config = SettingsConfigDict(
         env_prefix=PREFIX, env_ignore_empty=True, frozen=True, extra="ignore"
     )
@@ -138,6 +139,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if not cls.use_env_file:
+            return init_settings, env_settings
         return init_settings, env_settings, _EnvFile(settings_cls)
 
     @property
@@ -164,16 +167,7 @@ class ProcessSettings(Settings):
     URLs in it must not count as configured servers.
     """
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings
+    use_env_file: ClassVar[bool] = False
 
 
 @lru_cache(maxsize=1)

@@ -116,13 +116,13 @@ def add(
     """
     opts = opts or JobOptions()
     job = NewJob(
-        opts.job_id or new_job_id(),
-        name,
-        queue,
-        data,
-        opts,
-        owner.tenant_id if owner else None,
-        owner.user_id if owner else None,
+        id=opts.job_id or new_job_id(),
+        name=name,
+        queue=queue,
+        data=data,
+        tenant_id=owner.tenant_id if owner else None,
+        user_id=owner.user_id if owner else None,
+        opts=opts,
     )
     rule = opts.deduplication
     priority = 0

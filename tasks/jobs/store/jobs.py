@@ -23,16 +23,22 @@ from tasks.jobs.store import affected
 
 
 @dataclass(frozen=True)
-class NewJob:
-    """A job about to be recorded."""
+class Job:
+    """A job as it travels between the store and the lifecycle: who, what, where."""
 
     id: str
     name: str
     queue: str
     data: dict[str, Any]
-    opts: JobOptions
     tenant_id: str | None
+
+
+@dataclass(frozen=True)
+class NewJob(Job):
+    """A job about to be recorded."""
+
     user_id: str | None
+    opts: JobOptions
 
     @property
     def state(self) -> State:
@@ -40,16 +46,11 @@ class NewJob:
 
 
 @dataclass(frozen=True)
-class ClaimedJob:
+class ClaimedJob(Job):
     """What a worker knows about a job it is about to run (its options parsed once)."""
 
-    id: str
-    name: str
-    queue: str
-    data: dict[str, Any]
-    opts: JobOptions
-    tenant_id: str | None
     user_id: str | None
+    opts: JobOptions
     attempts_made: int
     attempts_started: int
     stalled: bool
@@ -70,17 +71,24 @@ class FailedRun:
 
 
 @dataclass(frozen=True)
-class ReadyJob:
+class ReadyJob(Job):
     """A job that just became waiting and needs its message (promoted, requeued, listed)."""
 
-    id: str
-    name: str
-    queue: str
-    data: dict[str, Any]
     celery_ctx: dict[str, Any] | None = None
-    tenant_id: str | None = None
     state: State = State.WAITING
     opts: dict[str, Any] | None = None
+
+
+def _ready(row: Any, **more: Any) -> ReadyJob:
+    return ReadyJob(
+        id=row.id,
+        name=row.name,
+        queue=row.queue,
+        data=row.data,
+        tenant_id=row.tenant_id,
+        celery_ctx=row.celery_ctx,
+        **more,
+    )
 
 
 _NOW_ISO = """to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
@@ -454,7 +462,7 @@ def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
         {"limit": limit},
     ).all()
     rows = sorted(rows, key=lambda r: r.run_at)  # RETURNING keeps no order
-    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
+    return [_ready(r) for r in rows]
 
 
 STALLED_TOO_OFTEN = "job stalled more than allowable limit"
@@ -483,10 +491,7 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
     ).all()
-    return [
-        ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id, State(r.state), r.opts)
-        for r in rows
-    ]
+    return [_ready(r, state=State(r.state), opts=r.opts) for r in rows]
 
 
 def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]:
@@ -498,7 +503,7 @@ def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]
         ),
         {"after": after_id, "limit": limit},
     ).all()
-    return [ReadyJob(r.id, r.name, r.queue, r.data, r.celery_ctx, r.tenant_id) for r in rows]
+    return [_ready(r) for r in rows]
 
 
 # --- operators ------------------------------------------------------------------------------
