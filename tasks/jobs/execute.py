@@ -183,15 +183,17 @@ def handler(
     queue: str,
     schedulable: registry.Schedulable = "system",
     data: type[BaseModel] | None = None,
+    submittable: bool = False,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
     ``schedulable`` says who may put it in a job scheduler (``"tenant"`` or only
-    the ``"system"``); ``data`` is the model of the data a tenant may give it.
+    the ``"system"``); ``data`` is the model of the data a tenant may give it;
+    ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``).
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
-    registry.declare(registry.JobType(name, queue, schedulable, data))
+    registry.declare(registry.JobType(name, queue, schedulable, data, submittable))
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
         return shared_task(name=name, base=KeelTask, queue=queue)(fn)

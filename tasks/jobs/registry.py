@@ -10,6 +10,9 @@ template could only fail (or, worse, run with someone else's identity).
 - ``schedulable="system"`` (the default): only the CLI's system scope may,
   e.g. retention or monitoring jobs that act on every tenant's data.
 
+``submittable=True``: a tenant's user may add it directly over HTTP
+(``POST /api/v1/jobs``), with ``data`` checked like a template's.
+
 ``data`` is the model of what a tenant may put in the job's data; identity
 never travels in data (``OWNER_FIELDS`` are refused whatever the model says),
 because handlers read it from the job's owner.
@@ -40,6 +43,7 @@ class JobType:
     queue: str
     schedulable: Schedulable = "system"
     data: type[BaseModel] | None = None
+    submittable: bool = False
 
 
 _TYPES: dict[str, JobType] = {}

@@ -21,7 +21,7 @@ def unrecoverable(job: JobContext) -> None:
     raise UnrecoverableError("this input can never succeed")
 
 
-@handler("test.echo", queue="default", schedulable="tenant")
+@handler("test.echo", queue="default", schedulable="tenant", submittable=True)
 def echo(job: JobContext) -> dict:
     return {"echo": job.data}
 
