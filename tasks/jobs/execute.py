@@ -63,6 +63,20 @@ class KeelTask(Task):
     typing = False
     acks_late = True
     reject_on_worker_lost = True
+    #: How the handler takes its job: ``"context"`` — ``run(job: JobContext)``, the job's
+    #: data is a dict of named values (``handler``); ``"celery"`` — ``run(*args, **kwargs)``
+    #: like any Celery task, the data is stored as ``{"args": [...], "kwargs": {...}}``.
+    job_style = "celery"
+
+    def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
+        """The job data that Celery-style ``args``/``kwargs`` are recorded as."""
+        positional: list[Any] = list(args or ())
+        named: dict[str, Any] = dict(kwargs or {})
+        if self.job_style == "context":
+            if positional:
+                raise TypeError(f"{self.name} takes its data as keyword arguments only")
+            return named
+        return {"args": positional, "kwargs": named}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         admission = self._admit()
@@ -196,6 +210,6 @@ def handler(
     registry.declare(registry.JobType(name, queue, schedulable, data, submittable))
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
-        return shared_task(name=name, base=KeelTask, queue=queue)(fn)
+        return shared_task(name=name, base=KeelTask, queue=queue, job_style="context")(fn)
 
     return register
