@@ -10,10 +10,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
-from tasks.config import ProcessSettings, get_settings
+from keel.shadowing import shadowing_tasks_module
+
+_SHADOWED = shadowing_tasks_module()
+if _SHADOWED is not None:  # nothing of Keel's would import: say why, in one line
+    sys.exit(f"keel: {_SHADOWED}")
+
+from tasks.config import ProcessSettings, get_settings  # noqa: E402
 
 
 @click.group()
@@ -22,10 +29,27 @@ def main() -> None:
 
 
 @main.command()
-def up() -> None:
+@click.option(
+    "--include",
+    "-I",
+    "includes",
+    multiple=True,
+    metavar="MODULE",
+    help="a module of your own jobs (repeat, or comma-separate); adds to KEEL_JOB_MODULES",
+)
+def up(includes: tuple[str, ...]) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
     from keel.stack import Stack
+    from tasks.catalog import user_job_modules
     from web.auth import check_secret
+
+    shadowing = shadowing_tasks_module(Path.cwd())
+    if shadowing is not None:
+        raise click.ClickException(shadowing)
+    if includes:
+        modules = user_job_modules(os.environ.get("KEEL_JOB_MODULES", ""))
+        modules += [m for m in user_job_modules(",".join(includes)) if m not in modules]
+        os.environ["KEEL_JOB_MODULES"] = ",".join(modules)
 
     given = ProcessSettings().secret_key
     if given is not None:  # unset: keel up generates a strong one
@@ -132,7 +156,8 @@ def schedulers_upsert(
     """
     from pydantic import ValidationError
 
-    from tasks import catalog, quotas
+    from tasks import quotas
+    from tasks.celery import load_job_modules
     from tasks.jobs import schedulers
     from tasks.jobs.errors import KeelError
     from tasks.jobs.schedulers import SchedulerSpec, Scope
@@ -155,7 +180,7 @@ def schedulers_upsert(
             "opts": _json_option("--opts", opts),
         },
     }
-    catalog.load()
+    load_job_modules()
     try:
         spec = SchedulerSpec.model_validate({k: v for k, v in raw.items() if v is not None})
         quota = quotas.current().scheduling if tenant else None

@@ -95,6 +95,8 @@ class Stack:
             "KEEL_PROVIDER_URL": given.provider_url or f"http://127.0.0.1:{given.sandbox_port}",
             "KEEL_WEB_URL": f"http://127.0.0.1:{given.web_port}",
         }
+        if given.job_modules:  # `keel up --include`: every child, and later CLI calls, load them
+            env["KEEL_JOB_MODULES"] = given.job_modules
         database_url = given.database_url
         if not database_url:
             postgres = EmbeddedPostgres(self.home)

@@ -2,13 +2,48 @@
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import Any
+
 from celery import Celery
+from celery.signals import celeryd_after_setup
 
-from tasks.catalog import JOB_MODULES
+from tasks.catalog import job_modules
+from tasks.jobs import registry
 
-app = Celery("keel", include=JOB_MODULES, events="tasks.celery_events:KeelEvents")
+app = Celery("keel", include=job_modules(), events="tasks.celery_events:KeelEvents")
 app.config_from_object("tasks.celeryconfig")
 # Named, not imported: Celery loads its bootsteps by name, and the job layer they
 # come from imports this app (to publish) — nothing here imports it back.
 app.steps["worker"].add("tasks.jobs.maintenance:Maintenance")
 app.steps["consumer"].add("tasks.jobs.liveness:Heartbeat")
+
+
+def load_job_modules() -> list[str]:
+    """Import every job module and bind every task (idempotent); the declared job names.
+
+    Binding declares Celery-style Keel tasks (``KeelTask.on_bound``), so a
+    process that never runs a worker — the API, the CLI — knows them too.
+    """
+    for module in app.conf.include:
+        import_module(module)
+    app.finalize(auto=True)
+    return registry.names()
+
+
+@celeryd_after_setup.connect
+def consume_every_job_queue(sender: Any = None, instance: Any = None, **kwargs: Any) -> None:
+    """A worker started without ``-Q`` consumes the queue of every job type it knows.
+
+    Queues come from the tasks (``@app.task(queue=...)``, ``handler(queue=...)``):
+    a module of your own adds its queues by being loaded, not by a list in Keel.
+    """
+    if instance is None:
+        return
+    load_job_modules()
+    queues = instance.app.amqp.queues
+    if queues.consume_from:  # -Q chose the queues
+        return
+    for name in registry.queues():
+        if name not in queues:
+            queues.add(name)

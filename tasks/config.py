@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     max_stalled_count: int = 1
     visibility_timeout_s: int = 60
     queue_limits: str = ""  # JSON; parsed by tasks.jobs.limits
+    # Your own job modules (comma-separated import paths), loaded by every Keel process.
+    job_modules: str = ""
     # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
     tenant_quotas: str = ""
     token_max_ttl_s: int = 30 * 86_400

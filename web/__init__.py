@@ -32,11 +32,13 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
     from tasks import db, quotas
+    from tasks.celery import load_job_modules
     from web import campaigns, errors, events, ratelimit, reports, schedulers, system
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
     quotas.current()  # and with a malformed KEEL_TENANT_QUOTAS
+    load_job_modules()  # every job type, Keel's and KEEL_JOB_MODULES', known to the API
 
     app.wsgi_app = StoreDeadline(app.wsgi_app, db.request_scope)  # type: ignore[method-assign]
     errors.init_app(app)

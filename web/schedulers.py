@@ -14,7 +14,8 @@ from typing import Annotated
 from flask import Blueprint, g
 from pydantic import ConfigDict, Field, model_validator
 
-from tasks import catalog, quotas
+from tasks import quotas
+from tasks.celery import load_job_modules
 from tasks.jobs import schedulers
 from tasks.jobs.options import Backoff, JobOptions, KeepJobs
 from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
@@ -141,7 +142,7 @@ def _checked_id(scheduler_id: str) -> str:
     params={"scheduler_id": ID},
 )
 def upsert_scheduler(scheduler_id: str, body: UpsertScheduler):
-    catalog.load()  # every job type declared, whichever this process imported so far
+    load_job_modules()  # every job type declared, whichever this process imported so far
     spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
     record = schedulers.upsert(
         _scope(),

@@ -14,6 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tasks.jobs.calls import acting_as
     from tasks.jobs.enqueue import AddedJob, add
     from tasks.jobs.errors import (
         InvalidJobState,
@@ -36,6 +37,7 @@ _HOMES = {
     ),
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
     "tasks.jobs.enqueue": ("AddedJob", "add"),
+    "tasks.jobs.calls": ("acting_as",),
     "tasks.jobs.owner": ("Owner",),
     "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
 }
@@ -55,6 +57,7 @@ __all__ = [
     "KeepJobs",
     "Owner",
     "UnrecoverableError",
+    "acting_as",
     "add",
     "handler",
 ]

@@ -36,6 +36,7 @@ from tasks.jobs.tenancy import TenantLimits
 
 log = logging.getLogger(__name__)
 
+KEEL_HEADER = "keel"
 PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
@@ -62,9 +63,13 @@ def publish(
 ) -> None:
     """Send the wake-up message for a waiting job (its data rides along for Flower).
 
-    ``ctx`` carries the Celery canvas context a job had when it first ran
-    (chord callback, group id and index), so a job that is retried through
-    the delayed set still counts toward its chord when it finally ends.
+    ``ctx`` carries the Celery canvas context of the job (chord callback, group
+    id and index, chain, link and link_error, parent and root ids), kept on
+    its record, so a job that is retried through the delayed set, promoted or
+    republished still counts toward its chord and still triggers its children
+    when it finally ends. The ``keel`` header marks the message as a wake-up
+    for a record (a delivery without one comes from plain Celery and is
+    recorded on arrival: ``tasks.jobs.execute``).
 
     ``ignore_result``: results live in the job records, so the publisher
     does not subscribe to a result channel. (Without it, every publish
@@ -87,7 +92,13 @@ def publish(
         chord=ctx.get("chord"),
         group_id=ctx.get("group"),
         group_index=ctx.get("group_index"),
+        chain=ctx.get("chain"),
+        link=ctx.get("link"),
+        link_error=ctx.get("link_error"),
+        parent_id=ctx.get("parent_id"),
+        root_id=ctx.get("root_id"),
         priority=priority,
+        headers={KEEL_HEADER: "1"},
     )
 
 
@@ -106,13 +117,15 @@ def add(
     owner: Owner | None = None,
     publish_now: bool = True,
     limits: TenantLimits | None = None,
+    ctx: dict[str, Any] | None = None,
 ) -> AddedJob:
     """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing.
 
     ``publish_now=False`` records the job for a caller that publishes it
     itself, e.g. as part of a Celery chord. ``limits`` (with an ``owner``)
     applies the tenant's quota: what tenant-facing doors pass, so that
-    ``QuotaExceeded`` refuses the add and nothing is recorded.
+    ``QuotaExceeded`` refuses the add and nothing is recorded. ``ctx`` is the
+    Celery canvas context (``publish``) recorded with the job.
     """
     opts = opts or JobOptions()
     job = NewJob(
@@ -123,6 +136,7 @@ def add(
         tenant_id=owner.tenant_id if owner else None,
         user_id=owner.user_id if owner else None,
         opts=opts,
+        celery_ctx=ctx or None,
     )
     rule = opts.deduplication
     priority = 0
@@ -152,7 +166,7 @@ def add(
         )
     events.emit(queue, job.state, job.id, name, **({"delay": opts.delay} if opts.delay else {}))
     if job.state == State.WAITING and publish_now:
-        publish_or_park(job.id, name, queue, data, priority=priority)
+        publish_or_park(job.id, name, queue, data, ctx, priority=priority)
     return AddedJob(job_id=job.id, created=True, state=job.state)
 
 

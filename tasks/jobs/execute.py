@@ -15,25 +15,50 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from celery import Task, shared_task
-from celery.exceptions import Ignore, Reject, Retry
+from celery import Celery, Task, shared_task
+from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
+from celery.result import AsyncResult
 from pydantic import BaseModel
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
-from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
-from tasks.jobs.enqueue import park_for_republish
+from tasks.jobs import calls, events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs.enqueue import KEEL_HEADER, park_for_republish
 from tasks.jobs.errors import Defer
 from tasks.jobs.options import JobOptions
+from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import ClaimedJob
+from tasks.jobs.store.jobs import ClaimedJob, NewJob
 
 log = logging.getLogger(__name__)
 
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
+# ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
+MAX_RETRIES_CAP = 99
+
+
+class RetryRequested(Retry):
+    """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
+
+    def __init__(self, exc: BaseException | None, delay_ms: int) -> None:
+        super().__init__(exc=exc, when=delay_ms / 1000)
+        self.delay_ms = delay_ms
+
+
+class RetriesExhausted(Exception):
+    """``self.retry()`` past ``max_retries``: the run's failure is final (``original``)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class JobExpired(Exception):
+    """The job had not started by its ``expiresAt`` (Celery's ``expires``)."""
 
 
 class JobContext:
@@ -67,6 +92,85 @@ class KeelTask(Task):
     #: data is a dict of named values (``handler``); ``"celery"`` — ``run(*args, **kwargs)``
     #: like any Celery task, the data is stored as ``{"args": [...], "kwargs": {...}}``.
     job_style = "celery"
+    #: Who may schedule it, its data model, and whether tenants may add it over HTTP
+    #: (``tasks.jobs.registry``); declared when Celery binds the task to the app.
+    schedulable: registry.Schedulable = "system"
+    data_model: type[BaseModel] | None = None
+    submittable = False
+    #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
+    default_job_options: dict[str, Any] | None = None
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        """Declare the job type, so schedulers, the API and health know it by name."""
+        if cls.name and not getattr(cls, "abstract", False):
+            queue = cls.queue or app.conf.task_default_queue
+            job_type = registry.JobType(
+                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
+            )
+            registry.declare(job_type)
+
+    def job_queue(self) -> str:
+        return str(self.queue or self.app.conf.task_default_queue)
+
+    def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
+        """The options a job of this task gets unless the call says otherwise."""
+        return JobOptions.model_validate(self.default_job_options or {})
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Record the job, then publish it: ``.delay()``, signatures and canvas land here.
+
+        See ``tasks.jobs.calls`` for how Celery's options map to the record.
+        """
+        options.update(task_id=task_id, link=link, link_error=link_error)
+        added = calls.record(self, args, kwargs, options)
+        return self.AsyncResult(added.job_id)
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> RetryRequested:
+        """Celery's ``self.retry``, through Keel's durable delayed set.
+
+        ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
+        (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
+        fails for good with ``exc`` (or ``MaxRetriesExceededError``). The wait is
+        ``countdown``, else until ``eta``, else ``default_retry_delay``.
+        """
+        request = self.request
+        limit = self.max_retries if max_retries is None else max_retries
+        limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
+        if (request.retries or 0) >= limit:
+            error = exc or MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
+            )
+            raise RetriesExhausted(error) from error
+        if countdown is None and eta is not None:
+            due = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+            countdown = (due - datetime.now(UTC)).total_seconds()
+        if countdown is None:
+            countdown = self.default_retry_delay
+        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)))
+        if throw:
+            raise requested
+        return requested
 
     def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
         """The job data that Celery-style ``args``/``kwargs`` are recorded as."""
@@ -81,7 +185,7 @@ class KeelTask(Task):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         admission = self._admit()
         try:
-            return self._run_claimed(admission)
+            return self._run_claimed(admission, args, kwargs)
         finally:
             limits.release(admission)
 
@@ -106,8 +210,8 @@ class KeelTask(Task):
         info = self.request.delivery_info or {}
         return str(info.get("routing_key") or self.queue)
 
-    def _run_claimed(self, admission: limits.Admission) -> Any:
-        claimed = self._claim()
+    def _run_claimed(self, admission: limits.Admission, args: Any, kwargs: Any) -> Any:
+        claimed = self._claim(args, kwargs)
         limits.started(admission)
         if claimed.stalled:
             events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
@@ -122,10 +226,22 @@ class KeelTask(Task):
         metrics.observe(claimed.queue, "wait", claimed.wait_s)
         started = time.monotonic()
         try:
-            result = self.run(JobContext(claimed))
+            result = self._run_handler(claimed)
         except Defer as deferral:
             finish.deferred(claimed, deferral)
             raise Ignore() from None
+        except RetryRequested as requested:
+            self._failed(claimed, requested.exc or requested, retry_in_ms=requested.delay_ms)
+            raise
+        except RetriesExhausted as exhausted:
+            self._failed(claimed, exhausted.original, retry_in_ms=None)
+            raise exhausted.original from None
+        except Reject as rejected:
+            if rejected.requeue:  # run again later, as Celery would; an attempt is used
+                self._failed(claimed, rejected, retry_in_ms=0)
+                raise
+            self._failed(claimed, rejected, retry_in_ms=None)
+            raise
         except Exception as exc:
             self._failed(claimed, exc)
             raise
@@ -138,20 +254,45 @@ class KeelTask(Task):
             raise Ignore() from None
         return result
 
-    def _failed(self, claimed: ClaimedJob, exc: Exception) -> None:
-        """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent)."""
+    def _run_handler(self, claimed: ClaimedJob) -> Any:
+        """Call the handler its way: ``run(job)``, or ``run(*args, **kwargs)`` like Celery."""
+        expires = claimed.opts.expires_at
+        if expires is not None and expires <= datetime.now(UTC):
+            raise RetriesExhausted(JobExpired(f"expired at {expires.isoformat()}"))
+        self.request.retries = claimed.attempts_made
+        context = JobContext(claimed)
+        self.request.keel_job = context
+        if self.job_style == "context":
+            return self.run(context)
+        data = claimed.data
+        return self.run(*data.get("args", ()), **data.get("kwargs", {}))
+
+    _NO_RULES: Any = object()
+
+    def _failed(
+        self, claimed: ClaimedJob, exc: BaseException, retry_in_ms: Any = _NO_RULES
+    ) -> None:
+        """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent).
+
+        By the job's options, or — ``retry_in_ms`` given — as ``self.retry`` decided.
+        """
+        by_rules = retry_in_ms is self._NO_RULES
         try:
-            retrying = finish.failed(claimed, exc)
+            retrying = finish.failed(
+                claimed, exc, by_rules=by_rules, retry_in_ms=None if by_rules else retry_in_ms
+            )
         except finish.NotOurs:
             raise Ignore() from None
         if retrying is not None:
             raise Retry(retrying.reason, exc=exc, when=retrying.at)
 
-    def _claim(self) -> ClaimedJob:
+    def _claim(self, args: Any, kwargs: Any) -> ClaimedJob:
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
         try:
             with transaction() as session:
+                if not getattr(self.request, KEEL_HEADER, None):
+                    self._record_on_arrival(session, args, kwargs)
                 claimed = store.claim(
                     session,
                     self.request.id,
@@ -163,8 +304,40 @@ class KeelTask(Task):
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
         if claimed is None:
-            raise Ignore()  # not ours to run: duplicate delivery or finished job
+            # Not ours to run: a duplicate delivery, or a job that finished. Say so to
+            # Flower, which would otherwise show this delivery as started forever.
+            self._announce_ignored("the job's record is not waiting")
+            raise Ignore()
         return claimed
+
+    def _record_on_arrival(self, session: Any, args: Any, kwargs: Any) -> None:
+        """A message sent without Keel (``send_task`` by name, another app): record it now.
+
+        Its record is added as waiting in the claim's transaction (nothing if a
+        job with its id exists), so the claim runs it like any other job.
+        """
+        try:
+            data = self.data_for(args, kwargs)
+        except TypeError as exc:
+            data = {"args": list(args), "kwargs": dict(kwargs), "refused": str(exc)}
+        job = NewJob(
+            id=str(self.request.id),
+            name=self.name,
+            queue=self._delivered_queue(),
+            data=data,
+            tenant_id=None,
+            user_id=None,
+            opts=self.default_options(data, None),
+        )
+        if store.insert(session, job):
+            log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+
+    def _announce_ignored(self, reason: str) -> None:
+        """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""
+        try:
+            self.send_event("task-ignored", reason=reason)
+        except Exception as exc:  # events are for watching; a lost one changes nothing
+            log.debug("could not announce ignored delivery %s: %s", self.request.id, exc)
 
     def _requeue_while_store_unavailable(self, exc: Exception) -> NoReturn:
         """The records cannot be reached: put the message back rather than lose it.
@@ -184,11 +357,22 @@ class KeelTask(Task):
         raise Reject(str(exc), requeue=True) from exc
 
     def _canvas_context(self) -> dict[str, Any] | None:
-        """The chord this delivery belongs to, kept so a later run still counts toward it."""
+        """The canvas this delivery belongs to (chord, chain, links), kept on the record so a
+        later run — retried, promoted, redelivered — still counts toward its chord and
+        still triggers its children."""
         request = self.request
-        if not request.chord and not request.group:
-            return None
-        return {"chord": request.chord, "group": request.group, "group_index": request.group_index}
+        ctx = {
+            "chord": request.chord,
+            "group": request.group,
+            "group_index": request.group_index,
+            "chain": request.chain,
+            "link": request.callbacks,
+            "link_error": request.errbacks,
+            "parent_id": request.parent_id,
+            "root_id": request.root_id,
+        }
+        kept = {key: value for key, value in ctx.items() if value not in (None, [], ())}
+        return kept or None
 
 
 def handler(
@@ -198,18 +382,29 @@ def handler(
     schedulable: registry.Schedulable = "system",
     data: type[BaseModel] | None = None,
     submittable: bool = False,
+    options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
     ``schedulable`` says who may put it in a job scheduler (``"tenant"`` or only
     the ``"system"``); ``data`` is the model of the data a tenant may give it;
-    ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``).
+    ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``);
+    ``options(data, owner)`` gives the options of a job sent the Celery way
+    (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
     registry.declare(registry.JobType(name, queue, schedulable, data, submittable))
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
-        return shared_task(name=name, base=KeelTask, queue=queue, job_style="context")(fn)
+        attributes: dict[str, Any] = {
+            "job_style": "context",
+            "schedulable": schedulable,
+            "data_model": data,
+            "submittable": submittable,
+        }
+        if options is not None:
+            attributes["default_options"] = lambda _task, d, o: options(d, o)
+        return shared_task(name=name, base=KeelTask, queue=queue, **attributes)(fn)
 
     return register

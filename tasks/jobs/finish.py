@@ -65,9 +65,20 @@ def completed(claimed: ClaimedJob, result: Any) -> None:
     events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
 
 
-def failed(claimed: ClaimedJob, exc: BaseException) -> Retrying | None:
-    """Record a failed run; ``Retrying`` when the job runs again, ``None`` when it failed."""
-    delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc)
+def failed(
+    claimed: ClaimedJob,
+    exc: BaseException,
+    *,
+    by_rules: bool = True,
+    retry_in_ms: int | None = None,
+) -> Retrying | None:
+    """Record a failed run; ``Retrying`` when the job runs again, ``None`` when it failed.
+
+    ``by_rules``: the job's options decide (attempts, backoff, ``UnrecoverableError``);
+    otherwise the caller has decided — Celery's ``self.retry`` — and ``retry_in_ms``
+    is the wait before the next run (``None``: this failure is final).
+    """
+    delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
     with transaction() as session:
         outcome = store.fail(session, claimed, reason, failures.stack(exc), delay)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,9 +49,14 @@ class JobOptions(_Options):
     remove_on_complete: bool | int | KeepJobs = Field(default=False, alias="removeOnComplete")
     remove_on_fail: bool | int | KeepJobs = Field(default=False, alias="removeOnFail")
     deduplication: Deduplication | None = None
+    expires_at: datetime | None = Field(
+        default=None,
+        alias="expiresAt",
+        description="a job not started by then fails with 'expired' (Celery's ``expires``)",
+    )
 
     def stored(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_none=True)
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
     @classmethod
     def from_stored(cls, stored: dict[str, Any] | None) -> JobOptions:

@@ -61,6 +61,11 @@ def names() -> list[str]:
     return sorted(_TYPES)
 
 
+def queues() -> list[str]:
+    """Every queue a declared job type runs on."""
+    return sorted({job_type.queue for job_type in _TYPES.values()})
+
+
 def _normalized(key: str) -> str:
     return key.replace("_", "").replace("-", "").lower()
 

@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobContext, KeelError, UnrecoverableError, handler
+from tasks.jobs import (
+    Backoff,
+    Deduplication,
+    JobContext,
+    JobOptions,
+    KeelError,
+    Owner,
+    UnrecoverableError,
+    handler,
+)
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
@@ -21,6 +30,30 @@ CLEANUP = "reports.cleanup"
 STEPS = (("load", 20), ("render", 70), ("upload", 95), ("upload", 100))
 REPORT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
 MAX_ROWS = 100_000
+REPORT_ATTEMPTS = 4
+REPORT_BACKOFF = Backoff(type="exponential", delay=1000, jitter=0.5)
+KEEP_FINISHED = 100
+
+
+def report_options(key: str | None, delay_ms: int = 0) -> JobOptions:
+    """A report job's options: deduplicated by its operation key (when it has one)."""
+    return JobOptions(
+        deduplication=Deduplication(id=key) if key else None,
+        attempts=REPORT_ATTEMPTS,
+        backoff=REPORT_BACKOFF,
+        delay=delay_ms,
+        remove_on_complete=KEEP_FINISHED,
+        remove_on_fail=KEEP_FINISHED,
+    )
+
+
+def options_for(data: dict, owner: Owner | None) -> JobOptions:
+    """Options of a report sent the Celery way (``generate_report.delay(...)``): the same
+    as the API's, deduplicated by the operation key of its owner and data."""
+    report_id, rows = data.get("reportId"), data.get("rows")
+    if owner is None or not isinstance(report_id, str) or not isinstance(rows, int):
+        return report_options(None)
+    return report_options(operation_key(owner.tenant_id, owner.user_id, report_id, rows))
 
 
 class ReportRequest(BaseModel):
@@ -52,7 +85,7 @@ def requested_by(job: JobContext) -> tuple[str, str]:
     return job.tenant_id, job.user_id
 
 
-@handler(GENERATE, queue=QUEUE, schedulable="tenant", data=ReportRequest)
+@handler(GENERATE, queue=QUEUE, schedulable="tenant", data=ReportRequest, options=options_for)
 def generate_report(job: JobContext) -> dict:
     """Generate one report, or return the one already stored for its operation key."""
     data = job.data

@@ -8,17 +8,13 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from tasks import quotas
-from tasks.jobs import Backoff, Deduplication, JobOptions, Owner, add
+from tasks.jobs import Owner, add
 from tasks.jobs.manual_retry import RetryRequest, retry_failed
 from tasks.jobs.models import JobRecord
 from tasks.jobs.queries import get_owned
 from tasks.reports import artifacts
-from tasks.reports.jobs import GENERATE, QUEUE
+from tasks.reports.jobs import GENERATE, QUEUE, report_options
 from tasks.reports.operation_key import operation_key
-
-REPORT_ATTEMPTS = 4
-REPORT_BACKOFF = Backoff(type="exponential", delay=1000, jitter=0.5)
-KEEP_FINISHED = 100
 
 
 @dataclass(frozen=True)
@@ -26,17 +22,6 @@ class Submitted:
     job_id: str
     deduplicated: bool
     operation_key: str
-
-
-def report_options(key: str, delay_ms: int = 0) -> JobOptions:
-    return JobOptions(
-        deduplication=Deduplication(id=key),
-        attempts=REPORT_ATTEMPTS,
-        backoff=REPORT_BACKOFF,
-        delay=delay_ms,
-        remove_on_complete=KEEP_FINISHED,
-        remove_on_fail=KEEP_FINISHED,
-    )
 
 
 def submit(

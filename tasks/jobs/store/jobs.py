@@ -39,6 +39,7 @@ class NewJob(Job):
 
     user_id: str | None
     opts: JobOptions
+    celery_ctx: dict[str, Any] | None = None
 
     @property
     def state(self) -> State:
@@ -102,9 +103,9 @@ _FINISH_RUN = f"""
 
 _INSERT = text(
     """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, run_at)
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
     VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
-            :tenant_id, :user_id, :state,
+            :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
             CASE WHEN :delay_ms > 0
                  THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
                  END)
@@ -125,6 +126,7 @@ def insert(session: Session, job: NewJob) -> bool:
         "tenant_id": job.tenant_id,
         "user_id": job.user_id,
         "state": job.state,
+        "ctx": json.dumps(job.celery_ctx) if job.celery_ctx else None,
         "delay_ms": job.opts.delay,
     }
     return session.execute(_INSERT, row).first() is not None
