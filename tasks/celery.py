@@ -42,8 +42,8 @@ def consume_every_job_queue(sender: Any = None, instance: Any = None, **kwargs: 
         return
     load_job_modules()
     queues = instance.app.amqp.queues
-    if queues.consume_from:  # -Q chose the queues
+    if set(queues.consume_from) != set(queues):  # -Q (or -X) chose the queues
         return
     for name in registry.queues():
         if name not in queues:
-            queues.add(name)
+            queues.select_add(name)

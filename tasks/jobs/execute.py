@@ -103,15 +103,15 @@ class KeelTask(Task):
     @classmethod
     def on_bound(cls, app: Celery) -> None:
         """Declare the job type, so schedulers, the API and health know it by name."""
-        if cls.name and not getattr(cls, "abstract", False):
-            queue = cls.queue or app.conf.task_default_queue
+        if cls.name:
+            queue = getattr(cls, "queue", None) or app.conf.task_default_queue
             job_type = registry.JobType(
                 cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
             )
             registry.declare(job_type)
 
     def job_queue(self) -> str:
-        return str(self.queue or self.app.conf.task_default_queue)
+        return str(getattr(self, "queue", None) or self.app.conf.task_default_queue)
 
     def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
         """The options a job of this task gets unless the call says otherwise."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import traceback
 
+from celery.exceptions import Reject
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 MAX_REASON_CHARS = 1000
@@ -27,6 +28,8 @@ def reason(exc: BaseException) -> str:
     """The one-line reason recorded as ``failedReason``."""
     if isinstance(exc, SQLAlchemyError):
         text = _database_reason(exc)
+    elif isinstance(exc, Reject):  # Celery's Reject(reason, requeue): the reason alone
+        text = str(exc.reason)
     else:
         text = str(exc) or type(exc).__name__
     return text[:MAX_REASON_CHARS]

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import time
 
-from tasks.jobs import JobContext, UnrecoverableError, handler
+from celery import shared_task
+from celery.exceptions import Reject
+
+from tasks.jobs import JobContext, KeelTask, UnrecoverableError, handler
 
 
 class PlainFailure(Exception):
@@ -96,3 +99,54 @@ def outlast(job: JobContext) -> dict:
             pass
         logging.getLogger(__name__).warning("test.outlast %s: first run woke up", job.id)
     return {"attempt": job.attempts_started}
+
+
+# Celery-style Keel tasks: declared the way a Celery project declares its tasks.
+
+
+class FlakyIO(IOError):
+    """An error Celery's ``autoretry_for`` names."""
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_retry", max_retries=2)
+def celery_retry(self, succeed_on_retry: int, label: str = "") -> dict:
+    """``self.retry(countdown=0.3)`` until ``request.retries`` reaches ``succeed_on_retry``."""
+    if self.request.retries < succeed_on_retry:
+        raise self.retry(exc=PlainFailure(f"run {self.request.retries + 1}"), countdown=0.3)
+    return {"retries": self.request.retries, "label": label}
+
+
+@shared_task(
+    bind=True,
+    base=KeelTask,
+    name="test.celery_autoretry",
+    autoretry_for=(FlakyIO,),
+    dont_autoretry_for=(FileNotFoundError,),
+    retry_backoff=True,
+    retry_jitter=False,
+    max_retries=3,
+)
+def celery_autoretry(self, fail_times: int, missing: bool = False) -> dict:
+    """Fails ``fail_times`` runs with an autoretried error (``missing``: one that is not)."""
+    if missing:
+        raise FileNotFoundError("no such input")
+    if self.request.retries < fail_times:
+        raise FlakyIO(f"flaky run {self.request.retries + 1}")
+    return {"retries": self.request.retries}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_reject")
+def celery_reject(self) -> None:
+    raise Reject("this input can never succeed", requeue=False)
+
+
+@shared_task(base=KeelTask, name="test.celery_add")
+def celery_add(x: int, y: int = 0) -> int:
+    """Adds: a chain's step (the previous step's result is its first argument)."""
+    return x + y
+
+
+@shared_task(base=KeelTask, name="test.celery_collect")
+def celery_collect(results: list) -> dict:
+    """A chord's body: what its parts returned, in order."""
+    return {"results": results, "total": sum(r if isinstance(r, int) else 0 for r in results)}

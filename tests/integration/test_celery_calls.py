@@ -1,0 +1,218 @@
+"""Celery's ways in — ``.delay()``, ``apply_async``, ``self.retry``, ``autoretry_for``,
+canvas — all go through the record, against a real ``celery worker`` process."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from datetime import datetime
+
+import pytest
+import redis
+from celery import chain, chord
+from sqlalchemy import text
+
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs import Owner, acting_as
+from tasks.reports.jobs import generate_report
+from tests.support.client import record, unique, wait_state, waits_between_runs
+from tests.support.jobs import (
+    celery_add,
+    celery_autoretry,
+    celery_collect,
+    celery_reject,
+    celery_retry,
+)
+from tests.support.stack import WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.stack, pytest.mark.usefixtures("worker")]
+
+
+def moment(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def messages_mentioning(job_id: str) -> int:
+    """Messages in the broker (queued or reserved by a worker) that carry ``job_id``."""
+    client = redis.Redis.from_url(os.environ["KEEL_REDIS_URL"])
+    found = 0
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key)
+        if kind == b"list":
+            found += sum(job_id.encode() in item for item in client.lrange(key, 0, -1))
+        elif kind == b"hash" and key == b"unacked":
+            found += sum(job_id.encode() in item for item in client.hvals(key))
+    return found
+
+
+def count_jobs(name: str, label: str) -> int:
+    with transaction() as session:
+        return session.execute(
+            text(
+                "SELECT count(*) FROM jobs WHERE name = :name "
+                "AND data::text LIKE '%' || :label || '%'"
+            ),
+            {"name": name, "label": label},
+        ).scalar_one()
+
+
+def test_delay_records_the_job_and_the_worker_runs_it():
+    # Given a Celery-style Keel task, When it is sent with .delay()
+    result = celery_add.delay(2, 3)
+    # Then its record exists as soon as delay() returns, and it completes
+    assert record(result.id) is not None
+    job = wait_state(result.id, "completed", "failed")
+    assert job["state"] == "completed"
+    assert job["result"] == 5
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (0, 1)
+
+
+def test_report_delay_and_countdown_are_records_and_the_countdown_is_durable():
+    owner = Owner("acme", unique("u"))
+    # When report.generate is sent the Celery way, once now and once with a countdown
+    with acting_as(owner):
+        now = generate_report.delay(reportId=unique(), rows=5)
+        later = generate_report.apply_async(kwargs={"reportId": unique(), "rows": 5}, countdown=2)
+    # Then both are records owned by the sender; the delayed one waits in Postgres,
+    # with no message in the broker (nothing held in a worker's memory)
+    delayed = record(later.id)
+    assert delayed is not None and delayed["state"] == "delayed"
+    assert messages_mentioning(later.id) == 0
+    first = wait_state(now.id, "completed", "failed")
+    assert first["state"] == "completed" and first["result"]["generatedRows"] == 5
+    done = wait_state(later.id, "completed", "failed", timeout=30)
+    assert done["state"] == "completed"
+    waited = (moment(done["processedOn"]) - moment(done["createdAt"])).total_seconds()
+    assert waited >= 1.95, done
+
+
+def test_self_retry_goes_through_the_record_and_request_retries_is_attempts_made():
+    label = unique("retry")
+    result = celery_retry.delay(2, label)
+    job = wait_state(result.id, "completed", "failed", timeout=30)
+    assert job["state"] == "completed", job
+    assert job["result"] == {"retries": 2, "label": label}
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (2, 3)
+    assert all(wait >= 0.25 for wait in waits_between_runs(job)), job["runs"]
+
+
+def test_self_retry_past_max_retries_fails_with_the_original_error():
+    result = celery_retry.delay(5)  # max_retries=2: three runs, then the failure stands
+    job = wait_state(result.id, "completed", "failed", timeout=30)
+    assert job["state"] == "failed"
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (3, 3)
+    assert job["failedReason"] == "run 3"
+
+
+def test_autoretry_with_backoff_waits_grow_exponentially():
+    # retry_backoff=True, retry_jitter=False: Celery's countdowns 1 s, then 2 s
+    result = celery_autoretry.delay(2)
+    job = wait_state(result.id, "completed", "failed", timeout=30)
+    assert job["state"] == "completed", job
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (2, 3)
+    first, second = waits_between_runs(job)
+    assert 0.9 <= first <= 2.0, job["runs"]
+    assert 1.9 <= second <= 3.5, job["runs"]
+
+
+def test_autoretry_stops_at_max_retries_and_skips_dont_autoretry_for():
+    exhausted = celery_autoretry.apply_async(args=(9,))
+    not_retried = celery_autoretry.apply_async(args=(0,), kwargs={"missing": True})
+    job = wait_state(exhausted.id, "completed", "failed", timeout=40)
+    assert job["state"] == "failed"
+    assert job["attemptsStarted"] == 4  # max_retries=3: the first run and three retries
+    assert job["failedReason"] == "flaky run 4"
+    other = wait_state(not_retried.id, "completed", "failed")
+    assert other["state"] == "failed" and other["attemptsStarted"] == 1
+    assert other["failedReason"] == "no such input"
+
+
+def test_reject_without_requeue_fails_at_once():
+    job = wait_state(celery_reject.delay().id, "completed", "failed")
+    assert job["state"] == "failed"
+    assert job["attemptsStarted"] == 1
+    assert job["failedReason"] == "this input can never succeed"
+
+
+def test_a_message_sent_without_keel_is_recorded_on_arrival():
+    # Given a message sent by name, as another Celery app would (no record, no Keel header)
+    task_id = unique("foreign")
+    app.send_task("test.celery_add", args=(20, 22), task_id=task_id, queue="default")
+    # Then the worker records it and runs it: nothing is silently dropped
+    job = wait_state(task_id, "completed", "failed")
+    assert job["state"] == "completed" and job["result"] == 42
+
+
+def test_a_chain_survives_a_retried_parent_and_its_child_runs_once():
+    label = unique("chain")
+    # A fails once (self.retry through the delayed set), then B gets A's result
+    result = chain(celery_retry.si(1, label), celery_collect.s()).apply_async()
+    body = wait_state(result.id, "completed", "failed", timeout=30)
+    assert body["state"] == "completed", body
+    assert body["result"]["results"] == {"retries": 1, "label": label}
+    assert body["attemptsStarted"] == 1
+    assert count_jobs("test.celery_collect", label) == 1
+    assert count_jobs("test.celery_retry", label) == 1
+
+
+def test_a_chord_with_retrying_parts_runs_its_body_once():
+    label = unique("chord")
+    parts = [celery_retry.si(1 if i < 3 else 0, f"{label}-{i}") for i in range(10)]
+    result = chord(parts)(celery_collect.s())
+    body = wait_state(result.id, "completed", "failed", timeout=40)
+    assert body["state"] == "completed", body
+    assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(10)]
+    assert count_jobs("test.celery_collect", label) == 1
+
+
+USER_MODULE = '''
+"""A user's own jobs, outside Keel's tree."""
+from celery import shared_task
+
+from tasks.jobs import KeelTask
+
+
+@shared_task(bind=True, base=KeelTask, name="userjobs.flaky", queue="userjobs",
+             autoretry_for=(IOError,), retry_backoff=True, retry_jitter=False, max_retries=3)
+def flaky(self, key, fail_times):
+    if self.request.retries < fail_times:
+        raise IOError(f"{key}: flaky run {self.request.retries + 1}")
+    return {"key": key, "retries": self.request.retries}
+'''
+
+
+@pytest.fixture(scope="module")
+def user_module(stack, tmp_path_factory):
+    """``userjobs`` in a directory of its own, loaded by a worker through KEEL_JOB_MODULES."""
+    where = tmp_path_factory.mktemp("userjobs")
+    (where / "userjobs.py").write_text(textwrap.dedent(USER_MODULE))
+    sys.path.insert(0, str(where))
+    process = WorkerProcess(
+        stack.home,
+        "userjobs",
+        extra_env={"KEEL_JOB_MODULES": "userjobs", "PYTHONPATH": str(where)},
+    )
+    process.start()
+    import userjobs  # noqa: PLC0415 — importable only once its directory is on the path
+
+    yield userjobs
+    process.stop()
+    sys.path.remove(str(where))
+
+
+def test_a_user_module_runs_through_the_setting_with_its_own_queue(user_module):
+    # Given a module outside Keel with an autoretrying task on a queue Keel never heard of
+    app.finalize(auto=True)
+    # When it is sent with .delay() and fails twice
+    result = user_module.flaky.delay("k1", 2)
+    # Then one record, completed on run 3, waits growing exponentially
+    job = wait_state(result.id, "completed", "failed", timeout=40)
+    assert job["state"] == "completed", job
+    assert job["queue"] == "userjobs"
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (2, 3)
+    first, second = waits_between_runs(job)
+    assert 0.9 <= first <= 2.0 and 1.9 <= second <= 3.5, job["runs"]
+    assert second > first
+    assert wait_for(lambda: count_jobs("userjobs.flaky", "k1") == 1 or None, timeout=5)
