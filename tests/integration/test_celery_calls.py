@@ -195,7 +195,7 @@ def user_module(stack, tmp_path_factory):
         extra_env={"KEEL_JOB_MODULES": "userjobs", "PYTHONPATH": str(where)},
     )
     process.start()
-    import userjobs  # noqa: PLC0415 — importable only once its directory is on the path
+    import userjobs  # importable only once its directory is on the path
 
     yield userjobs
     process.stop()
