@@ -53,7 +53,8 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 # No task results are stored (job records hold them); the backend is there so
 # Celery chords can count their parts (the campaign fan-in).
-result_backend = _settings.redis_url
+# Chords whose body is a Keel task are counted in the records (tasks.jobs.canvas).
+result_backend = f"tasks.jobs.canvas:KeelBackend+{_settings.redis_url}"
 task_ignore_result = True
 task_track_started = False
 task_serializer = "json"

@@ -38,9 +38,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tasks import quotas
-from tasks.jobs.enqueue import AddedJob, add
+from tasks.db import transaction
+from tasks.jobs.enqueue import AddedJob, add, publish_or_park
+from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
+from tasks.jobs.store import jobs as store
 
 if TYPE_CHECKING:
     from tasks.jobs.execute import KeelTask
@@ -66,6 +69,11 @@ def acting_as(owner: Owner) -> Iterator[Owner]:
         yield owner
     finally:
         _OWNER.reset(token)
+
+
+def current_owner() -> Owner | None:
+    """The owner set by ``acting_as`` around this call, if any."""
+    return _OWNER.get()
 
 
 def _moment(value: Any, now: datetime) -> datetime:
@@ -152,12 +160,22 @@ def record(
     opts = job_options(task, data, owner, options)
     queue = _queue_name(options.get("queue")) or task.job_queue()
     limits = quotas.current().jobs if owner is not None else None
-    return add(
-        task.name,
-        data,
-        queue=queue,
-        opts=opts,
-        owner=owner,
-        limits=limits,
-        ctx=canvas_context(options),
-    )
+    ctx = canvas_context(options)
+    added = add(task.name, data, queue=queue, opts=opts, owner=owner, limits=limits, ctx=ctx)
+    if added.state == "existing":
+        wake_if_waiting(added.job_id, ctx)
+    return added
+
+
+def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
+    """A call naming a job that is recorded and waiting sends it a wake-up message.
+
+    Recording a job first and sending it through a canvas later (a chord over
+    jobs added with ``publish_now=False``) is such a call; so is sending a
+    ``task_id`` again, as Celery would. A job that already has a message gets
+    a second one, which its claim refuses.
+    """
+    with transaction() as session:
+        job = store.get(session, job_id)
+    if job is not None and job.state == State.WAITING:
+        publish_or_park(job.id, job.name, job.queue, job.data, {**(job.celery_ctx or {}), **ctx})

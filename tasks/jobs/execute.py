@@ -252,6 +252,10 @@ class KeelTask(Task):
             finish.completed(claimed, result)
         except finish.NotOurs:
             raise Ignore() from None
+        # Its chain's next step and its links were recorded with its end (tasks.jobs.canvas):
+        # Celery's tracer must not send them a second time.
+        self.request.chain = None
+        self.request.callbacks = None
         return result
 
     def _run_handler(self, claimed: ClaimedJob) -> Any:

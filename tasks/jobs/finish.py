@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import events, failures
+from tasks.jobs import canvas, events, failures
 from tasks.jobs.errors import Defer, KeelError, UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
@@ -62,6 +62,7 @@ def completed(claimed: ClaimedJob, result: Any) -> None:
         if not store.complete(session, claimed, result):
             raise NotOurs(claimed.id)
         finished(session, claimed, State.COMPLETED)
+        canvas.completed(session, claimed, result)
     events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
 
 
@@ -86,6 +87,7 @@ def failed(
             raise NotOurs(claimed.id)
         if outcome.final:
             finished(session, claimed, State.FAILED)
+            canvas.failed(session, claimed, reason)
     made = claimed.attempts_made + 1
     if outcome.retry_at is None:
         events.emit(

@@ -22,6 +22,7 @@ from tests.support.jobs import (
     celery_add,
     celery_autoretry,
     celery_collect,
+    celery_part,
     celery_reject,
     celery_retry,
 )
@@ -161,10 +162,56 @@ def test_a_chord_with_retrying_parts_runs_its_body_once():
     label = unique("chord")
     parts = [celery_retry.si(1 if i < 3 else 0, f"{label}-{i}") for i in range(10)]
     result = chord(parts)(celery_collect.s())
+    # The body is a record from the start, waiting for its parts (counted in Postgres)
+    waiting = record(result.id)
+    assert waiting is not None and waiting["state"] in ("waiting-children", "waiting", "active")
     body = wait_state(result.id, "completed", "failed", timeout=40)
     assert body["state"] == "completed", body
     assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(10)]
     assert count_jobs("test.celery_collect", label) == 1
+
+
+def test_a_chord_body_runs_once_when_a_worker_is_killed_mid_chord(stack):
+    # Given two workers of their own on a queue of their own, with short job locks
+    queue, label = "chordkill", unique("kill")
+    env = {"KEEL_LOCK_DURATION_S": "3"}
+    victim = WorkerProcess(stack.home, "chord-victim", concurrency=2, queues=queue, extra_env=env)
+    other = WorkerProcess(stack.home, "chord-other", concurrency=2, queues=queue, extra_env=env)
+    victim.start()
+    other.start()
+    try:
+        # When a chord of 10 parts (3 retrying once, every part napping) runs on them
+        parts = [
+            celery_part.si(i, label, fail_first=i in (2, 5, 8), ms=700).set(queue=queue)
+            for i in range(10)
+        ]
+        result = chord(parts)(celery_collect.s().set(queue=queue))
+        # and one worker is SIGKILLed while it holds parts
+        wait_for(lambda: runs_on("chord-victim", label), timeout=30)
+        victim.kill()
+        # Then the body runs once, with every part's result in order
+        body = wait_state(result.id, "completed", "failed", timeout=90)
+    finally:
+        victim.kill()
+        other.stop()
+    assert body["state"] == "completed", body
+    assert body["attemptsStarted"] == 1
+    assert [r["index"] for r in body["result"]["results"]] == list(range(10))
+    assert count_jobs("test.celery_collect", label) == 1
+    assert runs_on("chord-victim", label) >= 1  # the victim had started parts when it died
+
+
+def runs_on(worker: str, label: str) -> int:
+    """How many runs of ``label``'s chord parts started on ``worker``."""
+    with transaction() as session:
+        return session.execute(
+            text(
+                "SELECT count(*) FROM jobs, jsonb_array_elements(runs) AS run "
+                "WHERE name = 'test.celery_part' AND data::text LIKE '%' || :label || '%' "
+                "AND run ->> 'worker' LIKE :worker || '@%'"
+            ),
+            {"label": label, "worker": worker},
+        ).scalar_one()
 
 
 USER_MODULE = '''

@@ -150,3 +150,12 @@ def celery_add(x: int, y: int = 0) -> int:
 def celery_collect(results: list) -> dict:
     """A chord's body: what its parts returned, in order."""
     return {"results": results, "total": sum(r if isinstance(r, int) else 0 for r in results)}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_part", max_retries=3)
+def celery_part(self, index: int, label: str, fail_first: bool = False, ms: int = 0) -> dict:
+    """A chord part: naps ``ms``, fails its first run when ``fail_first`` (``self.retry``)."""
+    time.sleep(ms / 1000)
+    if fail_first and self.request.retries == 0:
+        raise self.retry(exc=PlainFailure(f"part {index} first run"), countdown=0.3)
+    return {"index": index, "label": label}

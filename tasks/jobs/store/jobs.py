@@ -40,9 +40,12 @@ class NewJob(Job):
     user_id: str | None
     opts: JobOptions
     celery_ctx: dict[str, Any] | None = None
+    waiting_children: bool = False  # a chord's body: waits (no due time) for its parts
 
     @property
     def state(self) -> State:
+        if self.waiting_children:
+            return State.WAITING_CHILDREN
         return State.DELAYED if self.opts.delay > 0 else State.WAITING
 
 
@@ -57,6 +60,7 @@ class ClaimedJob(Job):
     stalled: bool
     token: str
     wait_s: float = 0.0
+    celery_ctx: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class ReadyJob(Job):
     opts: dict[str, Any] | None = None
 
 
-def _ready(row: Any, **more: Any) -> ReadyJob:
+def ready_job(row: Any, **more: Any) -> ReadyJob:
     return ReadyJob(
         id=row.id,
         name=row.name,
@@ -203,7 +207,7 @@ _CLAIM = text(
       AND (before.state = 'waiting'
            OR (before.state = 'active' AND before.locked_until < clock_timestamp()))
     RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
-              jobs.user_id, jobs.attempts_made, jobs.attempts_started,
+              jobs.user_id, jobs.attempts_made, jobs.attempts_started, jobs.celery_ctx,
               before.state = 'active' AS stalled,
               EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(jobs.run_at, jobs.created_at))
                   AS wait_s
@@ -243,6 +247,7 @@ def claim(
         stalled=bool(row["stalled"]),
         token=token,
         wait_s=max(0.0, float(row["wait_s"] or 0)),
+        celery_ctx=row["celery_ctx"],
     )
 
 
@@ -464,7 +469,7 @@ def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
         {"limit": limit},
     ).all()
     rows = sorted(rows, key=lambda r: r.run_at)  # RETURNING keeps no order
-    return [_ready(r) for r in rows]
+    return [ready_job(r) for r in rows]
 
 
 STALLED_TOO_OFTEN = "job stalled more than allowable limit"
@@ -493,7 +498,7 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
     ).all()
-    return [_ready(r, state=State(r.state), opts=r.opts) for r in rows]
+    return [ready_job(r, state=State(r.state), opts=r.opts) for r in rows]
 
 
 def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]:
@@ -505,7 +510,7 @@ def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]
         ),
         {"after": after_id, "limit": limit},
     ).all()
-    return [_ready(r) for r in rows]
+    return [ready_job(r) for r in rows]
 
 
 # --- operators ------------------------------------------------------------------------------

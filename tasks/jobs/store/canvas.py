@@ -1,0 +1,79 @@
+"""Statements on a chord body's record: its parts' results, its release or failure.
+
+A chord of Keel tasks keeps its fan-in on the body's record (``waiting-children``
+until its parts end): the ids of its parts (``chordParts``) and, as each part
+ends, its result (``chordResults``). Each statement locks the body's row first,
+so parts that end at the same moment take turns, and exactly one of them sees
+the last result arrive.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from tasks.jobs.store.jobs import ReadyJob, ready_job
+
+_RECORD_PART = text(
+    """
+    WITH body AS (SELECT id FROM jobs WHERE id = :body AND state = 'waiting-children'
+                  AND celery_ctx ? 'chordParts' FOR UPDATE)
+    UPDATE jobs SET celery_ctx = jsonb_set(jobs.celery_ctx, '{chordResults}',
+        COALESCE(jobs.celery_ctx -> 'chordResults', '{}'::jsonb)
+        || jsonb_build_object(CAST(:part AS text), CAST(:result AS jsonb)))
+    FROM body WHERE jobs.id = body.id
+    RETURNING jobs.celery_ctx
+    """
+)
+
+
+def record_part(session: Session, body_id: str, part_id: str, result: Any) -> dict[str, Any] | None:
+    """Keep a part's result on its chord's body; the body's context, or ``None`` if the body
+    is not a waiting Keel chord body (released already, failed, or not Keel's)."""
+    row = session.execute(
+        _RECORD_PART, {"body": body_id, "part": part_id, "result": json.dumps(result)}
+    ).first()
+    return dict(row[0]) if row is not None else None
+
+
+def is_keel_chord(session: Session, body_id: str) -> bool:
+    """Whether ``body_id`` is the body of a chord counted in the records."""
+    statement = text("SELECT celery_ctx ? 'chordParts' FROM jobs WHERE id = :id")
+    return bool(session.execute(statement, {"id": body_id}).scalar())
+
+
+def release_body(
+    session: Session, body_id: str, data: dict[str, Any], ctx: dict[str, Any]
+) -> ReadyJob | None:
+    """Every part ended: the body becomes waiting with its arguments (the caller publishes)."""
+    row = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting', data = CAST(:data AS jsonb),
+                celery_ctx = CAST(:ctx AS jsonb)
+            WHERE id = :id AND state = 'waiting-children'
+            RETURNING id, name, queue, data, celery_ctx, tenant_id
+            """
+        ),
+        {"id": body_id, "data": json.dumps(data), "ctx": json.dumps(ctx)},
+    ).first()
+    return ready_job(row) if row is not None else None
+
+
+def fail_body(session: Session, body_id: str, reason: str) -> ReadyJob | None:
+    """A part failed for good: the body fails without running (Celery's ``ChordError``)."""
+    row = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'failed', failed_reason = :reason,
+                finished_on = clock_timestamp()
+            WHERE id = :id AND state = 'waiting-children'
+            RETURNING id, name, queue, data, celery_ctx, tenant_id
+            """
+        ),
+        {"id": body_id, "reason": reason},
+    ).first()
+    return ready_job(row) if row is not None else None
