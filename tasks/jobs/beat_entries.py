@@ -173,6 +173,10 @@ def _plain(
 ) -> tuple[StoredSpec, str]:
     options = dict(entry.get("options") or {})
     task = app.tasks.get(name)
+    if registry.get(name) is not None:  # a job type whose task this app does not know as one
+        raise EntryRefused(f"{name} is a Keel job type but not a KeelTask in this app")
+    if task is None:  # as Celery's beat does; a worker that has it runs it
+        log.warning("beat_schedule task %s is not registered in this beat: sent by name", name)
     queue = options.get("queue") or getattr(task, "queue", None) or app.conf.task_default_queue
     message = CeleryMessage(
         args=_json(list(entry.get("args") or ()), "args"),

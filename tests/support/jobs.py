@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from celery import Task, shared_task
+
 from tasks.jobs import JobContext, UnrecoverableError, handler
 
 
@@ -96,3 +98,15 @@ def outlast(job: JobContext) -> dict:
             pass
         logging.getLogger(__name__).warning("test.outlast %s: first run woke up", job.id)
     return {"attempt": job.attempts_started}
+
+
+BEAT_TICKS_KEY = "keel:test:beat-ticks"
+
+
+@shared_task(name="test.beat_tick", base=Task)  # plain, whatever the app's default
+def beat_tick() -> None:
+    """A plain Celery task (no job record): notes each run's task id in Redis, so a test can
+    count how many times a ``beat_schedule`` entry fired it."""
+    from tasks.broker import redis_client
+
+    redis_client().rpush(BEAT_TICKS_KEY, beat_tick.request.id)
