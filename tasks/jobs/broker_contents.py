@@ -37,13 +37,27 @@ class TooMany(KeelError):
 
 @dataclass
 class Contents:
-    """Task ids found in the broker: messages (``ids``) and the tasks they lead to."""
+    """Task ids found in the broker: messages (``ids``) and the tasks they lead to.
+
+    What the messages lead to is read only when asked about a job that has no
+    message itself (decoding every body would triple the cost of a round that,
+    most of the time, finds every job in place).
+    """
 
     ids: set[str] = field(default_factory=set)
-    waited_for: set[str] = field(default_factory=set)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    _waited_for: set[str] | None = None
 
     def holds(self, job_id: str) -> bool:
         return job_id in self.ids or job_id in self.waited_for
+
+    @property
+    def waited_for(self) -> set[str]:
+        if self._waited_for is None:
+            self._waited_for = set()
+            for message in self.messages:
+                self._waited_for |= task_ids_in(_embedded(message))
+        return self._waited_for
 
     def add(self, message: Any) -> None:
         if not isinstance(message, dict):
@@ -51,7 +65,7 @@ class Contents:
         headers = message.get("headers")
         if isinstance(headers, dict) and isinstance(headers.get("id"), str):
             self.ids.add(headers["id"])
-        self.waited_for |= task_ids_in(_embedded(message))
+        self.messages.append(message)
 
 
 def task_ids_in(value: Any, depth: int = 0) -> set[str]:
