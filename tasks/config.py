@@ -111,6 +111,9 @@ class Settings(BaseSettings):
     stalled_interval_s: float = 5
     max_stalled_count: int = 1
     visibility_timeout_s: int = 60
+    # Waiting jobs whose message left the broker (a purge) are republished (tasks.jobs.reconcile).
+    reconcile_interval_s: float = 15
+    reconcile_grace_s: float = 10
     queue_limits: str = ""  # JSON; parsed by tasks.jobs.limits
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""

@@ -6,6 +6,11 @@ the next one, at most ``max_interval`` so changes made through the API reach
 a running beat within a second. Several beats may run at once: row locks
 with SKIP LOCKED and derived job ids keep it at one job per scheduled time.
 A tenant's scheduler fires under the tenant's quotas (``tasks.quotas``).
+
+The app's ``beat_schedule`` entries become system schedulers when beat
+starts (``tasks.jobs.beat_entries``), so they too fire once per scheduled
+time however many beats run; if the database is away at start, each tick
+tries again until it is done.
 """
 
 from __future__ import annotations
@@ -19,28 +24,41 @@ import redis
 from celery.beat import Scheduler
 
 from tasks import quotas
-from tasks.jobs import liveness, schedulers
+from tasks.jobs import beat_entries, liveness, schedulers
 
 log = logging.getLogger(__name__)
 
 
 class KeelScheduler(Scheduler):
-    """Fires Postgres-stored job schedulers instead of ``beat_schedule`` entries."""
+    """Fires Postgres-stored job schedulers, ``beat_schedule`` entries among them."""
 
     max_interval = 1.0
     _last_heartbeat = 0.0
     _alive: redis.Redis | None = None
+    _synced = False
 
     def setup_schedule(self) -> None:
         quotas.current()  # a malformed KEEL_TENANT_QUOTAS stops beat at start, loudly
-        if self.app.conf.beat_schedule:
-            log.warning("beat_schedule entries are ignored: use job schedulers (keel schedulers)")
+        self._sync_entries()
+
+    def _sync_entries(self) -> None:
+        try:
+            beat_entries.sync(self.app)
+        except Exception:  # the database may be away at start: the next tick tries again
+            log.warning("beat_schedule entries not stored yet; retrying", exc_info=True)
+            return
+        self._synced = True
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         self._heartbeat()
+        if not self._synced:
+            self._sync_entries()
         try:
-            for job_id in schedulers.fire_due(job_limits=quotas.current().jobs):
+            fired = schedulers.fire_due(job_limits=quotas.current().jobs)
+            for job_id in fired.job_ids:
                 log.info("scheduler fired job %s", job_id)
+            if fired.unsent:  # the broker is away: try those fires again in a while
+                return self.max_interval
             return schedulers.seconds_until_next(self.max_interval)
         except Exception:  # the database may be briefly away; try again shortly
             log.warning("firing job schedulers failed; retrying", exc_info=True)
@@ -62,4 +80,4 @@ class KeelScheduler(Scheduler):
 
     @property
     def info(self) -> str:
-        return "    . job schedulers: postgres (keel)"
+        return "    . job schedulers: postgres (keel), beat_schedule entries as beat:<name>"

@@ -17,7 +17,7 @@ from typing import Any
 from celery import bootsteps
 
 from tasks.config import get_settings
-from tasks.jobs import broker_reset, promote, stalls
+from tasks.jobs import broker_reset, promote, reconcile, stalls
 from tasks.jobs.store import counts
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class Maintenance(bootsteps.StartStopStep):
                 while promote.promote_once() >= promote.BATCH:
                     pass
                 broker_reset.check_epoch()
+                reconcile.when_due()
                 if time.monotonic() >= next_stalled_check:
                     next_stalled_check = time.monotonic() + settings.stalled_interval_s
                     stalls.requeue_stalled_once()

@@ -9,6 +9,12 @@ A template is judged at upsert like an API call (``registry.check_template``):
 a tenant may only schedule jobs declared schedulable by tenants, and the jobs
 it fires are owned by the scheduler's tenant and user, under the tenant's
 quota — identity never comes from the template's data.
+
+A system scheduler may instead send a plain Celery task message at each fire
+(``celeryMessage``: what a ``beat_schedule`` entry naming a task that is not a
+Keel job becomes, see ``tasks.jobs.beat_entries``). No record is kept for such
+a message; the row lock still makes it one message per scheduled time, sent
+before the fire is committed (a commit that then fails sends that fire again).
 """
 
 from __future__ import annotations
@@ -16,16 +22,20 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
+from tasks import broker
+from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import registry, tenancy
-from tasks.jobs.enqueue import add
+from tasks.jobs.enqueue import PUBLISH_RETRY, AddedJob, add
 from tasks.jobs.errors import JobNotFound, QuotaExceeded
 from tasks.jobs.models import JobSchedulerRecord
 from tasks.jobs.owner import Owner
@@ -41,6 +51,28 @@ class SchedulerSpec(Rule):
     """A rule plus the job template it fires (the stored form of a scheduler)."""
 
     template: JobTemplate
+
+
+class CeleryMessage(BaseModel):
+    """A plain Celery task message, sent as is at each fire (no job record is kept)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class StoredSpec(SchedulerSpec):
+    """What a scheduler row holds: a spec, or for a system scheduler a plain Celery message
+    to send instead of adding a job. Only ``upsert_plain`` writes one; the API and the CLI
+    build ``SchedulerSpec``, which refuses the field."""
+
+    celeryMessage: CeleryMessage | None = None
+
+
+class PublishFailed(Exception):
+    """A plain Celery message could not be sent: this fire is tried again at the next tick."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +125,19 @@ def upsert(
     job_type = registry.check_template(template.name, template.data, queue, tenant=tenant)
     if quota is not None and template.opts.delay > quota.jobs.max_delay_ms:
         raise tenancy.delay_too_long(quota.jobs)
+    return _save(scope, scheduler_id, spec, job_type.queue, quota)
+
+
+def upsert_plain(scheduler_id: str, spec: StoredSpec, queue: str) -> JobSchedulerRecord:
+    """A system scheduler that sends ``spec.celeryMessage`` (a task no job type declares)."""
+    if spec.celeryMessage is None:
+        raise ValueError("a plain scheduler needs a celeryMessage")
+    return _save(Scope(), scheduler_id, spec, queue, None)
+
+
+def _save(
+    scope: Scope, scheduler_id: str, spec: SchedulerSpec, queue: str, quota: Quota | None
+) -> JobSchedulerRecord:
     stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
     with transaction() as session:
         now = _now(session)
@@ -108,7 +153,7 @@ def upsert(
             )
             session.add(record)
         rule_changed = new or _rule_of(record.spec) != _rule_of(stored) or spec.immediately
-        record.queue = job_type.queue
+        record.queue = queue
         record.spec = stored
         record.created_by = scope.actor
         record.updated_at = now
@@ -128,7 +173,7 @@ def _check_room(session: Session, tenant_id: str, limit: int) -> None:
 
 
 def _rule_of(stored: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in stored.items() if k != "template"}
+    return {k: v for k, v in stored.items() if k not in ("template", "celeryMessage")}
 
 
 def remove(scope: Scope, scheduler_id: str) -> None:
@@ -137,6 +182,21 @@ def remove(scope: Scope, scheduler_id: str) -> None:
         if record is None:
             raise JobNotFound("job scheduler not found")
         session.delete(record)
+
+
+def remove_system_except(prefix: str, keep: set[str]) -> list[str]:
+    """Remove the system schedulers whose id starts with ``prefix``, except ``keep``."""
+    with transaction() as session:
+        gone = session.scalars(
+            delete(JobSchedulerRecord)
+            .where(
+                JobSchedulerRecord.tenant_id == SYSTEM,
+                JobSchedulerRecord.id.startswith(prefix, autoescape=True),
+                JobSchedulerRecord.id.not_in(keep),
+            )
+            .returning(JobSchedulerRecord.id)
+        ).all()
+    return sorted(gone)
 
 
 def get(scope: Scope, scheduler_id: str) -> JobSchedulerRecord:
@@ -159,17 +219,31 @@ def list_all(scope: Scope | None = None) -> list[JobSchedulerRecord]:
 def _fire(
     session: Session, record: JobSchedulerRecord, now: datetime, limits: TenantLimits | None
 ) -> str | None:
-    spec = SchedulerSpec.model_validate(record.spec)
+    spec = StoredSpec.model_validate(record.spec)
     at = record.next_run_at
     assert at is not None
     if spec.limit is not None and record.iteration_count >= spec.limit:
         record.next_run_at = None
         return None
-    template = spec.template
+    if spec.celeryMessage is not None:
+        _send(record, spec.template.name, spec.celeryMessage, at)
+        added = None
+    else:
+        added = _add(record, spec.template, at, limits)
+    record.iteration_count += 1
+    record.last_run_at = at
+    done = spec.limit is not None and record.iteration_count >= spec.limit
+    record.next_run_at = None if done else next_fire(spec, max(at, now), at)
+    return added.job_id if added is not None and added.created else None
+
+
+def _add(
+    record: JobSchedulerRecord, template: JobTemplate, at: datetime, limits: TenantLimits | None
+) -> AddedJob | None:
     opts = template.opts.model_copy(update={"job_id": fire_job_id(record.tenant_id, record.id, at)})
     owner = Owner(record.tenant_id, record.created_by or "scheduler") if record.tenant_id else None
     try:
-        added = add(
+        return add(
             template.name,
             template.data,
             queue=record.queue,
@@ -185,17 +259,47 @@ def _fire(
             at.isoformat(),
             refused,
         )
-        added = None
-    record.iteration_count += 1
-    record.last_run_at = at
-    done = spec.limit is not None and record.iteration_count >= spec.limit
-    record.next_run_at = None if done else next_fire(spec, max(at, now), at)
-    return added.job_id if added is not None and added.created else None
+        return None
 
 
-def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> list[str]:
-    """Fire every scheduler whose time has come; returns the ids of the jobs it added."""
-    fired: list[str] = []
+def _send(record: JobSchedulerRecord, name: str, message: CeleryMessage, at: datetime) -> None:
+    """Send a plain Celery message for this fire (its task id derives from the fire time).
+
+    Sent inside the firing transaction, like a promoted job's message: a beat
+    that dies before its commit leaves the fire due, and the next beat sends
+    it again — at least once, never silently lost. A broker that does not
+    answer raises ``PublishFailed`` and the fire stays due.
+    """
+    if record.tenant_id != SYSTEM:  # only upsert_plain writes these, in the system scope
+        raise ValueError("only system schedulers send plain Celery messages")
+    options = {
+        "task_id": fire_job_id(record.tenant_id, record.id, at),
+        "retry": True,
+        "retry_policy": PUBLISH_RETRY,
+        **message.options,
+    }
+    if broker.unreachable():
+        raise PublishFailed("the broker is unreachable")
+    started = time.monotonic()
+    try:
+        app.send_task(name, args=message.args, kwargs=message.kwargs, **options)
+    except Exception as exc:
+        broker.failed(exc, started)
+        raise PublishFailed(str(exc)) from exc
+    log.info("scheduler %s sent %s[%s]", record.id, name, options["task_id"])
+
+
+@dataclass
+class FireRound:
+    """What one round of firing did: the jobs it added, and fires left due (unsent)."""
+
+    job_ids: list[str]
+    unsent: int = 0
+
+
+def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRound:
+    """Fire every scheduler whose time has come."""
+    fired = FireRound([])
     with transaction() as session:
         now = _now(session)
         due = session.scalars(
@@ -209,12 +313,16 @@ def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> list[s
             try:
                 with session.begin_nested():  # one broken scheduler must not stop the others
                     job_id = _fire(session, record, now, job_limits)
+            except PublishFailed as exc:
+                log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
+                fired.unsent += 1
+                continue
             except Exception:
                 log.exception("scheduler %s/%s could not fire; parked", record.tenant_id, record.id)
                 _park(session, record)
                 continue
             if job_id:
-                fired.append(job_id)
+                fired.job_ids.append(job_id)
     return fired
 
 

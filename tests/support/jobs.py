@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from tasks.jobs import JobContext, KeelTask, UnrecoverableError, handler
@@ -159,3 +159,15 @@ def celery_part(self, index: int, label: str, fail_first: bool = False, ms: int 
     if fail_first and self.request.retries == 0:
         raise self.retry(exc=PlainFailure(f"part {index} first run"), countdown=0.3)
     return {"index": index, "label": label}
+
+
+BEAT_TICKS_KEY = "keel:test:beat-ticks"
+
+
+@shared_task(name="test.beat_tick", base=Task)  # plain, whatever the app's default
+def beat_tick() -> None:
+    """A plain Celery task (no job record): notes each run's task id in Redis, so a test can
+    count how many times a ``beat_schedule`` entry fired it."""
+    from tasks.broker import redis_client
+
+    redis_client().rpush(BEAT_TICKS_KEY, beat_tick.request.id)

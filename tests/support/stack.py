@@ -143,10 +143,11 @@ class WorkerProcess:
 
 @dataclass
 class BeatProcess:
-    """A real ``celery -A tasks beat`` subprocess with Keel's scheduler class."""
+    """A real ``celery -A <app> beat`` subprocess with Keel's scheduler class."""
 
     home: Path
     name: str
+    app: str = "tasks"  # a test app may add a beat_schedule (tests.support.beat_app)
     process: subprocess.Popen | None = None
 
     @property
@@ -159,7 +160,7 @@ class BeatProcess:
             "-m",
             "celery",
             "-A",
-            "tasks",
+            self.app,
             "beat",
             "-l",
             "INFO",

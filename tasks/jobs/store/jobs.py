@@ -551,3 +551,58 @@ def reset_for_retry(session: Session, job_id: str) -> None:
 
 def get(session: Session, job_id: str) -> JobRecord | None:
     return session.get(JobRecord, job_id)
+
+
+# --- reconciling with the broker --------------------------------------------------------------
+
+# A waiting job's message went out when it became waiting: at its insert, its promotion
+# (at or after ``run_at``) or a requeue after a claim (``processed_on``). The latest of
+# these is a lower bound of its last publish, so "older than" never picks a fresh add.
+_LAST_MOVE = "GREATEST(created_at, run_at, processed_on)"
+
+
+def queues_with_waiting(session: Session, older_than_s: float) -> list[str]:
+    """The queues that hold waiting jobs whose last publish is ``older_than_s`` old or more."""
+    rows = session.execute(
+        text(
+            f"SELECT DISTINCT queue FROM jobs WHERE state = 'waiting' "
+            f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) ORDER BY queue"
+        ),
+        {"age": older_than_s},
+    ).scalars()
+    return list(rows)
+
+
+def waiting_since(session: Session, queue: str, older_than_s: float, limit: int) -> list[ReadyJob]:
+    """Waiting jobs of ``queue`` published ``older_than_s`` ago or more, longest waiting first."""
+    rows = session.execute(
+        text(
+            f"SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            f"WHERE state = 'waiting' AND queue = :queue "
+            f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) "
+            f"ORDER BY {_LAST_MOVE} LIMIT :limit"
+        ),
+        {"queue": queue, "age": older_than_s, "limit": limit},
+    ).all()
+    return [ready_job(r) for r in rows]
+
+
+def still_waiting(session: Session, job_ids: Sequence[str]) -> set[str]:
+    """Which of these jobs are waiting now."""
+    rows = session.execute(
+        text("SELECT id FROM jobs WHERE id = ANY(:ids) AND state = 'waiting'"),
+        {"ids": list(job_ids)},
+    ).scalars()
+    return set(rows)
+
+
+def chords_held(session: Session) -> list[Any]:
+    """The chord callbacks that live jobs will count toward when they finish (one of each)."""
+    rows = session.execute(
+        text(
+            "SELECT DISTINCT celery_ctx -> 'chord' FROM jobs "
+            "WHERE state IN ('waiting', 'active', 'delayed', 'waiting-children') "
+            "AND jsonb_typeof(celery_ctx -> 'chord') = 'object'"
+        )
+    ).scalars()
+    return list(rows)

@@ -1,0 +1,123 @@
+"""``beat_schedule`` entries stored as system schedulers, and fired (real Postgres and Redis).
+
+What a beat start does (``beat_entries.sync``) and what a tick does with the
+rows (``schedulers.fire_due``), in this process; the same with real beat
+processes is in ``tests/integration/test_beat_schedule.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from contextlib import contextmanager
+
+import pytest
+from celery.schedules import crontab
+from sqlalchemy import text
+
+from tasks.broker import redis_client
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs import beat_entries, schedulers
+from tasks.jobs.schedulers import Scope, fire_job_id
+from tests.support.chaos import priority_lists
+from tests.support.client import unique
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+
+@contextmanager
+def beat_schedule(entries: dict):
+    before = app.conf.beat_schedule
+    app.conf.beat_schedule = entries
+    try:
+        yield
+    finally:
+        app.conf.beat_schedule = before
+
+
+def system_ids(prefix: str = beat_entries.PREFIX) -> set[str]:
+    return {r.id for r in schedulers.list_all(Scope()) if r.id.startswith(prefix)}
+
+
+def test_entries_are_upserted_refused_and_removed_by_name(caplog):
+    # Given a config with a good entry, a plain task entry and one that cannot be converted
+    entries = {
+        "echo": {"task": "test.echo", "schedule": 60.0, "kwargs": {"n": 1}},
+        "ping": {"task": "elsewhere.ping", "schedule": crontab(minute=0), "args": [1]},
+        "bad": {"task": "test.echo", "schedule": 60.0, "options": {"queue": "reports"}},
+    }
+    with caplog.at_level(logging.INFO, logger="tasks.jobs.beat_entries"), beat_schedule(entries):
+        synced = beat_entries.sync(app)
+    # Then the good ones are system schedulers, and the bad one is one error line naming it
+    assert system_ids() == {"beat:echo", "beat:ping"}
+    assert synced.refused == ["bad"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [
+        "beat_schedule entry 'bad' is not scheduled: test.echo runs on queue 'default', "
+        "not 'reports'"
+    ]
+    echo = schedulers.get(Scope(), "beat:echo")
+    assert echo.spec["every"] == 60_000 and echo.spec["template"]["data"] == {"n": 1}
+    ping = schedulers.get(Scope(), "beat:ping")
+    assert ping.spec["pattern"] == "0 * * * *"
+    assert ping.spec["celeryMessage"] == {"args": [1], "kwargs": {}, "options": {}}
+    first_fire = echo.next_run_at
+    # When beat starts again without "ping" (and with "echo" unchanged)
+    with beat_schedule({"echo": entries["echo"]}):
+        synced = beat_entries.sync(app)
+    # Then ping's scheduler is gone, echo keeps its next fire, other system schedulers stay
+    assert synced.removed == ["beat:ping"]
+    assert system_ids() == {"beat:echo"}
+    assert schedulers.get(Scope(), "beat:echo").next_run_at == first_fire
+    # And an empty beat_schedule removes them all
+    with beat_schedule({}):
+        beat_entries.sync(app)
+    assert system_ids() == set()
+
+
+def make_due(scheduler_id: str) -> None:
+    with transaction() as session:
+        session.execute(
+            text(
+                "UPDATE job_schedulers SET next_run_at = date_trunc('second', now()) "
+                "WHERE tenant_id = '' AND id = :id"
+            ),
+            {"id": scheduler_id},
+        )
+
+
+def test_a_plain_entry_sends_one_celery_message_per_fire():
+    # Given a plain task entry whose messages go to a queue no worker reads
+    queue = unique("plain")
+    entries = {
+        "plain": {
+            "task": "elsewhere.report",
+            "schedule": 3600,
+            "args": [7],
+            "kwargs": {"k": "v"},
+            "options": {"queue": queue},
+        }
+    }
+    with beat_schedule(entries):
+        beat_entries.sync(app)
+    make_due("beat:plain")
+    at = schedulers.get(Scope(), "beat:plain").next_run_at
+    # When two rounds of firing run (the second finds nothing due)
+    first, second = schedulers.fire_due(), schedulers.fire_due()
+    # Then one message was sent: the task by name, its args, kwargs and options, no job record
+    assert first.job_ids == second.job_ids == [] and first.unsent == 0
+    raw = [m for name in priority_lists(queue) for m in redis_client().lrange(name, 0, -1)]
+    assert len(raw) == 1
+    message = json.loads(raw[0])
+    assert message["headers"]["task"] == "elsewhere.report"
+    assert message["headers"]["id"] == fire_job_id("", "beat:plain", at)
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == ([7], {"k": "v"})
+    with transaction() as session:
+        assert session.execute(text("SELECT count(*) FROM jobs")).scalar() == 0
+    record = schedulers.get(Scope(), "beat:plain")
+    assert record.iteration_count == 1 and record.next_run_at > at
+    with beat_schedule({}):
+        beat_entries.sync(app)
