@@ -24,6 +24,7 @@ import redis
 from celery.beat import Scheduler
 
 from tasks import quotas
+from tasks.celery import load_job_modules
 from tasks.jobs import beat_entries, liveness, schedulers
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class KeelScheduler(Scheduler):
 
     def setup_schedule(self) -> None:
         quotas.current()  # a malformed KEEL_TENANT_QUOTAS stops beat at start, loudly
+        load_job_modules()  # every job type (KEEL_JOB_MODULES too) declared before any fire
         self._sync_entries()
 
     def _sync_entries(self) -> None:
