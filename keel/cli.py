@@ -19,6 +19,10 @@ from keel.shadowing import shadowing_tasks_module
 _SHADOWED = shadowing_tasks_module()
 if _SHADOWED is not None:  # nothing of Keel's would import: say why, in one line
     sys.exit(f"keel: {_SHADOWED}")
+# Your job modules (KEEL_JOB_MODULES) import from here, as they do in `python -m` children;
+# appended, so that Keel's own packages come first.
+if os.getcwd() not in sys.path:
+    sys.path.append(os.getcwd())
 
 from tasks.config import ProcessSettings, get_settings  # noqa: E402
 

@@ -133,10 +133,12 @@ def client(app):
 
 @pytest.fixture(scope="session")
 def keel_up(tmp_path_factory):
-    """One real ``keel up`` on a fresh home, shared by every test that does not kill it."""
+    """One real ``keel up`` on a fresh home, shared by every test that does not kill it;
+    it runs the README's example module too (``--include examples.hello_jobs``)."""
     from tests.support.keel_up import KeelUp
 
-    up = KeelUp(tmp_path_factory.mktemp("keel-up") / "home").start()
+    home = tmp_path_factory.mktemp("keel-up") / "home"
+    up = KeelUp(home, args=("--include", "examples.hello_jobs")).start()
     yield up
     if up.process is not None and up.process.poll() is None:
         up.stop(signal.SIGINT)

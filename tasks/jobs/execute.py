@@ -203,6 +203,7 @@ class KeelTask(Task):
                 park_for_republish([self.request.id], in_s=held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
+            self._announce_ignored("held by its queue's limits; it runs again later")
             raise Ignore() from None
 
     def _delivered_queue(self) -> str:
@@ -229,6 +230,7 @@ class KeelTask(Task):
             result = self._run_handler(claimed)
         except Defer as deferral:
             finish.deferred(claimed, deferral)
+            self._announce_ignored(f"deferred: {deferral}")
             raise Ignore() from None
         except RetryRequested as requested:
             self._failed(claimed, requested.exc or requested, retry_in_ms=requested.delay_ms)
@@ -251,6 +253,7 @@ class KeelTask(Task):
         try:
             finish.completed(claimed, result)
         except finish.NotOurs:
+            self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
         # Its chain's next step and its links were recorded with its end (tasks.jobs.canvas):
         # Celery's tracer must not send them a second time.
@@ -286,6 +289,7 @@ class KeelTask(Task):
                 claimed, exc, by_rules=by_rules, retry_in_ms=None if by_rules else retry_in_ms
             )
         except finish.NotOurs:
+            self._announce_ignored("taken over by another worker; this failure is not recorded")
             raise Ignore() from None
         if retrying is not None:
             raise Retry(retrying.reason, exc=exc, when=retrying.at)

@@ -77,5 +77,29 @@ def test_flower_lists_a_completed_report_job_by_its_job_id(client, flower):
     assert "generatedRows" in (task.get("result") or "")
 
 
+def test_an_ignored_delivery_is_shown_as_ignored_and_nothing_stays_started(flower):
+    from tasks.celery import app
+
+    # Given a delivery that no record accepts (a wake-up for a job that does not exist)
+    task_id = unique("ghost")
+    app.send_task("test.echo", kwargs={}, task_id=task_id, queue="default", headers={"keel": "1"})
+
+    # Then Flower shows it as IGNORED, not STARTED forever
+    def shown() -> dict | None:
+        task = requests.get(f"{flower}/api/tasks", auth=AUTH, timeout=5).json().get(task_id)
+        return task if task and task.get("state") not in (None, "RECEIVED", "STARTED") else None
+
+    assert wait_for(shown, timeout=20, interval=0.3)["state"] == "IGNORED"
+
+    # And once the stack is idle, no task is left STARTED
+    def none_started() -> bool:
+        started = requests.get(
+            f"{flower}/api/tasks", params={"state": "STARTED"}, auth=AUTH, timeout=5
+        ).json()
+        return not started
+
+    wait_for(none_started, timeout=60, interval=1)
+
+
 def test_flower_requires_its_basic_auth(flower):
     assert requests.get(f"{flower}/api/tasks", timeout=5).status_code == 401

@@ -64,6 +64,7 @@ class KeelUp:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
     runs: int = 0
+    args: tuple[str, ...] = ()  # after ``keel up``, e.g. ("--include", "examples.hello_jobs")
 
     def __post_init__(self) -> None:
         self.env = self.env or clean_env(self.home)
@@ -77,7 +78,11 @@ class KeelUp:
         self.runs += 1
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [KEEL, "up"], env=self.env, cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT
+                [KEEL, "up", *self.args],
+                env=self.env,
+                cwd=PROJECT_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         wait_for(self._announced, timeout=timeout, interval=0.3)
         return self

@@ -1,0 +1,1 @@
+"""Examples of jobs of your own, run with ``keel up --include examples.<module>``."""
