@@ -81,3 +81,16 @@ def inspected_revoked() -> set[str]:
     """The ids every running worker holds as revoked (Celery's ``inspect revoked``)."""
     replies = app.control.inspect(timeout=1).revoked() or {}
     return {job_id for ids in replies.values() for job_id in ids}
+
+
+def test_a_running_job_revoked_with_terminate_is_cancelled_and_its_run_ends(queue):
+    # Given a job running on the worker for a long while
+    running = add("test.sleep", {"ms": 60_000}, queue=queue).job_id
+    wait_state(running, "active", timeout=30)
+    # When it is revoked with terminate=True (Celery kills the process running it)
+    app.control.revoke(running, terminate=True)
+    # Then its record is cancelled, and the worker goes on with the next job
+    assert wait_state(running, "cancelled", timeout=CANCELLED_WITHIN_S)["attemptsStarted"] == 1
+    after = add("test.echo", {}, queue=queue).job_id
+    wait_state(after, "completed", timeout=30)
+    assert record(running)["state"] == "cancelled"
