@@ -23,6 +23,7 @@ the workers' memory.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection
 
 from celery.worker import state as worker_state
@@ -33,10 +34,35 @@ from tasks.jobs.models import CANCELLABLE_STATES, State
 log = logging.getLogger(__name__)
 
 
+# Discarded messages whose records could not be cancelled yet (the database was down):
+# Celery has acknowledged the message, so nothing else would ever wake these jobs.
+_unrecorded: dict[str, bool] = {}
+_unrecorded_lock = threading.Lock()
+
+
 def revoked_message(job_id: str, *, terminated: bool) -> list[str]:
-    """A worker discarded ``job_id``'s message (or killed its run): cancel its record."""
+    """A worker discarded ``job_id``'s message (or killed its run): cancel its record.
+
+    If the records cannot be reached, the next maintenance tick tries again.
+    """
     states = (*CANCELLABLE_STATES, State.ACTIVE) if terminated else CANCELLABLE_STATES
-    return cancel_many([job_id], states, by="revoke")
+    try:
+        return cancel_many([job_id], states, by="revoke")
+    except Exception:
+        with _unrecorded_lock:
+            _unrecorded[job_id] = terminated or _unrecorded.get(job_id, False)
+        raise
+
+
+def _retry_unrecorded() -> None:
+    with _unrecorded_lock:
+        pending = dict(_unrecorded)
+        _unrecorded.clear()
+    for job_id, terminated in pending.items():
+        try:
+            revoked_message(job_id, terminated=terminated)
+        except Exception as exc:  # kept again, for the next tick
+            log.warning("revoked job %s not cancelled yet: %s", job_id, exc.__class__.__name__)
 
 
 class RevokedWatch:
@@ -66,6 +92,8 @@ _WATCH = RevokedWatch()
 def cancel_revoked() -> list[str]:
     """One maintenance tick: cancel the records of jobs this worker was told to revoke.
 
-    Runs in the worker's main process, which holds the revoked set.
+    Runs in the worker's main process, which holds the revoked set (and where
+    ``task_revoked`` fires).
     """
+    _retry_unrecorded()
     return _WATCH.check(worker_state.revoked.as_dict().keys())

@@ -52,8 +52,8 @@ def cancel_revoked_job(
         return
     try:
         revocations.revoked_message(job_id, terminated=bool(terminated))
-    except Exception:  # the maintenance loop's revoked-set check tries again
-        log.exception("could not cancel revoked job %s", job_id)
+    except Exception:  # kept for the maintenance loop to try again
+        log.exception("could not cancel revoked job %s yet", job_id)
 
 
 @worker_process_init.connect

@@ -13,15 +13,18 @@ import threading
 import pytest
 from celery.worker import state as worker_state
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
+from keel.embedded import free_port
 from tasks.broker import redis_client
 from tasks.db import transaction
-from tasks.jobs import JobOptions, add
+from tasks.jobs import JobOptions, add, revocations
 from tasks.jobs.cancel import cancel
 from tasks.jobs.errors import JobConflict
 from tasks.jobs.store import jobs as store
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique, wait_state
+from tests.support.databases import using
 from tests.support.inline import join
 from tests.support.stack import wait_for
 
@@ -108,3 +111,13 @@ def test_ids_in_the_workers_revoked_set_are_cancelled_by_its_maintenance_loop():
     # Then within a few ticks the two that had not run are cancelled, the finished one stays
     wait_for(lambda: record(delayed)["state"] == record(waiting)["state"] == "cancelled", 10)
     assert record(finished)["state"] == "completed"
+
+
+def test_a_discarded_message_whose_record_was_unreachable_is_cancelled_later():
+    # Given a waiting job whose revoked message a worker discards while Postgres is unreachable
+    job = add("test.echo", {}, queue=unique("quiet")).job_id
+    unreachable = f"postgresql://postgres:@127.0.0.1:{free_port()}/none"
+    with using(unreachable), pytest.raises(OperationalError):
+        revocations.revoked_message(job, terminated=False)
+    # When the records are back, then the worker's maintenance loop cancels it
+    wait_for(lambda: record(job)["state"] == "cancelled", 10)
