@@ -11,10 +11,11 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from celery import shared_task
 from sqlalchemy import func, select
 
 from tasks.db import transaction
-from tasks.jobs import Deduplication, JobOptions, Owner, add
+from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add, registry
 from tasks.jobs.models import RetryAudit
 from tasks.jobs.store.counts import counts
 from tests.support import events as job_events
@@ -24,6 +25,16 @@ from tests.support.inline import join
 pytestmark = pytest.mark.usefixtures("inline_worker")
 URL = "/api/v1/jobs"
 DAY_MS = 86_400_000
+CELERY_STYLE = "test.args_echo"
+
+
+@shared_task(name=CELERY_STYLE, base=KeelTask, queue="default")
+def args_echo(*args, **kwargs) -> dict:
+    """A Celery-style task (``run(*args, **kwargs)``) that tenants may submit."""
+    return {"args": list(args), "kwargs": kwargs}
+
+
+registry.declare(registry.JobType(CELERY_STYLE, "default", submittable=True))
 
 
 def assert_error(response, status: int, field: str | None = None) -> dict:
@@ -98,6 +109,22 @@ def test_a_refused_submission_is_400_naming_the_field(client, body, field):
     response = client.post(URL, json=body, headers=headers)
     assert_error(response, 400, field)
     assert client.get(URL, headers=headers).get_json()["jobs"] == []
+
+
+def test_a_celery_style_task_takes_args_and_kwargs_stored_as_delay_stores_them(client):
+    # Given a delayed submission of a Celery-style task with positional and named arguments
+    headers = bearer(tenant=unique("t"))
+    body = {"args": [1, "two"], "kwargs": {"three": 3}, "opts": {"delay": DAY_MS}}
+    accepted = submit(client, headers, name=CELERY_STYLE, **body)
+    # Then the job's data is what .delay(1, "two", three=3) records
+    shown = client.get(accepted["statusUrl"], headers=headers).get_json()
+    assert shown["data"] == {"args": [1, "two"], "kwargs": {"three": 3}}
+    # And identity cannot ride in the keyword arguments, nor data come with them
+    refused = {"name": CELERY_STYLE, "kwargs": {"userId": "bob"}}
+    assert_error(client.post(URL, json=refused, headers=headers), 400, "kwargs")
+    both = {"name": CELERY_STYLE, "data": {}, "args": [1]}
+    assert_error(client.post(URL, json=both, headers=headers), 400, "data")
+    client.delete(accepted["statusUrl"], headers=headers)
 
 
 def test_a_delay_past_the_tenant_quota_is_400_naming_the_limit(client):
