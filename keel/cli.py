@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +26,9 @@ if os.getcwd() not in sys.path:
     sys.path.append(os.getcwd())
 
 from tasks.config import ProcessSettings, get_settings  # noqa: E402
+
+if TYPE_CHECKING:
+    from tasks.jobs.models import JobRecord
 
 
 @click.group()
@@ -220,6 +224,129 @@ def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     except JobNotFound:
         raise click.ClickException(f"no scheduler {scheduler_id!r}") from None
     click.echo(f"removed {scheduler_id}")
+
+
+@main.group("jobs")
+def jobs_group() -> None:
+    """Job records of every tenant and the system (the system scope)."""
+
+
+def _job_line(job: JobRecord) -> str:
+    from tasks.jobs.queries import describe_full
+
+    return json.dumps({**describe_full(job), "tenantId": job.tenant_id}, default=str)
+
+
+# The job states (``tasks.jobs.models.State``), spelled out: importing the models would
+# make every ``keel`` command pay for SQLAlchemy.
+JOB_STATES = (
+    "waiting",
+    "active",
+    "delayed",
+    "completed",
+    "failed",
+    "waiting-children",
+    "cancelled",
+)
+
+
+@jobs_group.command("list")
+@click.option("--queue")
+@click.option("--state", type=click.Choice(JOB_STATES))
+@click.option("--name", "job_name", help="job name, e.g. report.generate")
+@click.option("--tenant", help="one tenant's jobs (default: every tenant's and the system's)")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
+@click.option("--cursor", help="the cursor printed after the previous page")
+def jobs_list(
+    queue: str | None,
+    state: str | None,
+    job_name: str | None,
+    tenant: str | None,
+    limit: int,
+    cursor: str | None,
+) -> None:
+    """Print jobs as JSON lines, newest first; the next page's cursor goes to stderr."""
+    from tasks.jobs.errors import KeelError
+    from tasks.jobs.queries import list_jobs
+    from tasks.jobs.store.listing import JobFilter
+
+    where = JobFilter(tenant_id=tenant, queue=queue, state=state, name=job_name)
+    try:
+        page = list_jobs(where, cursor=cursor, limit=limit)
+    except KeelError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cursor") from None
+    for job in page.jobs:
+        click.echo(_job_line(job))
+    if page.next_cursor is not None:
+        click.echo(f"next: --cursor {page.next_cursor}", err=True)
+
+
+@jobs_group.command("show")
+@click.argument("job_id")
+def jobs_show(job_id: str) -> None:
+    """Print one job (any tenant's) as JSON."""
+    from tasks.jobs.queries import get
+
+    job = get(job_id)
+    if job is None:
+        raise click.ClickException(f"no job {job_id!r}")
+    click.echo(_job_line(job))
+
+
+@jobs_group.command("cancel")
+@click.argument("job_id")
+def jobs_cancel(job_id: str) -> None:
+    """Cancel a waiting or delayed job: it becomes cancelled and never runs."""
+    from tasks.jobs.cancel import cancel
+    from tasks.jobs.errors import KeelError
+
+    try:
+        job = cancel(job_id, None)
+    except KeelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(_job_line(job))
+
+
+@jobs_group.command("retry")
+@click.argument("job_id")
+@click.option("--reason", required=True, help="why (kept in the audit trail; 10+ characters)")
+@click.option("--by", "actor", required=True, help="who is retrying (kept in the audit trail)")
+def jobs_retry(job_id: str, reason: str, actor: str) -> None:
+    """Give a failed job its full attempts again, audited first (as the API's retry)."""
+    from tasks.celery import load_job_modules
+    from tasks.jobs.errors import KeelError
+    from tasks.jobs.manual_retry import RetryRequest, retry
+
+    if not 10 <= len(reason) <= 2000:
+        raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
+    load_job_modules()  # every job type's retry rules declared
+    try:
+        retry(RetryRequest(job_id=job_id, queue=None, owner=None, actor=actor, reason=reason))
+    except KeelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"retrying {job_id}")
+
+
+@jobs_group.command("republish")
+@click.option("--queue", default=None, help="one queue (default: every queue with waiting jobs)")
+@click.option(
+    "--older-than",
+    "older_than_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="seconds since a job was last published",
+)
+def jobs_republish(queue: str | None, older_than_s: float) -> None:
+    """Republish waiting jobs whose message the broker no longer holds (after a purge)."""
+    from tasks.jobs.errors import KeelError
+    from tasks.jobs.reconcile import republish_lost
+
+    try:
+        count = republish_lost(queue, older_than_s=older_than_s)
+    except KeelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"republished {count} job(s)")
 
 
 @main.command("provider-sandbox", context_settings={"ignore_unknown_options": True})

@@ -34,6 +34,7 @@ class Operation:
     path_params: list[str] = field(default_factory=list)
     produces: str = "application/json"
     param_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    query: type[BaseModel] | None = None
 
 
 OPERATIONS: list[Operation] = []
@@ -205,6 +206,33 @@ def validate(model: type[BaseModel], payload: Any) -> BaseModel:
         ) from None
 
 
+def validate_query(model: type[BaseModel]) -> BaseModel:
+    """The query string as ``model`` (400 for an unknown, repeated or invalid parameter).
+
+    Query values are strings, so the model reads them laxly (``limit=20`` is 20);
+    a repeated parameter would be silently cut to its first value, so it is refused.
+    """
+    repeated = [name for name, values in request.args.lists() if len(values) > 1]
+    if repeated:
+        raise ApiError(
+            400,
+            "a query parameter is repeated",
+            code="validation_failed",
+            details=[
+                {"field": name, "type": "repeated", "message": "give it once"} for name in repeated
+            ],
+        )
+    try:
+        return model.model_validate(request.args.to_dict())
+    except ValidationError as exc:
+        raise ApiError(
+            400,
+            "the query string is invalid",
+            code="validation_failed",
+            details=validation_details(exc),
+        ) from None
+
+
 def _openapi_path(rule: str) -> tuple[str, list[str]]:
     params = re.findall(r"<(?:[^:<>]+:)?([^<>]+)>", rule)
     return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule), params
@@ -222,10 +250,12 @@ def operation(
     role: str | None = None,
     produces: str = "application/json",
     params: dict[str, str] | None = None,
+    query: type[BaseModel] | None = None,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
-    The view receives the validated body as ``body=`` when ``body`` is set.
+    The view receives the validated body as ``body=`` when ``body`` is set, and
+    the validated query string as ``query=`` when ``query`` is.
     ``params`` narrows path parameters to a regex (else ``PATH_PARAM_PATTERN``);
     both the document and the check before the view use it.
     """
@@ -238,6 +268,8 @@ def operation(
         @wraps(view)
         def with_body(*args: Any, **kwargs: Any) -> Any:
             check_path_params(param_schemas, kwargs)
+            if query is not None:
+                kwargs["query"] = validate_query(query)
             if body is not None:
                 kwargs["body"] = validate(body, parse_json_body())
             return view(*args, **kwargs)
@@ -256,6 +288,7 @@ def operation(
                 names,
                 produces,
                 param_schemas,
+                query,
             )
         )
         return endpoint

@@ -3,9 +3,9 @@
 The events are read from the queue's Redis stream, so they come from
 whichever process wrote them: the API that added the job, the worker that
 ran it, the promoter that republished it. Past events are replayed first;
-then new ones follow until the job's terminal event (``completed`` or
-``failed``) or until ``timeout`` seconds have passed. A client that
-reconnects with ``Last-Event-ID`` resumes after that event.
+then new ones follow until the job's terminal event (``completed``,
+``failed`` or ``cancelled``) or until ``timeout`` seconds have passed. A
+client that reconnects with ``Last-Event-ID`` resumes after that event.
 
 A stream holds a server thread while it is open, so it lets go as soon as
 it has no reason to stay: a client that closed its connection is noticed at
@@ -41,7 +41,7 @@ from web.serving import STOPPING, STREAM_SLOTS
 log = logging.getLogger(__name__)
 bp = Blueprint("events", __name__, url_prefix="/api/v1/reports")
 
-TERMINAL_EVENTS = ("completed", "failed")
+TERMINAL_EVENTS = ("completed", "failed", "cancelled")
 DEFAULT_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 300.0
 POLL_S = 0.2
@@ -181,7 +181,7 @@ def _resume_after() -> str:
     "/jobs/<job_id>/events",
     "GET",
     summary="A report job's events as Server-Sent Events (replayed, then live); "
-    "ends after completed/failed or ?timeout= seconds (default 30, max 300); "
+    "ends after completed/failed/cancelled or ?timeout= seconds (default 30, max 300); "
     "503 when the server has no room for another stream",
     responses={200: None, 400: None, 401: None, 404: None, 503: None},
     produces="text/event-stream",

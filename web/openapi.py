@@ -20,6 +20,27 @@ def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str
     return {"$ref": REF.format(model=model.__name__)}
 
 
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A query model's fields as OpenAPI parameters (a query value is never ``null``)."""
+    schema = model.model_json_schema()
+    required = set(schema.get("required", []))
+    parameters = []
+    for name, field in schema["properties"].items():
+        variants = [v for v in field.get("anyOf", [field]) if v.get("type") != "null"]
+        described = {k: v for k, v in field.items() if k not in ("anyOf", "title")}
+        if described.get("default", "") is None:
+            del described["default"]
+        parameters.append(
+            {
+                "name": name,
+                "in": "query",
+                "required": name in required,
+                "schema": {**variants[0], **described} if len(variants) == 1 else field,
+            }
+        )
+    return parameters
+
+
 def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
     error_ref = _schema(Error, components)
     responses: dict[str, Any] = {}
@@ -44,7 +65,7 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
                 "403",
                 {"description": "403", "content": {"application/json": {"schema": error_ref}}},
             )
-    if op.body is not None or op.path_params:  # bodies and path parameters are validated
+    if op.body is not None or op.path_params or op.query is not None:  # all validated
         responses.setdefault(
             "400", {"description": "400", "content": {"application/json": {"schema": error_ref}}}
         )
@@ -53,11 +74,14 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
             "413", {"description": "413", "content": {"application/json": {"schema": error_ref}}}
         )
     spec: dict[str, Any] = {"summary": op.summary, "responses": responses}
-    if op.path_params:
-        spec["parameters"] = [
-            {"name": p, "in": "path", "required": True, "schema": op.param_schemas[p]}
-            for p in op.path_params
-        ]
+    parameters = [
+        {"name": p, "in": "path", "required": True, "schema": op.param_schemas[p]}
+        for p in op.path_params
+    ]
+    if op.query is not None:
+        parameters += _query_parameters(op.query)
+    if parameters:
+        spec["parameters"] = parameters
     if op.body is not None:
         spec["requestBody"] = {
             "required": True,

@@ -14,7 +14,7 @@ from tasks.reports import service
 from tasks.reports.jobs import QUEUE, ReportRequest
 from web.api import operation
 from web.errors import ApiError
-from web.schemas import JobAccepted, JobStatus, Open, Strict
+from web.schemas import JobAccepted, JobStatus, Open, RetryJob
 
 bp = Blueprint("reports", __name__, url_prefix="/api/v1/reports")
 
@@ -79,10 +79,6 @@ def create_report(body: CreateReport):
 def get_job(job_id: str):
     principal = g.principal
     return describe(service.get_job(principal.owner, job_id, tenant_wide=principal.operator))
-
-
-class RetryJob(Strict):
-    reason: str = Field(min_length=10, max_length=2000)
 
 
 @operation(

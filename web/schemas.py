@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.jobs.models import STATES
+
 
 class Strict(BaseModel):
     """Bodies: no unknown fields, no type coercion."""
@@ -35,11 +37,7 @@ class JobAccepted(Open):
 class JobStatus(Open):
     jobId: str
     name: str
-    state: str = Field(
-        json_schema_extra={
-            "enum": ["waiting", "active", "delayed", "completed", "failed", "waiting-children"]
-        }
-    )
+    state: str = Field(json_schema_extra={"enum": [str(state) for state in STATES]})
     progress: Any
     attemptsMade: int
     attemptsStarted: int
@@ -49,6 +47,29 @@ class JobStatus(Open):
     processedOn: str | None
     finishedOn: str | None
     runAt: str | None
+
+
+class JobSummary(JobStatus):
+    """A job in a listing: its status, queue and user (its data only on its own page)."""
+
+    queue: str
+    userId: str | None
+
+
+class JobView(JobSummary):
+    """One job, with what it was added with."""
+
+    data: Any
+    opts: Any
+
+
+class JobList(Open):
+    jobs: list[JobSummary]
+    nextCursor: str | None = Field(description="pass as ?cursor= for the next page; null: last")
+
+
+class RetryJob(Strict):
+    reason: str = Field(min_length=10, max_length=2000)
 
 
 class Health(Open):

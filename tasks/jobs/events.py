@@ -2,6 +2,7 @@
 
 Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
 completed, failed, retrying, delayed, deduplicated, stalled``, plus
+``cancelled`` (a job cancelled or revoked before it ran, ``tasks.jobs.cancel``) and
 ``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
 best effort: a job never fails because its event could not be written, and
 while Redis is unreachable (``tasks.broker``) events are dropped at once
@@ -32,6 +33,7 @@ EVENT_NAMES = (
     "delayed",
     "deduplicated",
     "stalled",
+    "cancelled",
     "dead-lettered",
 )
 

@@ -17,7 +17,7 @@ from typing import Any
 from celery import bootsteps
 
 from tasks.config import get_settings
-from tasks.jobs import broker_reset, promote, reconcile, stalls
+from tasks.jobs import broker_reset, promote, reconcile, revocations, stalls
 from tasks.jobs.store import counts
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class Maintenance(bootsteps.StartStopStep):
         next_stalled_check = time.monotonic()
         while not self._stop.wait(settings.promote_interval_s):
             try:
+                revocations.cancel_revoked()  # before promotion: a revoked job is never published
                 while promote.promote_once() >= promote.BATCH:
                     pass
                 broker_reset.check_epoch()

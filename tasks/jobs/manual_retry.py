@@ -28,6 +28,35 @@ from tasks.jobs.store import jobs as store
 
 # The domain says what else makes a retry pointless (e.g. a stored result): a message, or None.
 ConflictCheck = Callable[[Session, JobRecord], str | None]
+AuditIds = Callable[[JobRecord], dict[str, Any]]
+
+
+def _no_conflict(session: Session, job: JobRecord) -> str | None:
+    return None
+
+
+def _job_ids(job: JobRecord) -> dict[str, Any]:
+    """Non-secret identifiers only: never the job's data."""
+    return {"jobId": job.id, "name": job.name}
+
+
+@dataclass(frozen=True)
+class RetryRules:
+    """A job type's rules for manual retries: its audit ids, and what else refuses one."""
+
+    audit_ids: AuditIds = _job_ids
+    conflicts: ConflictCheck = _no_conflict
+
+
+_RULES: dict[str, RetryRules] = {}
+
+
+def declare_rules(name: str, rules: RetryRules) -> None:
+    _RULES[name] = rules
+
+
+def rules_for(name: str) -> RetryRules:
+    return _RULES.get(name) or RetryRules()
 
 
 @dataclass(frozen=True)
@@ -35,11 +64,12 @@ class RetryRequest:
     """An operator's retry: ``owner`` is the operator's tenant (``tenant_wide``) or itself.
 
     ``owner`` ``None``: the caller already checked who may retry this job (a campaign's
-    resume retries the campaign's own internal jobs, some of which have no owner).
+    resume retries the campaign's own internal jobs, some of which have no owner; the
+    CLI acts for the system). ``queue`` ``None``: a job of any queue.
     """
 
     job_id: str
-    queue: str
+    queue: str | None
     owner: Owner | None
     actor: str
     reason: str
@@ -49,7 +79,7 @@ class RetryRequest:
 def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
     job = store.lock(session, request.job_id)
     visible = request.owner is None or owned_by(job, request.owner, tenant_wide=request.tenant_wide)
-    if job is None or not visible or job.queue != request.queue:
+    if job is None or not visible or request.queue not in (None, job.queue):
         raise JobNotFound("job not found")
     return job
 
@@ -97,10 +127,19 @@ def _audit(session: Session, job: JobRecord, request: RetryRequest, ids: dict[st
     )
 
 
+def retry(request: RetryRequest) -> JobRecord:
+    """Retry a failed job of any type, by the rules its type declared (``declare_rules``)."""
+    return retry_failed(
+        request,
+        audit_ids=lambda job: rules_for(job.name).audit_ids(job),
+        conflicts=lambda session, job: rules_for(job.name).conflicts(session, job),
+    )
+
+
 def retry_failed(
     request: RetryRequest,
     *,
-    audit_ids: Callable[[JobRecord], dict[str, Any]],
+    audit_ids: AuditIds,
     conflicts: ConflictCheck,
 ) -> JobRecord:
     """Give a failed job its full attempts again; returns the job as it was before."""

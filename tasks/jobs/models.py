@@ -37,11 +37,15 @@ class State(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     WAITING_CHILDREN = "waiting-children"
+    CANCELLED = "cancelled"
 
 
 STATES = tuple(State)
-FINISHED_STATES = (State.COMPLETED, State.FAILED)
+# Final: nothing moves a job out of these but an operator's retry (failed only).
+FINISHED_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED)
 LIVE_STATES = (State.WAITING, State.ACTIVE, State.DELAYED, State.WAITING_CHILDREN)
+# What a cancel (or Celery's revoke) may stop: a job that has not started a run.
+CANCELLABLE_STATES = (State.WAITING, State.DELAYED, State.WAITING_CHILDREN)
 
 
 class JobRecord(Base):
@@ -75,7 +79,8 @@ class JobRecord(Base):
 
     __table_args__ = (
         CheckConstraint(
-            "state IN ('waiting','active','delayed','completed','failed','waiting-children')",
+            "state IN ('waiting','active','delayed','completed','failed','waiting-children',"
+            "'cancelled')",
             name="state",
         ),
         Index("ix_jobs_queue_state", "queue", "state"),
@@ -90,7 +95,7 @@ class JobRecord(Base):
             "tenant_id",
             "state",
             "finished_on",
-            postgresql_where=text("state IN ('completed','failed')"),
+            postgresql_where=text("state IN ('completed','failed','cancelled')"),
         ),
         Index(
             "ix_jobs_tenant_live",
@@ -99,7 +104,9 @@ class JobRecord(Base):
             "state",
             postgresql_where=text("state IN ('waiting', 'active', 'delayed', 'waiting-children')"),
         ),
-        Index("ix_jobs_owner", "tenant_id", "user_id"),
+        # Listings, newest first by (created_at, id): a user's jobs, a tenant's jobs.
+        Index("ix_jobs_owner", "tenant_id", "user_id", "created_at", "id"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
     )
 

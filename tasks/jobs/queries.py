@@ -1,15 +1,28 @@
-"""Reading jobs the way the API shows them: owner-scoped, in BullMQ's field names."""
+"""Reading jobs the way the API shows them: owner-scoped, in BullMQ's field names.
+
+Pages of jobs (``list_jobs``) are newest first; the cursor that continues a
+page is opaque to clients (base64 of the last job's key, ``store.listing``).
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from tasks.db import transaction
-from tasks.jobs.errors import JobNotFound
+from tasks.jobs.errors import JobNotFound, KeelError
 from tasks.jobs.models import JobRecord
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
+from tasks.jobs.store import listing
+from tasks.jobs.store.listing import JobFilter, PageKey
+
+MAX_PAGE = 100
+DEFAULT_PAGE = 20
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -39,6 +52,11 @@ def describe(job: JobRecord) -> dict[str, Any]:
     }
 
 
+def describe_full(job: JobRecord) -> dict[str, Any]:
+    """``describe`` plus what the job was added with: its data, options and user."""
+    return {**describe(job), "data": job.data, "opts": job.opts, "userId": job.user_id}
+
+
 def owned_by(job: JobRecord | None, owner: Owner, *, tenant_wide: bool = False) -> bool:
     """Whether ``owner`` may see ``job``: its own, or (``tenant_wide``, operators) its tenant's."""
     if job is None or job.tenant_id != owner.tenant_id:
@@ -61,3 +79,66 @@ def get_owned(
 def get(job_id: str) -> JobRecord | None:
     with transaction() as session:
         return store.get(session, job_id)
+
+
+class InvalidCursor(KeelError):
+    """The cursor is not one this API gave out."""
+
+    code = "validation_failed"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "invalid cursor",
+            details=[{"field": "cursor", "type": "cursor", "message": "not a cursor of this API"}],
+        )
+
+
+def encode_cursor(job: JobRecord) -> str:
+    key = json.dumps([job.created_at.isoformat(), job.id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(key.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> PageKey:
+    """The key a cursor stands for; ``InvalidCursor`` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, job_id = json.loads(raw)
+        moment = datetime.fromisoformat(created_at)
+    except (binascii.Error, ValueError, TypeError):
+        raise InvalidCursor() from None
+    if not _storable_id(job_id) or moment.tzinfo is None:
+        raise InvalidCursor()
+    return PageKey(moment, job_id)
+
+
+def _storable_id(value: object) -> bool:
+    """What a job id column can hold (a NUL or a lone surrogate would fail in the database)."""
+    if not isinstance(value, str) or not 0 < len(value) <= 200:
+        return False
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of jobs, and the cursor of the next (``None``: this is the last)."""
+
+    jobs: list[JobRecord]
+    next_cursor: str | None
+
+
+def list_jobs(where: JobFilter, *, cursor: str | None = None, limit: int = DEFAULT_PAGE) -> JobPage:
+    """A page of the jobs ``where`` selects, newest first, after ``cursor`` if given."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise KeelError(f"limit must be 1..{MAX_PAGE}")
+    after = decode_cursor(cursor) if cursor is not None else None
+    with transaction() as session:
+        found = list(listing.page(session, where, after, limit + 1))
+    jobs = found[:limit]
+    more = len(found) > limit
+    return JobPage(jobs, encode_cursor(jobs[-1]) if more else None)

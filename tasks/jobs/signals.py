@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import task_unknown, worker_process_init
+from celery.signals import task_revoked, task_unknown, worker_process_init
 
 from tasks import db
 from tasks.db import transaction
-from tasks.jobs import events, finish
+from tasks.jobs import events, finish, revocations
 from tasks.jobs.models import State
 from tasks.jobs.store import jobs as store
 
@@ -40,6 +40,20 @@ def fail_unknown_job(
         return
     if job is not None:
         events.emit(queue or "unknown", "failed", id, name, failedReason=f"unsupported job: {name}")
+
+
+@task_revoked.connect
+def cancel_revoked_job(
+    sender: Any = None, request: Any = None, terminated: bool = False, **kw: Any
+) -> None:
+    """A revoked (or expired) message was discarded: its job is cancelled, never run."""
+    job_id = getattr(request, "id", None)
+    if not job_id:
+        return
+    try:
+        revocations.revoked_message(job_id, terminated=bool(terminated))
+    except Exception:  # kept for the maintenance loop to try again
+        log.exception("could not cancel revoked job %s yet", job_id)
 
 
 @worker_process_init.connect

@@ -7,6 +7,7 @@ import signal
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
 
 from tasks.config import get_settings
 from tasks.db import transaction
@@ -20,6 +21,8 @@ from tasks.jobs import (
     UnrecoverableError,
     handler,
 )
+from tasks.jobs.manual_retry import RetryRules, declare_rules
+from tasks.jobs.models import JobRecord
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
@@ -143,3 +146,37 @@ def cleanup_reports(job: JobContext) -> dict:
         raise UnrecoverableError("keepDays must be a non-negative integer")
     with transaction() as session:
         return {"removed": artifacts.remove_older_than(session, keep_days)}
+
+
+def key_of(job: JobRecord) -> str | None:
+    """The operation key of a report job, from its owner and data; None if it has none."""
+    data = job.data
+    report_id, rows = data.get("reportId"), data.get("rows")
+    if job.name != GENERATE or not (job.tenant_id and job.user_id):
+        return None
+    if not isinstance(report_id, str) or not isinstance(rows, int):
+        return None
+    return operation_key(job.tenant_id, job.user_id, report_id, rows)
+
+
+def result_exists(session: Session, job: JobRecord) -> str | None:
+    """A manual retry of a report already stored is pointless (409)."""
+    key = key_of(job)
+    if key is not None and artifacts.find(session, key) is not None:
+        return "the report for this operation already exists"
+    return None
+
+
+def audit_ids(job: JobRecord) -> dict:
+    """Non-secret identifiers only: never the whole payload."""
+    return {
+        "reportId": job.data.get("reportId"),
+        "rows": job.data.get("rows"),
+        "operationKey": key_of(job),
+    }
+
+
+# Declared with the handler: a report job retried through the generic jobs API or the
+# CLI is judged exactly as through POST /api/v1/reports/jobs/<id>/retry.
+RETRY_RULES = RetryRules(audit_ids=audit_ids, conflicts=result_exists)
+declare_rules(GENERATE, RETRY_RULES)

@@ -112,3 +112,19 @@ def test_one_round_at_a_time():
             republish_lost(older_than_s=0, wait_s=0)
     finally:
         lock.release()
+
+
+def test_keel_jobs_republish_runs_one_round():
+    from click.testing import CliRunner
+
+    from keel.cli import main
+
+    queue = unique("cli")
+    jobs = add_echoes(queue, 3)
+    assert purge(queue) == 3
+    result = CliRunner().invoke(
+        main, ["jobs", "republish", "--queue", queue, "--older-than", "0"], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "republished 3 job(s)" in result.output
+    assert queued_ids(queue) == jobs

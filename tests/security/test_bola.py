@@ -72,6 +72,7 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
         "template": "hi {name}",
         "recipientCount": 1,
     },
+    "SubmitJob": lambda: {"name": "test.echo", "data": {"from": "the matrix"}},
 }
 
 

@@ -57,6 +57,16 @@ CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
     ("POST", "/api/v1/campaigns"): {
         "template": "must render no message past the provider's 10,000 characters",
     },
+    ("GET", "/api/v1/jobs"): {
+        "cursor": "must be a nextCursor this API returned",
+    },
+    ("POST", "/api/v1/jobs"): {
+        "name": "must name a job its tenant may submit",
+        "data": "must be data that job takes, with no identity fields; not with args/kwargs",
+        "args": "only for a Celery-style task",
+        "kwargs": "only for a Celery-style task, with no identity fields",
+        "opts.backoff": "its longest wait must be at most maxDelaySeconds",
+    },
 }
 
 # Detail types that may answer any operation: JSON Schema strings may hold NUL and

@@ -120,6 +120,51 @@ HOSTILE_BODIES = [
         None,
     ),
     (
+        "NUL in submitted job data",
+        "POST",
+        "/api/v1/jobs",
+        {"name": "test.echo", "data": {"k": "a\x00b"}},
+        "data.k",
+    ),
+    (
+        "submitted delay past any interval",
+        "POST",
+        "/api/v1/jobs",
+        {"name": "test.echo", "opts": {"delay": 10**30}},
+        "opts.delay",
+    ),
+    (
+        "submitted backoff doubling past any interval",
+        "POST",
+        "/api/v1/jobs",
+        {
+            "name": "test.echo",
+            "opts": {"attempts": 100, "backoff": {"type": "exponential", "delay": 1000}},
+        },
+        "opts.backoff",
+    ),
+    (
+        "submitted retention past any LIMIT",
+        "POST",
+        "/api/v1/jobs",
+        {"name": "test.echo", "opts": {"removeOnFail": {"count": 10**30}}},
+        None,
+    ),
+    (
+        "a chosen job id (another tenant's, say)",
+        "POST",
+        "/api/v1/jobs",
+        {"name": "test.echo", "opts": {"jobId": "repeat:0123:1700000000000"}},
+        "opts.jobId",
+    ),
+    (
+        "a deduplication id shared with another tenant",
+        "POST",
+        "/api/v1/jobs",
+        {"name": "test.echo", "opts": {"deduplication": {"id": "their-key"}}},
+        "opts.deduplication",
+    ),
+    (
         "runAt with no UTC equivalent",
         "POST",
         "/api/v1/reports/scheduled",
@@ -198,6 +243,7 @@ def test_nested_models_do_not_coerce_strings_to_numbers(client):
         "/api/v1/reports/jobs/{bad}/events",
         "/api/v1/campaigns/{bad}",
         "/api/v1/schedulers/{bad}",
+        "/api/v1/jobs/{bad}",
     ],
 )
 @pytest.mark.parametrize(
@@ -217,3 +263,25 @@ def test_odd_path_ids_are_a_400_before_any_lookup(client, path, bad):
 def test_a_scheduler_id_outside_its_pattern_is_refused_on_put(client, bad):
     body = {"every": 1000, "template": TEMPLATE}
     assert_refused(send(client, "PUT", f"/api/v1/schedulers/{bad}", body), "scheduler_id")
+
+
+HOSTILE_QUERIES = [
+    # (why, query string, the parameter the 400 names)
+    ("a huge limit", "limit=" + "9" * 400, "limit"),
+    ("a negative limit", "limit=-1", "limit"),
+    ("a state that does not exist", "state=deleted", "state"),
+    ("a state in SQL", "state=waiting'%20OR%20'1'='1", "state"),
+    ("a cursor that is not base64", "cursor=%24%24%24", "cursor"),
+    ("a cursor of another shape", "cursor=eyJhIjogMX0", "cursor"),  # {"a": 1}
+    ("a cursor with an unrepresentable date", "cursor=WyIxMDAwMDAtMDEtMDEiLCJ4Il0", "cursor"),
+    ("a cursor past its length", "cursor=" + "A" * 401, "cursor"),
+    ("NUL in a filter", "name=a%00b", "name"),
+    ("a repeated filter", "queue=a&queue=b", "queue"),
+]
+
+
+@pytest.mark.parametrize(
+    "query,field", [c[1:] for c in HOSTILE_QUERIES], ids=[c[0] for c in HOSTILE_QUERIES]
+)
+def test_a_hostile_listing_query_is_a_400_naming_the_parameter(client, query, field):
+    assert_refused(client.get(f"/api/v1/jobs?{query}", headers=OPERATOR), field)

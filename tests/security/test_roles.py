@@ -39,6 +39,7 @@ FORBIDDEN: list[str] = []
 
 BODIES = {
     "RetryJob": {"reason": "a viewer would like this re-run"},
+    "SubmitJob": {"name": "test.echo", "data": {}},
     "UpsertScheduler": {
         "pattern": "0 0 1 1 *",
         "template": {"name": "report.generate", "data": {"reportId": "yearly", "rows": 10}},
@@ -127,7 +128,7 @@ def no_leftover_schedulers(drop_schedulers_of):
 def test_the_document_and_the_code_agree_on_operator_operations():
     enforced = {f"{op.method.upper()} {op.path}" for op in OPERATIONS if op.role == "operator"}
     assert {op.label for op in OPERATOR_OPS} == enforced
-    assert len(enforced) >= 7  # retry, queue health, 4 scheduler operations, resume
+    assert len(enforced) >= 8  # 2 retries, queue health, 4 scheduler operations, resume
 
 
 @pytest.mark.parametrize("who", list(NON_OPERATORS))

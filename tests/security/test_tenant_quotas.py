@@ -128,6 +128,34 @@ def test_each_quota_refuses_the_request_past_it_and_serves_other_tenants(
     )
 
 
+def test_submitted_jobs_are_held_to_the_tenants_quotas(client, small_quotas):
+    # Given a tenant whose quota is 5 live jobs and delays of at most an hour
+    greedy = unique("greedy")
+
+    def submit(**opts):
+        body = {"name": "test.echo", "data": {}, "opts": {"delay": 1_800_000, **opts}}
+        return client.post("/api/v1/jobs", json=body, headers=operator(greedy))
+
+    # When it submits 5 delayed jobs, then a 6th
+    accepted = [submit() for _ in range(5)]
+    assert [r.status_code for r in accepted] == [202] * 5
+    # Then the 6th is 429 naming liveJobs, until one of the five is cancelled
+    refused(submit(), 429, "liveJobs")
+    first = accepted[0].get_json()["jobId"]
+    assert client.delete(f"/api/v1/jobs/{first}", headers=operator(greedy)).status_code == 200
+    assert submit().status_code == 202
+    # And a delay, or a backoff wait, past the hour is 400 naming maxDelaySeconds
+    other = unique("calm")
+    body = {"name": "test.echo", "opts": {"delay": 3_601_000}}
+    refused(client.post("/api/v1/jobs", json=body, headers=operator(other)), 400, "maxDelaySeconds")
+    backoff = {"attempts": 2, "backoff": {"type": "fixed", "delay": 3_601_000}}
+    body = {"name": "test.echo", "opts": backoff}
+    refused(client.post("/api/v1/jobs", json=body, headers=operator(other)), 400, "maxDelaySeconds")
+    # (the delayed jobs are not left for a session worker to run later)
+    for job in client.get("/api/v1/jobs", headers=operator(greedy)).get_json()["jobs"]:
+        client.delete(f"/api/v1/jobs/{job['jobId']}", headers=operator(greedy))
+
+
 def test_the_live_job_quota_holds_under_concurrent_requests(app, small_quotas):
     """The count and the insert are serialised per tenant: ten racing requests, five accepted."""
     from concurrent.futures import ThreadPoolExecutor

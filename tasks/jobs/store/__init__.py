@@ -3,10 +3,11 @@
 - ``jobs``: the ``jobs`` table — each state transition is one statement,
   guarded where it must be by the lock token of the claim;
 - ``dedup``: deduplication claims, taken in the same transaction as the insert;
-- ``counts``: the per-state counters fed by a trigger, for queue health.
+- ``counts``: the per-state counters fed by a trigger, for queue health;
+- ``listing``: pages of records, newest first, for the jobs API and the CLI.
 
 The lifecycle modules (``enqueue``, ``execute``, ``finish``, ``promote``,
-``stalls``, ``manual_retry``, ``maintenance``) own the transactions and call
+``stalls``, ``manual_retry``, ``cancel``, ``maintenance``) own the transactions and call
 these named operations; nothing else writes SQL against these tables.
 """
 

@@ -513,6 +513,51 @@ def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]
     return [ready_job(r) for r in rows]
 
 
+# --- cancelling -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CancelledJob(Job):
+    """A job just cancelled: what finishing it needs (dedup claim, retention by its opts)."""
+
+    opts: dict[str, Any]
+    user_id: str | None
+
+
+# Like _PARK, the state is tested on the row as locked, not in the statement's snapshot: a
+# promoter publishes inside its transaction, so the row may be committed as waiting (and
+# its message be on its way) after this statement began; the claim then finds it cancelled.
+# Rows are locked in id order: two workers cancelling the same revoked ids never deadlock.
+_CANCEL = text(
+    """
+    WITH before AS (SELECT id, state FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE)
+    UPDATE jobs SET state = 'cancelled', finished_on = clock_timestamp(),
+        lock_token = NULL, locked_until = NULL
+    FROM before WHERE jobs.id = before.id AND before.state = ANY(:states)
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id
+    """
+)
+
+
+def cancel(session: Session, job_ids: Sequence[str], states: Sequence[State]) -> list[CancelledJob]:
+    """Cancel those of ``job_ids`` whose (locked) row is in one of ``states``; the ones it did."""
+    if not job_ids:
+        return []
+    rows = session.execute(_CANCEL, {"ids": list(job_ids), "states": [str(s) for s in states]})
+    return [
+        CancelledJob(
+            id=row.id,
+            name=row.name,
+            queue=row.queue,
+            data=row.data,
+            tenant_id=row.tenant_id,
+            opts=row.opts,
+            user_id=row.user_id,
+        )
+        for row in rows
+    ]
+
+
 # --- operators ------------------------------------------------------------------------------
 
 

@@ -1,0 +1,218 @@
+"""``/api/v1/jobs``: jobs of any type — list, read, cancel, retry, and submit the submittable.
+
+Owner-scoped like every job endpoint: a user sees and cancels its own jobs,
+an operator every job of its tenant; another tenant's (or, for a user, another
+user's) job answers exactly like a missing one (404). Listing is newest
+first, a page at a time (``?cursor=`` from the previous page's ``nextCursor``).
+
+``POST`` adds a job of a type declared ``submittable`` (``tasks.jobs.submit``):
+``{name, data?, args?, kwargs?, opts?}``. ``opts`` is a bounded subset of the
+job options — ``attempts``, ``backoff``, ``delay`` (at most the tenant quota
+``maxDelaySeconds``, as is the longest backoff wait), ``removeOnComplete``,
+``removeOnFail`` — with no ``jobId`` nor ``deduplication``: those are keys
+shared across tenants. A name that is unknown or not submittable is a 400
+naming ``name``, like any other refused field of the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from flask import Blueprint, g
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks import quotas
+from tasks.celery import load_job_modules
+from tasks.jobs.cancel import cancel
+from tasks.jobs.manual_retry import RetryRequest, retry
+from tasks.jobs.models import STATES, JobRecord
+from tasks.jobs.options import JobOptions, backoff_max_ms
+from tasks.jobs.queries import DEFAULT_PAGE, MAX_PAGE, describe, describe_full, get_owned, list_jobs
+from tasks.jobs.store.listing import JobFilter
+from tasks.jobs.submit import Submission, submit
+from web.api import operation
+from web.errors import ApiError
+from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
+from web.schemas import JobAccepted, JobList, JobView, RetryJob, Strict, configured_bound
+
+bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
+OPERATOR = "operator"
+# Printable text: no control characters (Postgres text cannot hold NUL).
+TEXT = r"^[^\x00-\x1f\x7f]+$"
+StateName = Literal[
+    "waiting", "active", "delayed", "completed", "failed", "waiting-children", "cancelled"
+]
+assert set(get_args(StateName)) == set(STATES)
+
+
+class JobListQuery(BaseModel):
+    """Filters and paging of ``GET /api/v1/jobs`` (query values are read laxly: ``limit=20``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queue: str | None = Field(default=None, min_length=1, max_length=100, pattern=TEXT)
+    state: StateName | None = None
+    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=TEXT)
+    cursor: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=400,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="the nextCursor of the previous page",
+    )
+    limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+
+
+def _max_delay_ms() -> int:
+    return quotas.current().max_delay_seconds * 1000
+
+
+class SubmitOptions(Strict):
+    """The job options a tenant's user may set."""
+
+    attempts: int = Field(default=1, ge=1, le=100)
+    backoff: TemplateBackoff | None = None
+    delay: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PERIOD_MS,
+        description="milliseconds, at most the tenant quota maxDelaySeconds",
+        json_schema_extra=configured_bound("maximum", _max_delay_ms),
+    )
+    removeOnComplete: bool | Keep | TemplateKeepJobs = False
+    removeOnFail: bool | Keep | TemplateKeepJobs = False
+
+
+class SubmitJob(Strict):
+    """A job to add: ``data``, or for a Celery-style task ``args``/``kwargs`` instead."""
+
+    name: str = Field(min_length=1, max_length=200)
+    data: dict[str, Any] | None = None
+    args: list[Any] | None = None
+    kwargs: dict[str, Any] | None = None
+    opts: SubmitOptions = Field(default_factory=SubmitOptions)
+
+
+class JobSubmitted(JobAccepted):
+    state: str
+
+
+def status_url(job_id: str) -> str:
+    return f"{bp.url_prefix}/{job_id}"
+
+
+def _summary(job: JobRecord) -> dict[str, Any]:
+    return {**describe(job), "userId": job.user_id}
+
+
+@operation(
+    bp,
+    "",
+    "GET",
+    summary="Jobs of any type, newest first, a page at a time (operators: the tenant's)",
+    query=JobListQuery,
+    responses={200: JobList, 400: None},
+)
+def list_all(query: JobListQuery):
+    principal = g.principal
+    where = JobFilter(
+        tenant_id=principal.tenant_id,
+        user_id=None if principal.operator else principal.user_id,
+        queue=query.queue,
+        state=query.state,
+        name=query.name,
+    )
+    page = list_jobs(where, cursor=query.cursor, limit=query.limit)
+    return {"jobs": [_summary(job) for job in page.jobs], "nextCursor": page.next_cursor}
+
+
+@operation(
+    bp,
+    "/<job_id>",
+    "GET",
+    summary="One job: state, progress, result, data and options",
+    responses={200: JobView, 404: None},
+)
+def get_job(job_id: str):
+    principal = g.principal
+    return describe_full(get_owned(job_id, principal.owner, tenant_wide=principal.operator))
+
+
+@operation(
+    bp,
+    "/<job_id>",
+    "DELETE",
+    summary="Cancel a waiting or delayed job: it becomes cancelled and never runs "
+    "(409 once it is active or finished)",
+    responses={200: JobView, 404: None, 409: None},
+)
+def cancel_job(job_id: str):
+    principal = g.principal
+    return describe_full(cancel(job_id, principal.owner, tenant_wide=principal.operator))
+
+
+@operation(
+    bp,
+    "/<job_id>/retry",
+    "POST",
+    summary="Operator retry of a failed job of the tenant (audited first)",
+    body=RetryJob,
+    role=OPERATOR,
+    responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None},
+)
+def retry_job(job_id: str, body: RetryJob):
+    load_job_modules()  # every job type's retry rules declared
+    principal = g.principal
+    request = RetryRequest(
+        job_id=job_id,
+        queue=None,
+        owner=principal.owner,
+        actor=principal.user_id,
+        reason=body.reason,
+    )
+    retry(request)
+    return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
+
+
+def _options(opts: SubmitOptions) -> JobOptions:
+    """The job options, once the longest retry wait is known to fit in the delay quota."""
+    options = JobOptions.model_validate(opts.model_dump(exclude_none=True))
+    most = _max_delay_ms()
+    backoff = options.backoff
+    if backoff is not None and backoff_max_ms(backoff, max(1, options.attempts - 1)) > most:
+        raise ApiError(
+            400,
+            f"the longest backoff wait must be at most {most // 1000} s",
+            code="validation_failed",
+            details=[
+                {
+                    "field": "opts.backoff",
+                    "type": "value_error",
+                    "limit": "maxDelaySeconds",
+                    "max": most // 1000,
+                }
+            ],
+        )
+    return options
+
+
+@operation(
+    bp,
+    "",
+    "POST",
+    summary="Add a job of a type tenants may submit (owned by the caller)",
+    body=SubmitJob,
+    responses={202: JobSubmitted, 400: None, 429: None},
+)
+def submit_job(body: SubmitJob):
+    load_job_modules()  # every job type declared, whichever this process imported so far
+    submission = Submission(
+        name=body.name, data=body.data, args=body.args, kwargs=body.kwargs, opts=_options(body.opts)
+    )
+    added = submit(g.principal.owner, submission, quotas.current().jobs)
+    return {
+        "jobId": added.job_id,
+        "accepted": True,
+        "statusUrl": status_url(added.job_id),
+        "state": added.state,
+    }, 202
