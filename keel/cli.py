@@ -22,7 +22,7 @@ if _SHADOWED is not None:  # nothing of Keel's would import: say why, in one lin
     sys.exit(f"keel: {_SHADOWED}")
 # Your job modules (KEEL_JOB_MODULES) import from here, as they do in `python -m` children;
 # appended, so that Keel's own packages come first.
-if os.getcwd() not in sys.path:
+if os.getcwd() not in sys.path and shadowing_tasks_module(Path.cwd()) is None:
     sys.path.append(os.getcwd())
 
 from tasks.config import ProcessSettings, get_settings  # noqa: E402

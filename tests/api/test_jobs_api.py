@@ -15,7 +15,7 @@ from celery import shared_task
 from sqlalchemy import func, select
 
 from tasks.db import transaction
-from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add, registry
+from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add
 from tasks.jobs.models import RetryAudit
 from tasks.jobs.store.counts import counts
 from tests.support import events as job_events
@@ -28,13 +28,10 @@ DAY_MS = 86_400_000
 CELERY_STYLE = "test.args_echo"
 
 
-@shared_task(name=CELERY_STYLE, base=KeelTask, queue="default")
+@shared_task(name=CELERY_STYLE, base=KeelTask, queue="default", submittable=True)
 def args_echo(*args, **kwargs) -> dict:
     """A Celery-style task (``run(*args, **kwargs)``) that tenants may submit."""
     return {"args": list(args), "kwargs": kwargs}
-
-
-registry.declare(registry.JobType(CELERY_STYLE, "default", submittable=True))
 
 
 def assert_error(response, status: int, field: str | None = None) -> dict:
