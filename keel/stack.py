@@ -110,6 +110,8 @@ class Stack:
             self.supervisor.add(redis_server, redis_server.start, running=True)
         env["KEEL_DATABASE_URL"] = database_url
         env["KEEL_REDIS_URL"] = redis_url
+        if given.broker_url:  # Celery's messages on RabbitMQ; nothing embedded replaces it
+            env["KEEL_BROKER_URL"] = given.broker_url
         return env
 
     def plan(self, env: dict[str, str]) -> list[Child]:

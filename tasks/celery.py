@@ -46,4 +46,6 @@ def consume_every_job_queue(sender: Any = None, instance: Any = None, **kwargs: 
         return
     for name in registry.queues():
         if name not in queues:
-            queues.select_add(name)
+            # Declared as a publisher declares a queue it has not heard of (quorum on
+            # RabbitMQ): a queue declared twice must be declared alike.
+            queues.select_add(queues.new_missing(name))

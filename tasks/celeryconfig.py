@@ -4,50 +4,111 @@ Acks are late and a lost worker's message is rejected back to the queue;
 prefetch is one so a busy worker does not sit on other jobs. Results live in
 Keel's job records, so Celery's result backend is off. Task events are on so
 Flower sees every job.
+
+Messages go through Keel's Redis, or through RabbitMQ when
+``KEEL_BROKER_URL`` is an AMQP URL (``broker_options``); everything else Keel
+keeps in Redis either way.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from kombu import Exchange, Queue
 
-from tasks.config import get_settings
+from tasks.config import Settings, get_settings
 from tasks.jobs.tenancy import PRIORITY_STEPS
+from tasks.rabbitmq import CONFIRM_TIMEOUT_S
 
 QUEUES = ("reports", "notifications", "default")
 
-_settings = get_settings()
 
-broker_url = _settings.redis_url
-# Poison messages go to dead letters instead of killing the worker: kombu's
-# Redis transport and Celery's consumer, each guarded (tasks.transport, tasks.consumer).
-broker_transport = "tasks.transport:Transport"
+def redis_broker(settings: Settings) -> dict[str, Any]:
+    """Celery's broker settings when its messages go through Redis (the default)."""
+    return {
+        "broker_url": settings.redis_url,  # None until configured: Celery says so on use
+        # Poison messages go to dead letters instead of killing the worker: kombu's
+        # Redis transport and Celery's consumer, each guarded (tasks.transport, tasks.consumer).
+        "broker_transport": "tasks.transport:Transport",
+        # A hung Redis keeps its sockets open, so every blocking step needs a timeout
+        # or it waits forever: connecting, each command (``socket_timeout``, which
+        # bounds a publish; the consumer's BRPOP is watched by kombu's health checks
+        # instead), and taking a connection from the publisher pool when all are
+        # busy. Redis answers in well under a millisecond: half a second means hung.
+        "broker_connection_timeout": 2,
+        # A message reserved by a worker that then died comes back after the visibility
+        # timeout. Keel keeps it short: a redelivery of a job that is still running is
+        # refused by the claim (the record is active and locked), so it costs nothing,
+        # and delayed jobs never sit in the broker, so none is redelivered early.
+        # kombu sweeps for such messages only every ~100 s by default, and a worker
+        # killed mid-sweep holds the sweep mutex for 5 minutes: sweep every 2 s, and
+        # let a dead sweeper's mutex lapse after 30 s.
+        "broker_transport_options": {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "unacked_restore_interval": 2,
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 30,
+            "socket_timeout": 0.5,
+            "socket_connect_timeout": 0.5,
+            # A tenant's load on a queue lowers the priority of its next job (tasks.jobs.tenancy).
+            "priority_steps": list(PRIORITY_STEPS),
+        },
+        "task_queues": [
+            Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
+        ],
+    }
+
+
+def rabbitmq_broker(settings: Settings) -> dict[str, Any]:
+    """Celery's broker settings when ``KEEL_BROKER_URL`` names RabbitMQ.
+
+    Quorum queues (replicated, durable; a RabbitMQ restart keeps every
+    message), declared so by every Keel process, including the queues a job
+    module adds (``task_create_missing_queue_type``); Celery sees them and
+    uses per-consumer prefetch, as quorum queues require. Every publish waits
+    for the broker's confirm, bounded (``tasks.rabbitmq``). RabbitMQ itself
+    returns a dead worker's unacknowledged messages when its connection drops
+    (no visibility timeout); heartbeats every 10 s find a connection that
+    went silent. Redis's transport options (priority lists, visibility
+    timeout, unacked sweeps) mean nothing here and are not set.
+    """
+    quorum = {"x-queue-type": "quorum"}
+    url = settings.broker_url or ""
+    transport = "SSLTransport" if url.lower().startswith("amqps") else "Transport"
+    return {
+        "broker_url": url,
+        "broker_transport": f"tasks.rabbitmq:{transport}",
+        # TCP connect, then each step of the AMQP handshake: as long as a confirm may take.
+        "broker_connection_timeout": CONFIRM_TIMEOUT_S,
+        "broker_heartbeat": 10,
+        # A publisher's connection is made on first use: one attempt, not kombu's default
+        # of retrying every 2 s until the connect timeout has passed (the worker's own
+        # reconnection is Celery's, with its own retry settings).
+        "broker_transport_options": {"confirm_publish": True, "max_retries": 0},
+        # Topic exchanges (a queue's name as its key): Celery binds them to its native
+        # delayed delivery, which serves plain Celery tasks sent with a countdown (Keel
+        # keeps its own delays in Postgres); with direct ones it cannot.
+        "task_queues": [
+            Queue(name, Exchange(name, type="topic"), routing_key=name, queue_arguments=quorum)
+            for name in QUEUES
+        ],
+        "task_default_queue_type": "quorum",
+        "task_create_missing_queue_type": "quorum",
+        "task_create_missing_queue_exchange_type": "topic",
+        "worker_detect_quorum_queues": True,
+    }
+
+
+def broker_options(settings: Settings) -> dict[str, Any]:
+    """Celery's settings that depend on which broker carries its messages."""
+    return rabbitmq_broker(settings) if settings.broker_on_amqp else redis_broker(settings)
+
+
+_settings = get_settings()
+globals().update(broker_options(_settings))
 worker_consumer = "tasks.consumer:Consumer"
 broker_connection_retry_on_startup = True
-# A hung Redis keeps its sockets open, so every blocking step needs a timeout
-# or it waits forever: connecting, each command (``socket_timeout``, which
-# bounds a publish; the consumer's BRPOP is watched by kombu's health checks
-# instead), and taking a connection from the publisher pool when all are
-# busy. Redis answers in well under a millisecond: half a second means hung.
-broker_connection_timeout = 2
 broker_pool_acquire_timeout = 1
-# A message reserved by a worker that then died comes back after the visibility
-# timeout. Keel keeps it short: a redelivery of a job that is still running is
-# refused by the claim (the record is active and locked), so it costs nothing,
-# and delayed jobs never sit in the broker, so none is redelivered early.
-# kombu sweeps for such messages only every ~100 s by default, and a worker
-# killed mid-sweep holds the sweep mutex for 5 minutes: sweep every 2 s, and
-# let a dead sweeper's mutex lapse after 30 s.
-broker_transport_options = {
-    "visibility_timeout": _settings.visibility_timeout_s,
-    "unacked_restore_interval": 2,
-    "unacked_restore_throttle": 1,
-    "unacked_mutex_expire": 30,
-    "socket_timeout": 0.5,
-    "socket_connect_timeout": 0.5,
-    # A tenant's load on a queue lowers the priority of its next job (tasks.jobs.tenancy).
-    "priority_steps": list(PRIORITY_STEPS),
-}
-task_queues = [Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES]
 task_default_queue = "default"
 task_acks_late = True
 task_reject_on_worker_lost = True

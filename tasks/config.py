@@ -58,6 +58,12 @@ def sqlalchemy_url(url: str) -> str:
     return url
 
 
+def is_amqp(url: str) -> bool:
+    """An AMQP broker URL (RabbitMQ), as kombu reads its scheme."""
+    scheme = url.partition("://")[0].lower()
+    return scheme in {"amqp", "amqps", "pyamqp"}
+
+
 class _EnvFile(PydanticBaseSettingsSource):
     """``$KEEL_HOME/env`` (what ``keel up`` wrote), below the process environment."""
 
@@ -92,6 +98,8 @@ class Settings(BaseSettings):
     # Servers and secrets (unset URLs: `keel up` starts embedded servers and writes them).
     database_url: str | None = None
     redis_url: str | None = None
+    # Celery's messages only (``amqp://`` for RabbitMQ); unset: they go through Redis too.
+    broker_url: str | None = None
     secret_key: str | None = None
     provider_url: str | None = None
     sandbox_admin_key: str = ""  # the provider sandbox's /admin and /v1/ledger
@@ -130,6 +138,15 @@ class Settings(BaseSettings):
     provider_retry_attempts: int = 8
     provider_retry_delay_ms: int = 500
 
+    @field_validator("broker_url")
+    @classmethod
+    def _rabbitmq(cls, url: str | None) -> str | None:
+        # Not a second Redis: the broker epoch and the reconciler read Celery's queues
+        # through Keel's own Redis (tasks.jobs.broker_reset, tasks.jobs.reconcile).
+        if url is not None and not is_amqp(url):
+            raise ValueError("must be an amqp:// URL (RabbitMQ); unset, messages go through Redis")
+        return url
+
     @field_validator("home")
     @classmethod
     def _absolute(cls, home: Path) -> Path:
@@ -157,12 +174,23 @@ class Settings(BaseSettings):
         return sqlalchemy_url(self.database_url)
 
     @property
-    def broker_url(self) -> str:
+    def redis(self) -> str:
+        """Keel's Redis (events, limits, metrics, heartbeats, results); required."""
         if not self.redis_url:
             raise RuntimeError(
                 "KEEL_REDIS_URL is not set and no stack is running: start one with `keel up`"
             )
         return self.redis_url
+
+    @property
+    def celery_broker_url(self) -> str:
+        """Where Celery's messages go: ``KEEL_BROKER_URL``, else Keel's Redis."""
+        return self.broker_url or self.redis
+
+    @property
+    def broker_on_amqp(self) -> bool:
+        """Whether the broker is RabbitMQ (an ``amqp``/``pyamqp`` URL) rather than Redis."""
+        return is_amqp(self.broker_url or "")
 
 
 class ProcessSettings(Settings):

@@ -1,10 +1,12 @@
 """Keel's worker consumer: Celery's, except that a message it cannot take is dead-lettered.
 
-kombu has delivered a readable message (``tasks.transport`` saw to that);
-Celery's consumer now reads it as a task message. Where Celery knows the
-message is bad (no task header, an invalid task: ``task_rejected``) it
-rejects it, or acks a body it cannot deserialize, and the message would be
-gone: it is kept in the queue's dead letters instead. Where Celery does not
+kombu has delivered a message (on Redis, ``tasks.transport`` saw to it
+that it is readable; RabbitMQ delivers any body with its properties, and
+kombu decodes nothing yet); Celery's consumer now reads it as a task
+message. Where Celery knows the message is bad (no task header, an
+invalid task: ``task_rejected``) it rejects it, or acks a body it cannot
+deserialize, and the message would be gone: it is kept in the queue's dead
+letters instead. Where Celery does not
 expect the flaw (a task message with no id, no body, a task name that is not
 a string, a time limit that is not a number...), handling it raises in
 the worker's event loop and the worker exits; kombu then restores the
@@ -13,19 +15,31 @@ around the one message: the message is dead-lettered with the error as its
 reason and rejected, and the worker takes the next one. Connection errors
 still propagate, so Celery reconnects as usual and the message is restored.
 
+Dead letters are kept in Keel's Redis whichever broker delivered the
+message (``keel deadletters list``). On RabbitMQ the message is then
+acknowledged or rejected without requeueing, as Celery does: it leaves the
+queue instead of coming back forever. If Redis cannot take the letter
+either, the message is logged in full, at error level, before it goes.
+
 Wired in ``tasks.celeryconfig`` (``worker_consumer``).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from typing import Any
 
+import redis
 from celery.signals import task_rejected
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.utils.json import dumps
 
-from tasks.transport import Channel, Poison
+from tasks import deadletters
+from tasks.broker import redis_client
+from tasks.deadletters import DeadLetter
+from tasks.transport import Channel, Poison, announce
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +47,62 @@ log = logging.getLogger(__name__)
 def dead_letter(message: Any, reason: str) -> None:
     """Keep ``message`` in its queue's dead letters (via Keel's channel, if it is one)."""
     channel = getattr(message, "channel", None)
-    if not isinstance(channel, Channel):
-        log.error("message not kept (not on Keel's transport): %s", reason)
-        return
     queue = (message.delivery_info or {}).get("routing_key") or "unknown"
-    payload = getattr(message, "_raw", None)
-    raw = dumps(payload) if payload is not None else message.body
-    channel.dead_letter(queue, queue, Poison(raw, reason, payload=payload))
+    payload = getattr(message, "_raw", None)  # what kombu's Redis transport popped
+    if isinstance(channel, Channel):
+        raw = dumps(payload) if payload is not None else message.body
+        channel.dead_letter(queue, queue, Poison(raw, reason, payload=payload))
+        return
+    headers = message.headers if isinstance(message.headers, dict) else None
+    keep(queue, Poison(envelope(message), reason, payload={"headers": headers}))
+
+
+def envelope(message: Any) -> str:
+    """A message from another transport (RabbitMQ) in the shape kombu's Redis transport keeps."""
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    try:
+        text, encoding = body.decode("utf-8"), None
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(body).decode("ascii"), "base64"
+    properties: dict[str, Any] = {
+        key: value
+        for key, value in (message.properties or {}).items()
+        if isinstance(value, str | int | float | bool)
+    }
+    info = message.delivery_info or {}
+    properties["delivery_info"] = {
+        "exchange": info.get("exchange"),
+        "routing_key": info.get("routing_key"),
+    }
+    if encoding:
+        properties["body_encoding"] = encoding
+    document = {
+        "body": text,
+        "content-type": message.content_type,
+        "content-encoding": message.content_encoding,
+        "headers": message.headers,
+        "properties": properties,
+    }
+    return json.dumps(document, default=str)  # AMQP header values may be of any type
+
+
+def keep(queue: str, poison: Poison) -> None:
+    """Write a dead letter to Keel's Redis; log the message in full if Redis cannot take it."""
+    letter = DeadLetter.of(queue, queue, poison.raw, poison.reason)
+    try:
+        pipe = redis_client().pipeline()
+        deadletters.add(pipe, letter)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.error(
+            "could not keep dead letter of %s (%s; Redis: %s), lost: %r",
+            queue,
+            poison.reason,
+            exc,
+            letter.raw[:4096],
+        )
+        return
+    announce(letter, poison.payload)
 
 
 def seconds_or_none(value: Any) -> bool:

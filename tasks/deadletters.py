@@ -5,8 +5,10 @@ kombu message, not a Celery task message) would otherwise kill the worker
 that pops it, or be deleted with a log line. Keel's transport
 (``tasks.transport``) moves it here instead, exactly as it was popped, so an
 operator can see what arrived and from where (``keel deadletters list``) and
-then drop it. Each queue has one list, newest first, bounded so that a flood
-of junk cannot fill Redis.
+then drop it. On RabbitMQ, the worker's consumer (``tasks.consumer``) keeps
+a message Celery cannot take here too, in the shape kombu's Redis transport
+stores messages. Each queue has one list, newest first, bounded so that a
+flood of junk cannot fill Redis — Keel's Redis, whichever the broker is.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Keel's Redis transport: kombu's, except that poison messages go to dead letters.
 
+Used when Celery's messages go through Redis (the default); on RabbitMQ
+kombu decodes nothing before Celery's consumer does, and ``tasks.consumer``
+alone keeps what cannot be taken.
+
 kombu's Redis channel pops an item from a queue's list and decodes it in the
 same step. An item that is not JSON, or JSON that kombu cannot take as a
 message, raises inside the worker's event loop: the worker exits, and the

@@ -2,7 +2,8 @@
 
 The suite is hermetic: it starts its own embedded Postgres and Redis in a
 temporary ``KEEL_HOME`` (set below, before anything imports Keel), unless
-``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL`` name servers to use.
+``KEEL_TEST_DATABASE_URL`` / ``KEEL_TEST_REDIS_URL`` name servers to use
+(the RabbitMQ tier starts its own node too, unless ``KEEL_TEST_AMQP_URL`` names one).
 
 Two tiers, one run:
 - the fast tier (``pytest -m "not stack"``): logic against the real Postgres
@@ -27,6 +28,8 @@ from keel.embedded import free_port
 _HOME = Path(tempfile.mkdtemp(prefix="keel-test-"))
 _REDIS_PORT = free_port()
 _SANDBOX_PORT = free_port()
+# Celery's messages go through Redis; the RabbitMQ tier (tests/rabbitmq) sets its own.
+os.environ.pop("KEEL_BROKER_URL", None)
 os.environ.update(
     KEEL_HOME=str(_HOME),
     KEEL_DATABASE_URL=os.environ.get(
@@ -67,7 +70,7 @@ def stack():
 # Fixtures that start processes: a test using one belongs to the stack tier, and so
 # does every test of these folders (whole stacks, chaos, served HTTP, benchmarks).
 PROCESS_FIXTURES = frozenset({"worker", "sandbox", "spawn", "keel_up", "beats", "beat"})
-STACK_FOLDERS = ("acceptance", "chaos", "serving", "bench", "multihost")
+STACK_FOLDERS = ("acceptance", "chaos", "serving", "bench", "multihost", "rabbitmq")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -62,7 +62,7 @@ class TenantRateLimiter:
         with self._lock:
             if self._limiter is None:
                 storage = storage_from_string(
-                    self.storage_url or get_settings().broker_url,
+                    self.storage_url or get_settings().redis,
                     key_prefix=KEY_PREFIX,
                     socket_connect_timeout=REDIS_TIMEOUT_S,
                     socket_timeout=REDIS_TIMEOUT_S,

@@ -1,4 +1,4 @@
-"""What ``GET /readyz`` checks: Postgres, Redis, and a recent worker heartbeat.
+"""What ``GET /readyz`` checks: Postgres, Redis, RabbitMQ if it is the broker, a worker heartbeat.
 
 Each check runs in a small thread pool and the probe waits for all of them
 together for at most ``DEADLINE_S``, so ``/readyz`` answers in about that
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy.engine import make_url
 
+from tasks.celery import app
 from tasks.config import get_settings
 from tasks.jobs import liveness
 
@@ -67,16 +68,25 @@ def _redis() -> str | None:
     return None
 
 
+def _rabbitmq() -> str | None:
+    """An AMQP handshake, on a connection of its own (not the publishers' pool)."""
+    with app.connection_for_write() as connection:  # Keel's transport, TLS, connect timeout
+        connection.ensure_connection(max_retries=0)
+    return None
+
+
 def _workers() -> str | None:
     seen = liveness.fresh(liveness.quick_client(), "worker")
     return None if seen else f"no worker heartbeat in the last {liveness.FRESH_S:.0f} s"
 
 
-CHECKS: dict[str, Callable[[], str | None]] = {
-    "postgres": _postgres,
-    "redis": _redis,
-    "workers": _workers,
-}
+def checks() -> dict[str, Callable[[], str | None]]:
+    """The checks for this configuration: RabbitMQ's only when it carries Celery's messages."""
+    found: dict[str, Callable[[], str | None]] = {"postgres": _postgres, "redis": _redis}
+    if get_settings().broker_on_amqp:
+        found["rabbitmq"] = _rabbitmq
+    found["workers"] = _workers
+    return found
 
 
 def _submit(name: str, check: Callable[[], str | None]) -> Future:
@@ -89,7 +99,7 @@ def _submit(name: str, check: Callable[[], str | None]) -> Future:
 
 def check_all(deadline_s: float = DEADLINE_S) -> list[Check]:
     """Every check, each answered or given up on within ``deadline_s`` of the call."""
-    futures = {name: _submit(name, check) for name, check in CHECKS.items()}
+    futures = {name: _submit(name, check) for name, check in checks().items()}
     until = time.monotonic() + deadline_s
     results = []
     for name, future in futures.items():

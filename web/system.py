@@ -80,7 +80,8 @@ def healthz():
     bp,
     "/readyz",
     "GET",
-    summary="Readiness: Postgres, Redis and a recent worker heartbeat, answered within ~2 s",
+    summary="Readiness: Postgres, Redis (and RabbitMQ, if it is the broker) and a recent "
+    "worker heartbeat, answered within ~2 s",
     responses={200: Readiness, 503: None},
     authenticated=False,
 )

@@ -11,6 +11,8 @@ as ``waited_for``.
 
 Reading is bounded: a place holding more than ``limit`` messages is not read
 (``TooMany``), so one round never costs more than ``limit`` decodes.
+
+Redis only: a RabbitMQ queue cannot be listed (see ``tasks.jobs.reconcile``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ NX``: exactly one process wins) and republishes every waiting job. A
 republished message for a job that already ran, or runs twice, is harmless:
 a delivery runs the handler only if it can claim the record, and completed
 jobs are never claimable. Delayed jobs live in Postgres and need nothing.
+
+On RabbitMQ (``KEEL_BROKER_URL``) there is nothing to check: Keel's queues
+are durable quorum queues, whose messages a broker restart keeps (on disk,
+and on a majority of nodes), and Keel's Redis losing its data says nothing
+about them — republishing every waiting job then would only add duplicates.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import uuid
 
 from tasks.broker import redis_client
+from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.enqueue import publish_or_park
 from tasks.jobs.store import jobs as store
@@ -38,6 +44,8 @@ def republish_waiting(batch: int = 500) -> int:
 
 def check_epoch() -> bool:
     """If the broker's epoch is gone, claim a new one and republish; ``True`` if we did."""
+    if get_settings().broker_on_amqp:
+        return False
     client = redis_client()
     if client.exists(EPOCH_KEY):
         return False

@@ -6,10 +6,11 @@ job is parked as due-now in the durable delayed set, and a worker's promoter
 publishes it once the broker is back — accepted work is never lost.
 
 Publishing is bounded so that a hung broker cannot hold the API: the
-broker's socket timeout (``tasks.celeryconfig``) bounds one attempt, there
-is no retry (kombu and redis-py reconnect a stale connection by themselves;
-a retry against a hung server only doubles the wait), and while Redis is
-known to be unreachable the job is parked without trying.
+broker's socket timeout (``tasks.celeryconfig``; on RabbitMQ the confirm
+timeout, ``tasks.rabbitmq``) bounds one attempt, there is no retry after a
+timeout (a retry against a hung server only doubles the wait; a stale
+connection is retried at once, ``tasks.broker.publish``), and while the
+broker is known to be unreachable the job is parked without trying.
 """
 
 from __future__ import annotations
@@ -78,27 +79,30 @@ def publish(
     Chord parts still count: the worker reports them whatever this flag says.
 
     ``priority`` places the message among the queue's priority lists (0 first;
-    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it).
+    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it,
+    and for what RabbitMQ makes of it).
     """
     ctx = ctx or {}
-    app.send_task(
-        name,
-        kwargs=data,
-        task_id=job_id,
-        queue=queue,
-        ignore_result=True,
-        retry=True,
-        retry_policy=PUBLISH_RETRY,
-        chord=ctx.get("chord"),
-        group_id=ctx.get("group"),
-        group_index=ctx.get("group_index"),
-        chain=ctx.get("chain"),
-        link=ctx.get("link"),
-        link_error=ctx.get("link_error"),
-        parent_id=ctx.get("parent_id"),
-        root_id=ctx.get("root_id"),
-        priority=priority,
-        headers={KEEL_HEADER: "1"},
+    broker.publish(
+        lambda: app.send_task(
+            name,
+            kwargs=data,
+            task_id=job_id,
+            queue=queue,
+            ignore_result=True,
+            retry=True,
+            retry_policy=PUBLISH_RETRY,
+            chord=ctx.get("chord"),
+            group_id=ctx.get("group"),
+            group_index=ctx.get("group_index"),
+            chain=ctx.get("chain"),
+            link=ctx.get("link"),
+            link_error=ctx.get("link_error"),
+            parent_id=ctx.get("parent_id"),
+            root_id=ctx.get("root_id"),
+            priority=tenancy.broker_priority(priority),
+            headers={KEEL_HEADER: "1"},
+        )
     )
 
 
@@ -195,7 +199,7 @@ def publish_or_park(
     priority: int = 0,
 ) -> None:
     """Publish a waiting job; if the broker is down or hung, park it for the promoter."""
-    if broker.unreachable():
+    if broker.publish_unreachable():
         log.info("broker unreachable; job %s parked for republish", job_id)
         park_for_republish([job_id])
         return
@@ -203,6 +207,6 @@ def publish_or_park(
     try:
         publish(job_id, name, queue, data, ctx, priority=priority)
     except Exception as exc:  # the record is safe; the promoter publishes it later
-        broker.failed(exc, started)
+        broker.publish_failed(exc, started)
         log.warning("broker unavailable; job %s parked for republish: %s", job_id, exc)
         park_for_republish([job_id])

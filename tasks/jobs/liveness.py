@@ -58,7 +58,7 @@ def key(role: str) -> str:
 def quick_client() -> redis.Redis:
     """A client that fails within ``TIMEOUT_S`` instead of retrying: a probe must not hang."""
     return redis.Redis.from_url(
-        get_settings().broker_url,
+        get_settings().redis,
         socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S,
         retry=Retry(NoBackoff(), 0),

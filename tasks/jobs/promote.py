@@ -44,7 +44,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
     sent: list[ReadyJob] = []
     for job in jobs:
-        if broker.unreachable():
+        if broker.publish_unreachable():
             break
         started = time.monotonic()
         try:
@@ -57,7 +57,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                 priority=priority.get(job.id, 0),
             )
         except Exception as exc:
-            broker.failed(exc, started)
+            broker.publish_failed(exc, started)
             break
         sent.append(job)
     unsent = [job.id for job in jobs[len(sent) :]]

@@ -27,6 +27,15 @@ busy, not lost), and at most ``MAX_JOBS`` jobs of a queue are looked at per
 round. A Redis key taken with ``SET NX`` gives each interval's round to one
 worker, and a short Redis lock keeps two rounds (or a round and ``keel jobs
 republish``) from overlapping.
+
+**Not on RabbitMQ.** A RabbitMQ queue cannot be read without taking its
+messages (AMQP has no "list"), and its message count cannot say *which*
+waiting jobs lost theirs; republishing all of them is not harmless there:
+a job that is waiting for a message Celery sends itself (a chord callback
+counted by Celery, a campaign's fan-in) would run early. So with
+``KEEL_BROKER_URL`` set no round runs, and ``keel jobs republish`` says why.
+RabbitMQ loses messages only when told to (a purge, a deleted queue):
+don't purge Keel's queues there.
 """
 
 from __future__ import annotations
@@ -66,6 +75,12 @@ class Busy(KeelError):
     code = "reconcile_busy"
 
 
+class NotReadable(KeelError):
+    """The broker's queues cannot be read (RabbitMQ): Keel cannot tell which jobs lost a message."""
+
+    code = "broker_not_readable"
+
+
 def when_due() -> int | None:
     """The maintenance loop's call: one round if this worker's turn has come.
 
@@ -73,7 +88,7 @@ def when_due() -> int | None:
     Errors are logged, not raised: the rest of maintenance goes on.
     """
     settings = get_settings()
-    if time.monotonic() < _next_round["at"]:
+    if settings.broker_on_amqp or time.monotonic() < _next_round["at"]:
         return None
     _next_round["at"] = time.monotonic() + settings.reconcile_interval_s
     try:
@@ -95,8 +110,13 @@ def republish_lost(queue: str | None = None, *, older_than_s: float, wait_s: flo
 
     Only jobs whose last publish is at least ``older_than_s`` old are looked at.
     Waits up to ``wait_s`` for a round running elsewhere (``Busy`` after that).
-    Returns how many jobs were republished.
+    Returns how many jobs were republished; ``NotReadable`` on RabbitMQ.
     """
+    if get_settings().broker_on_amqp:
+        raise NotReadable(
+            "the broker is RabbitMQ: its queues cannot be listed, so Keel cannot tell which "
+            "waiting jobs lost their message (do not purge Keel's queues there)"
+        )
     with _exclusive(wait_s):
         with transaction() as session:
             queues = [queue] if queue else store.queues_with_waiting(session, older_than_s)

@@ -278,13 +278,15 @@ def _send(record: JobSchedulerRecord, name: str, message: CeleryMessage, at: dat
         "retry_policy": PUBLISH_RETRY,
         **message.options,
     }
-    if broker.unreachable():
+    if broker.publish_unreachable():
         raise PublishFailed("the broker is unreachable")
     started = time.monotonic()
     try:
-        app.send_task(name, args=message.args, kwargs=message.kwargs, **options)
+        broker.publish(
+            lambda: app.send_task(name, args=message.args, kwargs=message.kwargs, **options)
+        )
     except Exception as exc:
-        broker.failed(exc, started)
+        broker.publish_failed(exc, started)
         raise PublishFailed(str(exc)) from exc
     log.info("scheduler %s sent %s[%s]", record.id, name, options["task_id"])
 

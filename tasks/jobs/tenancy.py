@@ -18,6 +18,16 @@ order is still first in, first out, so each party's own jobs keep their
 order. A single job of an idle tenant therefore waits at most for one
 running job to finish, whatever another tenant — or a burst of system jobs —
 has queued.
+
+**On RabbitMQ** (``KEEL_BROKER_URL``) the queues are quorum queues, and
+AMQP counts priority the other way (higher first): a job is published with
+``9 - priority`` (``broker_priority``). What the broker does with it depends
+on its version. RabbitMQ 3.x quorum queues ignore priorities: each queue is
+first in, first out, and an idle tenant's job waits behind what other
+tenants queued before it — the quota still bounds how much that is.
+RabbitMQ 4 quorum queues have two levels (above 4: high): an idle or nearly
+idle party's jobs (priorities 0 and 3) are high, the rest normal, and the
+broker delivers about two high for each normal one when both wait.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from tasks.config import get_settings
 from tasks.jobs.errors import LimitExceeded, QuotaExceeded
 from tasks.jobs.store import jobs as store
 
@@ -60,6 +71,14 @@ def priority_for(on_queue: int) -> int:
         if on_queue < bound:
             return step
     return PRIORITY_STEPS[-1]
+
+
+def broker_priority(priority: int) -> int:
+    """The message priority that means ``priority`` to the configured broker.
+
+    kombu's Redis lists serve 0 first; AMQP serves the highest first.
+    """
+    return PRIORITY_STEPS[-1] - priority if get_settings().broker_on_amqp else priority
 
 
 def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:

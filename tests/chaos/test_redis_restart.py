@@ -31,7 +31,7 @@ from tests.support.stack import wait_for
 
 def broker(command: str, *args):
     """One Redis command on a fresh connection (the server restarts under the test)."""
-    client = redis.Redis.from_url(get_settings().broker_url, socket_timeout=5)
+    client = redis.Redis.from_url(get_settings().redis, socket_timeout=5)
     try:
         return client.execute_command(command, *args)
     finally:

@@ -134,7 +134,7 @@ def test_a_message_reserved_by_a_killed_worker_runs_soon_after_the_visibility_ti
     ensure_broker_epoch()
     jobs = add_reports(queue, 1)
     holder = subprocess.Popen(
-        [sys.executable, "-c", RESERVE_AND_WAIT, get_settings().broker_url, queue],
+        [sys.executable, "-c", RESERVE_AND_WAIT, get_settings().celery_broker_url, queue],
         stdout=subprocess.PIPE,
         text=True,
     )
