@@ -11,6 +11,7 @@ published is parked in Postgres and published once the broker answers.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from tests.rabbitmq.conftest import own_node
 from tests.support.chaos import add_reports, completed_runs, job_rows, settle, stragglers
@@ -51,10 +52,14 @@ def test_a_node_restart_with_1000_waiting_jobs_completes_each_once(client, spawn
     queue = unique("rabbit-restart")
     jobs = add_reports(queue, WAITING)
     assert queue_depth(node.url, queue) == WAITING  # every message is in RabbitMQ, not Redis
-    # and two workers taking them (and the API's reports)
-    workers = [
-        spawn("restart", queues=f"{queue},reports", extra_env=FAST_REPORTS) for _ in range(2)
-    ]
+    # and two workers taking them (and the API's reports), started side by side
+    with ThreadPoolExecutor(2) as pool:
+        workers = list(
+            pool.map(
+                lambda _: spawn("restart", queues=f"{queue},reports", extra_env=FAST_REPORTS),
+                range(2),
+            )
+        )
     wait_for(lambda: completed(jobs) >= 30, timeout=60, interval=0.1)
     # When the node is stopped while most of them wait, reports are posted, and it starts again
     done_before = completed(jobs)
@@ -103,3 +108,19 @@ def test_a_hung_node_does_not_hold_the_api_and_parked_jobs_run_after(client, spa
     # And once it answers again, every accepted job runs
     for _, _, job_id in answers:
         assert wait_state(job_id, "completed", timeout=60)
+
+
+def test_a_connection_the_broker_closed_is_replaced_without_parking(on_rabbitmq):
+    node = own_node(on_rabbitmq)
+    # Given this process has published (its pooled connection is open)
+    queue = unique("rabbit-closed")
+    first = add_reports(queue, 1)
+    # When RabbitMQ closes every client connection (as a restart or failover does)
+    closed = node.ctl("close_all_connections", "test: connections closed by the broker")
+    assert closed.returncode == 0, closed.stderr
+    # Then the next job is published at once on a new connection: waiting in the queue,
+    # not parked in Postgres for the promoter
+    second = add_reports(queue, 1)
+    rows = job_rows([*first, *second])
+    assert {job_id: rows[job_id]["state"] for job_id in second} == dict.fromkeys(second, "waiting")
+    assert queue_depth(node.url, queue) == 2

@@ -27,7 +27,7 @@ QUORUM = {"x-queue-type": "quorum"}
 
 def publish_raw(url: str, queue: str, body: bytes, content_type: str, headers: dict) -> None:
     """Put one message on ``queue`` as any AMQP client could, bypassing Celery."""
-    exchange = Exchange(queue, type="direct")
+    exchange = Exchange(queue, type="topic")  # as Keel declares it (tasks.celeryconfig)
     with Connection(url) as conn:
         Producer(conn).publish(
             body,
