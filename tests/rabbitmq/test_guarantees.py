@@ -27,9 +27,10 @@ from tests.integration.test_retries import (
 from tests.integration.test_scheduling import (
     test_a_report_scheduled_three_seconds_ahead_is_delayed_then_completed,
 )
-from tests.rabbitmq.conftest import own_node
+from tests.rabbitmq.conftest import amqp_url
 from tests.support.client import wait_state
 from tests.support.jobs import BEAT_TICKS_KEY, beat_tick
+from tests.support.rabbitmq import is_quorum
 from tests.support.stack import WorkerProcess, wait_for
 
 __all__ = [
@@ -59,26 +60,19 @@ def failing(app, rabbit_worker) -> dict[int, str]:
     return {n: submit(client, failUntilAttempt=n) for n in (2, 5)}
 
 
-def queue_types(node) -> dict[str, str]:
-    listed = node.ctl("list_queues", "name", "type").stdout.split()
-    return dict(zip(listed[::2], listed[1::2], strict=True))
-
-
 def test_the_queues_are_quorum_queues(on_rabbitmq):
     # Given the worker declared Keel's queues on its start
-    node = own_node(on_rabbitmq)
+    url = amqp_url(on_rabbitmq)
     # Then each is a quorum queue
-    types = queue_types(node)
-    assert {name: types.get(name) for name in ("reports", "notifications", "default")} == {
-        "reports": "quorum",
-        "notifications": "quorum",
-        "default": "quorum",
+    assert {name: is_quorum(url, name) for name in ("reports", "notifications", "default")} == {
+        "reports": True,
+        "notifications": True,
+        "default": True,
     }
 
 
 def test_a_job_module_queue_is_declared_alike_by_worker_and_publisher(on_rabbitmq):
     # Given a worker that loaded a job module whose task has a queue of its own ("hello")
-    node = own_node(on_rabbitmq)
     from examples.hello_jobs import greet
 
     # When this process sends it the Celery way
@@ -86,7 +80,7 @@ def test_a_job_module_queue_is_declared_alike_by_worker_and_publisher(on_rabbitm
     # Then it ran, and its queue is a quorum queue (declared so by the worker first; a
     # publisher declaring it otherwise would have been refused by RabbitMQ)
     assert wait_state(job_id, "completed", timeout=30)["result"] == "hello, rabbit"
-    assert queue_types(node)["hello"] == "quorum"
+    assert is_quorum(amqp_url(on_rabbitmq), "hello")
 
 
 def test_a_plain_celery_task_sent_with_a_countdown_runs_after_it(on_rabbitmq):

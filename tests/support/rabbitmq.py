@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from amqp.exceptions import PreconditionFailed
 from kombu import Connection, pools
 
 from keel.embedded import free_port
@@ -199,6 +200,23 @@ def queue_depth(url: str, queue: str) -> int:
     with Connection(url, connect_timeout=5) as conn:
         _, count, _ = conn.default_channel.queue_declare(queue, passive=True)
     return int(count)
+
+
+def is_quorum(url: str, queue: str) -> bool:
+    """Whether the existing ``queue`` is a quorum queue (asked over AMQP, nothing changed).
+
+    RabbitMQ refuses to declare a queue again with other arguments, so
+    declaring it as a quorum queue succeeds only if it is one.
+    """
+    with Connection(url, connect_timeout=5) as conn:
+        conn.default_channel.queue_declare(queue, passive=True)  # it exists (else: an error)
+        try:
+            conn.default_channel.queue_declare(
+                queue, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+            )
+        except PreconditionFailed:
+            return False
+    return True
 
 
 @contextmanager
