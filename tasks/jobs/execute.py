@@ -18,14 +18,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from celery import Celery, Task, shared_task
-from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
-from celery.result import AsyncResult
+from celery import Task, shared_task
+from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
-from tasks.jobs import calls, events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.enqueue import KEEL_HEADER, park_for_republish
 from tasks.jobs.errors import Defer
 from tasks.jobs.options import JobOptions
@@ -37,24 +37,6 @@ log = logging.getLogger(__name__)
 
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
-# ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
-MAX_RETRIES_CAP = 99
-
-
-class RetryRequested(Retry):
-    """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
-
-    def __init__(self, exc: BaseException | None, delay_ms: int) -> None:
-        super().__init__(exc=exc, when=delay_ms / 1000)
-        self.delay_ms = delay_ms
-
-
-class RetriesExhausted(Exception):
-    """``self.retry()`` past ``max_retries``: the run's failure is final (``original``)."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
 
 
 class JobExpired(Exception):
@@ -82,105 +64,15 @@ class JobContext:
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
 
 
-class KeelTask(Task):
-    """Base class of every Keel job handler (``run(job: JobContext)``)."""
+class KeelTask(CeleryTask):
+    """Base class of every Keel job: claims its record, runs the handler, records the end.
+
+    How Celery sends, retries and declares it is ``CeleryTask``'s (``tasks.jobs.calls``).
+    """
 
     typing = False
     acks_late = True
     reject_on_worker_lost = True
-    #: How the handler takes its job: ``"context"`` — ``run(job: JobContext)``, the job's
-    #: data is a dict of named values (``handler``); ``"celery"`` — ``run(*args, **kwargs)``
-    #: like any Celery task, the data is stored as ``{"args": [...], "kwargs": {...}}``.
-    job_style = "celery"
-    #: Who may schedule it, its data model, and whether tenants may add it over HTTP
-    #: (``tasks.jobs.registry``); declared when Celery binds the task to the app.
-    schedulable: registry.Schedulable = "system"
-    data_model: type[BaseModel] | None = None
-    submittable = False
-    #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
-    default_job_options: dict[str, Any] | None = None
-
-    @classmethod
-    def on_bound(cls, app: Celery) -> None:
-        """Declare the job type, so schedulers, the API and health know it by name."""
-        if cls.name:
-            queue = getattr(cls, "queue", None) or app.conf.task_default_queue
-            job_type = registry.JobType(
-                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
-            )
-            registry.declare(job_type)
-
-    def job_queue(self) -> str:
-        return str(getattr(self, "queue", None) or self.app.conf.task_default_queue)
-
-    def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
-        """The options a job of this task gets unless the call says otherwise."""
-        return JobOptions.model_validate(self.default_job_options or {})
-
-    def apply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: str | None = None,
-        **options: Any,
-    ) -> AsyncResult:
-        """Record the job, then publish it: ``.delay()``, signatures and canvas land here.
-
-        See ``tasks.jobs.calls`` for how Celery's options map to the record.
-        """
-        options.update(task_id=task_id, link=link, link_error=link_error)
-        added = calls.record(self, args, kwargs, options)
-        return self.AsyncResult(added.job_id)
-
-    def retry(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        exc: BaseException | None = None,
-        throw: bool = True,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        max_retries: int | None = None,
-        **options: Any,
-    ) -> RetryRequested:
-        """Celery's ``self.retry``, through Keel's durable delayed set.
-
-        ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
-        (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
-        fails for good with ``exc`` (or ``MaxRetriesExceededError``). The wait is
-        ``countdown``, else until ``eta``, else ``default_retry_delay``.
-        """
-        request = self.request
-        limit = self.max_retries if max_retries is None else max_retries
-        limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
-        if (request.retries or 0) >= limit:
-            error = exc or MaxRetriesExceededError(
-                f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
-            )
-            raise RetriesExhausted(error) from error
-        if countdown is None and eta is not None:
-            due = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-            countdown = (due - datetime.now(UTC)).total_seconds()
-        if countdown is None:
-            countdown = self.default_retry_delay
-        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)))
-        if throw:
-            raise requested
-        return requested
-
-    def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
-        """The job data that Celery-style ``args``/``kwargs`` are recorded as."""
-        positional: list[Any] = list(args or ())
-        named: dict[str, Any] = dict(kwargs or {})
-        if self.job_style == "context":
-            if positional:
-                raise TypeError(f"{self.name} takes its data as keyword arguments only")
-            return named
-        return {"args": positional, "kwargs": named}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         admission = self._admit()
