@@ -60,6 +60,7 @@ def publish(
     ctx: dict[str, Any] | None = None,
     *,
     priority: int = 0,
+    producer: Any = None,
 ) -> None:
     """Send the wake-up message for a waiting job (its data rides along for Flower).
 
@@ -99,6 +100,7 @@ def publish(
         root_id=ctx.get("root_id"),
         priority=priority,
         headers={KEEL_HEADER: "1"},
+        producer=producer,
     )
 
 

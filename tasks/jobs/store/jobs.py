@@ -136,6 +136,42 @@ def insert(session: Session, job: NewJob) -> bool:
     return session.execute(_INSERT, row).first() is not None
 
 
+_INSERT_MANY = text(
+    """
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    SELECT r.id, r.queue, r.name, r.data, r.opts, r.tenant_id, r.user_id, r.state, r.ctx,
+           CASE WHEN r.delay_ms > 0
+                THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+        id text, queue text, name text, data jsonb, opts jsonb, tenant_id text, user_id text,
+        state text, ctx jsonb, delay_ms bigint)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def insert_many(session: Session, jobs: Sequence[NewJob]) -> set[str]:
+    """Record ``jobs`` in one statement; the ids that were new (an existing id changes nothing)."""
+    rows = [
+        {
+            "id": job.id,
+            "queue": job.queue,
+            "name": job.name,
+            "data": job.data,
+            "opts": job.opts.stored(),
+            "tenant_id": job.tenant_id,
+            "user_id": job.user_id,
+            "state": str(job.state),
+            "ctx": job.celery_ctx,
+            "delay_ms": job.opts.delay,
+        }
+        for job in jobs
+    ]
+    found = session.execute(_INSERT_MANY, {"rows": json.dumps(rows)}).scalars()
+    return set(found)
+
+
 def delete_delayed(session: Session, job_id: str) -> bool:
     """Debounce with replace: drop a still-delayed job that a new add replaces."""
     statement = text("DELETE FROM jobs WHERE id = :id AND state = 'delayed' RETURNING id")
