@@ -152,6 +152,7 @@ def signed_in(role: str | None = None) -> Callable:
             check_path_params({name: path_param_schema() for name in kwargs}, kwargs)
             return view(*args, **kwargs)
 
+        inner.required_role = role  # type: ignore[attr-defined]
         return inner
 
     return wrap

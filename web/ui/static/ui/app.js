@@ -32,6 +32,25 @@
 
   function text(el, value) { if (el) el.textContent = value == null ? "—" : String(value); }
 
+  var MOMENT = /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d/;
+
+  function shown(value) {
+    // As the server renders times: "YYYY-MM-DD HH:MM:SS" (UTC).
+    return typeof value === "string" && MOMENT.test(value) ? value.slice(0, 19).replace("T", " ") : value;
+  }
+
+  function showActions(state) {
+    // Only the actions the job's state allows; the section goes when none is left.
+    var section = document.getElementById("actions");
+    if (!section) return;
+    var any = false;
+    section.querySelectorAll("form[data-states]").forEach(function (form) {
+      form.hidden = form.dataset.states.split(" ").indexOf(state) < 0;
+      any = any || !form.hidden;
+    });
+    section.hidden = !any;
+  }
+
   function renderRuns(runs) {
     var ol = document.getElementById("runs");
     var none = document.getElementById("no-runs");
@@ -48,7 +67,7 @@
         li.appendChild(document.createTextNode(" " + outcome + " "));
         var when = document.createElement("span");
         when.className = "muted";
-        when.textContent = (run.startedAt || "") + " → " + (run.finishedAt || "");
+        when.textContent = (shown(run.startedAt) || "") + " → " + (shown(run.finishedAt) || "");
         li.appendChild(when);
         if (run.error || run.reason) {
           var why = document.createElement("div");
@@ -74,8 +93,9 @@
     var step = job.progress && job.progress.step;
     text(article.querySelector('[data-field="step"]'), step || "");
     ["attemptsMade", "attemptsStarted", "stalledCount", "processedOn", "finishedOn", "runAt"].forEach(function (f) {
-      text(article.querySelector('[data-field="' + f + '"]'), job[f]);
+      text(article.querySelector('[data-field="' + f + '"]'), shown(job[f]));
     });
+    showActions(job.state);
     var failure = document.getElementById("failure");
     if (failure) {
       failure.hidden = !job.failedReason;
