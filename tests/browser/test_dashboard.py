@@ -373,6 +373,7 @@ def test_the_queues_page_counts_jobs_per_state_and_links_to_flower(
 def test_pages_fit_a_phone_screen(served, fresh_browser, screenshots):
     browser = fresh_browser
     sign_in(browser, served, user="olga", roles=("operator",))
+    shot(browser, screenshots, "jobs-operator")  # the tenant's jobs of this session, at 1280x800
     browser.set_window_size(*PHONE)
     for page in ("jobs", "queues", "schedulers", "campaigns"):
         browser.get(f"{served.url}/ui/{page}")
