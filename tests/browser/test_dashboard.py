@@ -375,23 +375,30 @@ def test_pages_fit_a_phone_screen(served, fresh_browser, screenshots):
     sign_in(browser, served, user="olga", roles=("operator",))
     shot(browser, screenshots, "jobs-operator")  # the tenant's jobs of this session, at 1280x800
     browser.set_window_size(*PHONE)
-    for page in ("jobs", "queues", "schedulers", "campaigns"):
+    browser.get_log("browser")  # what earlier pages logged
+    for page in ("jobs", "queues", "schedulers", "campaigns", "new-scheduler"):
         browser.get(f"{served.url}/ui/{page}")
         overflow = browser.execute_script(
             "return document.documentElement.scrollWidth - window.innerWidth"
         )
         assert overflow <= 1, f"/ui/{page} is {overflow}px wider than a phone"
+    # And no page broke its script or its own Content-Security-Policy
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
     browser.get(f"{served.url}/ui/jobs")
     shot(browser, screenshots, "jobs-phone")
 
 
 def test_the_api_docs_page_renders_every_operation(served, fresh_browser, screenshots):
     browser = fresh_browser
+    browser.get_log("browser")
     browser.get(f"{served.url}/api/v1/docs")
     document = requests.get(f"{served.url}/api/v1/openapi.json", timeout=10).json()
     documented = sum(len(item) for item in document["paths"].values())
     wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, ".opblock")) == documented)
     assert "/api/v1/jobs/{job_id}/retry" in browser.page_source
+    errors = [e["message"] for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors  # every asset served by the app, nothing refused by the CSP
     shot(browser, screenshots, "api-docs")
 
 

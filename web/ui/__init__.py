@@ -17,16 +17,22 @@ API's JSON error shape.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from collections.abc import Callable
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, g, render_template, request
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
+from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
 from tasks.config import get_settings
+from tasks.db import STORE_UNAVAILABLE
 from tasks.jobs.errors import KeelError
-from web.errors import ApiError, error_response
+from web.errors import RETRY_AFTER_S, ApiError, error_response
+
+log = logging.getLogger(__name__)
 
 bp = Blueprint(
     "ui",
@@ -111,6 +117,27 @@ def _csrf_error(error: CSRFError) -> Any:
 @bp.errorhandler(HTTPException)
 def _http_error(error: HTTPException) -> Any:
     return _keel_error(ApiError(error.code or 500, error.description or error.name))
+
+
+def _unavailable(part: str) -> Callable[[Exception], Any]:
+    def answer(error: Exception) -> Any:
+        log.warning("%s is unavailable: %s", part, type(error).__name__)
+        message = f"{part} is unavailable, try again shortly"
+        return _keel_error(ApiError(503, message, headers={"Retry-After": str(RETRY_AFTER_S)}))
+
+    return answer
+
+
+# The same outages the API answers 503 for, as a page a person can read.
+for _part, _errors in (("the job store", STORE_UNAVAILABLE), ("the broker", BROKER_UNAVAILABLE)):
+    for _error in _errors:
+        bp.register_error_handler(cast(type[Exception], _error), _unavailable(_part))
+
+
+@bp.errorhandler(Exception)
+def _unexpected(error: Exception) -> Any:
+    log.exception("unhandled error on a dashboard page")
+    return _keel_error(ApiError(500, "internal error"))
 
 
 @bp.context_processor
