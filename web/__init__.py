@@ -35,6 +35,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     from tasks.celery import load_job_modules
     from web import (
         campaigns,
+        docs,
         errors,
         events,
         jobs,
@@ -43,6 +44,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         reports,
         schedulers,
         system,
+        ui,
     )
     from web.auth import check_secret
 
@@ -60,6 +62,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(campaigns.bp)
     app.register_blueprint(queues.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(docs.bp)
+    ui.init_app(app)
     return app
 
 

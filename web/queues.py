@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint, g
 
-from tasks.jobs.store.counts import counts_by_queue
+from tasks.jobs.store.counts import by_queue
 from web.api import operation
 from web.schemas import Open
 
@@ -28,4 +28,4 @@ class QueueCounts(Open):
     responses={200: QueueCounts},
 )
 def queue_counts():
-    return {"queues": counts_by_queue(g.principal.tenant_id)}
+    return {"queues": by_queue(g.principal.tenant_id)}

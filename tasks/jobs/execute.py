@@ -234,6 +234,8 @@ class KeelTask(CeleryTask):
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""
+        if not self.send_events:
+            return  # a task kept out of Flower (``handler(events=False)``) had no STARTED either
         try:
             self.send_event("task-ignored", reason=reason)
         except Exception as exc:  # events are for watching; a lost one changes nothing
@@ -283,6 +285,7 @@ def handler(
     data: type[BaseModel] | None = None,
     submittable: bool = False,
     options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
+    events: bool = True,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -291,6 +294,8 @@ def handler(
     ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``);
     ``options(data, owner)`` gives the options of a job sent the Celery way
     (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
+    ``events=False``: no Celery task events (``send_events``), so a periodic system job
+    does not fill Flower's task list; its records and Keel's own events stay.
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
@@ -302,6 +307,7 @@ def handler(
             "schedulable": schedulable,
             "data_model": data,
             "submittable": submittable,
+            "send_events": events,
         }
         if options is not None:
             attributes["default_options"] = lambda _task, d, o: options(d, o)

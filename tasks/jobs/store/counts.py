@@ -68,8 +68,8 @@ def counts(queue: str, tenant_id: str | None = None) -> dict[str, int]:
     return found
 
 
-def counts_by_queue(tenant_id: str) -> dict[str, dict[str, int]]:
-    """Every queue where ``tenant_id`` has jobs: its jobs per state, exact as of this read."""
+def by_queue(tenant_id: str) -> dict[str, dict[str, int]]:
+    """Jobs per state of each queue the tenant has jobs on (``counts`` for every queue at once)."""
     with transaction() as session:
         rows = session.execute(
             text(
