@@ -43,6 +43,10 @@ class JobExpired(Exception):
     """The job had not started by its ``expiresAt`` (Celery's ``expires``)."""
 
 
+class UnrecordedEnd(Exception):
+    """A run ended but its result, or what its end triggers, could not be recorded."""
+
+
 class JobContext:
     """What a handler sees of its job: data, counters, and progress reporting."""
 
@@ -147,6 +151,14 @@ class KeelTask(CeleryTask):
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
+        except STORE_UNAVAILABLE:
+            raise  # the record stays active: its lock runs out and the run is tried again
+        except Exception as exc:
+            # The run happened but its end cannot be recorded (a result JSON cannot hold, a
+            # chain step its task cannot take): left active, the job would stall and run
+            # again, and again fail to record. It fails for good, saying why.
+            self._failed(claimed, UnrecordedEnd(f"its end could not be recorded: {exc}"), None)
+            raise
         # Its chain's next step and its links were recorded with its end (tasks.jobs.canvas):
         # Celery's tracer must not send them a second time.
         self.request.chain = None

@@ -1,0 +1,88 @@
+"""Review: where a Celery user's expectation and the record diverge (inline worker)."""
+
+from __future__ import annotations
+
+import pytest
+from celery import chain, chord
+from sqlalchemy import text
+
+from tasks.db import transaction
+from tasks.jobs.cancel import cancel
+from tasks.jobs.stalls import requeue_stalled_once
+from tests.support.client import record, ts, unique, wait_state
+from tests.support.jobs import (
+    celery_add,
+    celery_autoretry_all,
+    celery_collect,
+    celery_now,
+    celery_retry_args,
+    echo,
+)
+
+pytestmark = pytest.mark.usefixtures("inline_worker")
+
+
+def test_a_result_the_record_cannot_hold_fails_the_job_once_instead_of_rerunning_it():
+    # A datetime result: Celery's JSON serializer takes it; the record's json.dumps does not
+    # Then it ends at once, failed with the reason (not left active to stall and run again)
+    job = wait_state(celery_now.delay().id, "completed", "failed", timeout=10)
+    assert (job["state"], job["attemptsStarted"]) == ("failed", 1), job
+    assert job["failedReason"].startswith("its end could not be recorded: "), job
+
+
+def test_a_chain_step_that_cannot_be_recorded_does_not_leave_its_parent_active():
+    # echo is a handler(job) task: a chain passes the parent's result positionally
+    result = chain(celery_add.si(1, 2), echo.s())
+    parent = result.apply_async().parent
+    job = wait_state(parent.id, "completed", "failed", timeout=10)
+    assert (job["state"], job["attemptsStarted"]) == ("failed", 1), job
+    assert "keyword arguments only" in job["failedReason"], job
+
+
+def test_unrecoverable_error_fails_at_once_even_under_autoretry_for_exception():
+    job = wait_state(celery_autoretry_all.delay().id, "completed", "failed", timeout=15)
+    assert job["state"] == "failed"
+    assert job["attemptsStarted"] == 1, job
+
+
+def test_self_retry_with_new_args_runs_again_with_those_args():
+    label = unique("args")
+    job = wait_state(celery_retry_args.delay(1, label).id, "completed", "failed", timeout=15)
+    assert job["state"] == "completed", job
+    assert job["result"] == {"n": 2, "label": label}
+
+
+def test_a_chain_step_keeps_its_own_countdown():
+    result = chain(celery_add.si(1, 1), celery_add.si(2, 2).set(countdown=2)).apply_async()
+    child = wait_state(result.id, "completed", "failed", timeout=20)
+    waited = (ts(child["processedOn"]) - ts(child["createdAt"])).total_seconds()
+    assert waited >= 1.9, child
+
+
+def test_cancelling_a_chord_part_fails_the_body_instead_of_leaving_it_waiting():
+    later = unique("part")
+    parts = [celery_add.si(1, 1), celery_add.si(2, 2).set(countdown=30, task_id=later)]
+    body = chord(parts)(celery_collect.s())
+    assert record(later)["state"] == "delayed"
+    cancel(later, None)
+    job = wait_state(body.id, "completed", "failed", "cancelled", timeout=10)
+    assert job["state"] == "failed", job
+
+
+def test_a_chord_part_that_stalled_too_often_fails_the_body():
+    stuck = unique("part")
+    parts = [celery_add.si(1, 1), celery_add.si(2, 2).set(countdown=30, task_id=stuck)]
+    body = chord(parts)(celery_collect.s())
+    with transaction() as session:  # its worker died mid-run, as often as allowed
+        session.execute(
+            text(
+                "UPDATE jobs SET state = 'active', stalled_count = 5, lock_token = 'gone', "
+                "locked_until = now() - interval '1 minute', "
+                "runs = '[{\"attempt\": 1}]'::jsonb WHERE id = :id"
+            ),
+            {"id": stuck},
+        )
+    requeue_stalled_once()
+    assert record(stuck)["state"] == "failed"
+    job = wait_state(body.id, "completed", "failed", timeout=10)
+    assert job["state"] == "failed", job
