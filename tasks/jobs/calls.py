@@ -46,6 +46,7 @@ from tasks import quotas
 from tasks.db import transaction
 from tasks.jobs import registry
 from tasks.jobs.enqueue import AddedJob, add, publish_or_park
+from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
@@ -271,10 +272,13 @@ class CeleryTask(Task):
 
         ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
         (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
-        fails for good with ``exc`` (or ``MaxRetriesExceededError``). The wait is
+        fails for good with ``exc`` (or ``MaxRetriesExceededError``), as it does at once
+        when ``exc`` is an ``UnrecoverableError``. The wait is
         ``countdown``, else until ``eta``, else ``default_retry_delay``.
         """
         request = self.request
+        if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
+            raise RetriesExhausted(exc) from exc
         limit = self.max_retries if max_retries is None else max_retries
         limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
         if (request.retries or 0) >= limit:

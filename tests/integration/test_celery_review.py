@@ -43,6 +43,7 @@ def test_unrecoverable_error_fails_at_once_even_under_autoretry_for_exception():
     job = wait_state(celery_autoretry_all.delay().id, "completed", "failed", timeout=15)
     assert job["state"] == "failed"
     assert job["attemptsStarted"] == 1, job
+    assert job["failedReason"] == "this input can never succeed"
 
 
 def test_self_retry_with_new_args_runs_again_with_those_args():
