@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events
-from tasks.jobs.calls import canvas_context, current_owner
+from tasks.jobs.calls import canvas_context, current_owner, job_options
 from tasks.jobs.models import State
 from tasks.jobs.owner import Owner
 from tasks.jobs.promote import publish_ready
@@ -172,7 +172,7 @@ def _child(
         return []
     owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
     data = task.data_for(args, sig.kwargs)
-    opts = task.default_options(data, owner)
+    opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
     job = NewJob(
         id=str(options.get("task_id") or fallback_id),
         name=task.name,
