@@ -115,12 +115,16 @@ def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
         publish_ready(session, ready)
 
 
-def failed(session: Session, claimed: ClaimedJob, reason: str) -> None:
-    """In the transaction that fails a job for good: its chord's body fails too."""
-    body_id = body_id_of(claimed.celery_ctx)
+def failed(session: Session, job: Any, reason: str) -> None:
+    """In the transaction that ends a job without a result — failed for good, stalled too
+    often, cancelled or revoked: its chord's body fails too (Celery's ``ChordError``).
+
+    ``job`` is anything with the record's ``id`` and ``celery_ctx``.
+    """
+    body_id = body_id_of(job.celery_ctx)
     if body_id is None:
         return
-    body = store.fail_body(session, body_id, f"chord part {claimed.id} failed: {reason}")
+    body = store.fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
     if body is not None:
         _after_commit(
             session,

@@ -522,6 +522,7 @@ class CancelledJob(Job):
 
     opts: dict[str, Any]
     user_id: str | None
+    celery_ctx: dict[str, Any] | None = None
 
 
 # Like _PARK, the state is tested on the row as locked, not in the statement's snapshot: a
@@ -534,7 +535,8 @@ _CANCEL = text(
     UPDATE jobs SET state = 'cancelled', finished_on = clock_timestamp(),
         lock_token = NULL, locked_until = NULL
     FROM before WHERE jobs.id = before.id AND before.state = ANY(:states)
-    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id,
+        jobs.celery_ctx
     """
 )
 
@@ -553,6 +555,7 @@ def cancel(session: Session, job_ids: Sequence[str], states: Sequence[State]) ->
             tenant_id=row.tenant_id,
             opts=row.opts,
             user_id=row.user_id,
+            celery_ctx=row.celery_ctx,
         )
         for row in rows
     ]
