@@ -192,9 +192,12 @@ MAX_RETRIES_CAP = 99
 class RetryRequested(Retry):
     """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
 
-    def __init__(self, exc: BaseException | None, delay_ms: int) -> None:
+    def __init__(
+        self, exc: BaseException | None, delay_ms: int, data: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(exc=exc, when=delay_ms / 1000)
         self.delay_ms = delay_ms
+        self.data = data  # new data for the next run (``retry(args=, kwargs=)``), or ``None``
 
 
 class RetriesExhausted(Exception):
@@ -274,7 +277,8 @@ class CeleryTask(Task):
         (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
         fails for good with ``exc`` (or ``MaxRetriesExceededError``), as it does at once
         when ``exc`` is an ``UnrecoverableError``. The wait is
-        ``countdown``, else until ``eta``, else ``default_retry_delay``.
+        ``countdown``, else until ``eta``, else ``default_retry_delay``. New ``args`` or
+        ``kwargs`` replace the recorded ones for the next run, as in Celery.
         """
         request = self.request
         if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
@@ -291,7 +295,12 @@ class CeleryTask(Task):
             countdown = (due - datetime.now(UTC)).total_seconds()
         if countdown is None:
             countdown = self.default_retry_delay
-        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)))
+        data = None
+        if args is not None or kwargs is not None:  # Celery runs the retry with these
+            data = self.data_for(
+                request.args if args is None else args, request.kwargs if kwargs is None else kwargs
+            )
+        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)), data)
         if throw:
             raise requested
         return requested

@@ -129,7 +129,9 @@ class KeelTask(CeleryTask):
             self._announce_ignored(f"deferred: {deferral}")
             raise Ignore() from None
         except RetryRequested as requested:
-            self._failed(claimed, requested.exc or requested, retry_in_ms=requested.delay_ms)
+            self._failed(
+                claimed, requested.exc or requested, requested.delay_ms, data=requested.data
+            )
             raise
         except RetriesExhausted as exhausted:
             self._failed(claimed, exhausted.original, retry_in_ms=None)
@@ -175,13 +177,19 @@ class KeelTask(CeleryTask):
         self.request.keel_job = context
         if self.job_style == "context":
             return self.run(context)
-        data = claimed.data
-        return self.run(*data.get("args", ()), **data.get("kwargs", {}))
+        args, kwargs = list(claimed.data.get("args", ())), dict(claimed.data.get("kwargs", {}))
+        # As Celery's request shows them (the wake-up message carries the record's data)
+        self.request.args, self.request.kwargs = args, kwargs
+        return self.run(*args, **kwargs)
 
     _NO_RULES: Any = object()
 
     def _failed(
-        self, claimed: ClaimedJob, exc: BaseException, retry_in_ms: Any = _NO_RULES
+        self,
+        claimed: ClaimedJob,
+        exc: BaseException,
+        retry_in_ms: Any = _NO_RULES,
+        data: dict[str, Any] | None = None,
     ) -> None:
         """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent).
 
@@ -190,7 +198,11 @@ class KeelTask(CeleryTask):
         by_rules = retry_in_ms is self._NO_RULES
         try:
             retrying = finish.failed(
-                claimed, exc, by_rules=by_rules, retry_in_ms=None if by_rules else retry_in_ms
+                claimed,
+                exc,
+                by_rules=by_rules,
+                retry_in_ms=None if by_rules else retry_in_ms,
+                data=data,
             )
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this failure is not recorded")

@@ -302,9 +302,17 @@ def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
 
 
 def fail(
-    session: Session, job: ClaimedJob, reason: str, stack: list[str], retry_in_ms: int | None
+    session: Session,
+    job: ClaimedJob,
+    reason: str,
+    stack: list[str],
+    retry_in_ms: int | None,
+    data: dict[str, Any] | None = None,
 ) -> FailedRun:
-    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good."""
+    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
+
+    ``data`` replaces the job's data for its next run (only when it runs again).
+    """
     retrying = retry_in_ms is not None
     row = session.execute(
         text(
@@ -312,6 +320,7 @@ def fail(
             UPDATE jobs SET
                 attempts_made = attempts_made + 1,
                 failed_reason = :reason,
+                data = CASE WHEN :retrying THEN COALESCE(CAST(:data AS jsonb), data) ELSE data END,
                 stacktrace = stacktrace || CAST(:stack AS jsonb),
                 state = CASE WHEN :retrying THEN 'delayed' ELSE 'failed' END,
                 run_at = CASE WHEN :retrying
@@ -330,6 +339,7 @@ def fail(
             "reason": reason,
             "stack": json.dumps(stack[-10:]),
             "retrying": retrying,
+            "data": json.dumps(data) if data is not None else None,
             "delay_s": (retry_in_ms or 0) / 1000.0,
             "run_patch": json.dumps(
                 {"outcome": "retrying" if retrying else "failed", "error": reason}
