@@ -144,7 +144,13 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values."""
+    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values.
+
+    A step's ``eta``/``expires`` may be a datetime: kept as ISO text, which ``_moment``
+    reads back when the step is recorded.
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

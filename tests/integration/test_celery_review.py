@@ -129,3 +129,13 @@ def test_a_tenants_chain_fanning_out_to_a_group_keeps_the_tenant():
     assert owner_of(wait_state(parent.id, "completed")["jobId"]) == "acme"
     wait_state(first, "completed", timeout=10)
     assert owner_of(first) == "acme"
+
+
+def test_a_chain_step_with_an_eta_can_be_sent():
+    from datetime import UTC, datetime, timedelta
+
+    due = datetime.now(UTC) + timedelta(seconds=1)
+    result = chain(celery_add.si(1, 1), celery_add.si(2, 2).set(eta=due)).apply_async()
+    child = wait_state(result.id, "completed", "failed", timeout=20)
+    assert child["state"] == "completed"
+    assert ts(child["processedOn"]) >= due - timedelta(milliseconds=50), child
