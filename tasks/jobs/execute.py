@@ -26,7 +26,7 @@ from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.enqueue import KEEL_HEADER, park_for_republish
+from tasks.jobs.enqueue import KEEL_HEADER
 from tasks.jobs.errors import Defer
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
@@ -79,24 +79,29 @@ class KeelTask(CeleryTask):
     reject_on_worker_lost = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        admission = self._admit()
+        admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
         finally:
             limits.release(admission)
 
-    def _admit(self) -> limits.Admission:
+    def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
         """Wait out the queue's global limits before claiming, so waiting costs no attempt.
 
         A held job goes back to the durable delayed set (the promoter
         publishes it again) and this delivery is acknowledged: nothing is
-        held in worker memory, and a worker dying here loses nothing.
+        held in worker memory, and a worker dying here loses nothing. A
+        delivery without a record is recorded first, or acknowledging it
+        would lose it.
         """
         try:
             return limits.admit(self._delivered_queue())
         except limits.LimitReached as held:
             try:
-                park_for_republish([self.request.id], in_s=held.wait_s)
+                with transaction() as session:
+                    if not getattr(self.request, KEEL_HEADER, None):
+                        self._record_on_arrival(session, args, kwargs)
+                    store.park(session, [self.request.id], held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
             self._announce_ignored("held by its queue's limits; it runs again later")
@@ -252,6 +257,7 @@ class KeelTask(CeleryTask):
             tenant_id=None,
             user_id=None,
             opts=self.default_options(data, None),
+            celery_ctx=self._canvas_context(),
         )
         if store.insert(session, job):
             log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)

@@ -139,3 +139,22 @@ def test_a_chain_step_with_an_eta_can_be_sent():
     child = wait_state(result.id, "completed", "failed", timeout=20)
     assert child["state"] == "completed"
     assert ts(child["processedOn"]) >= due - timedelta(milliseconds=50), child
+
+
+def test_a_message_without_a_record_held_by_its_queues_limit_is_not_lost(monkeypatch):
+    from tasks.celery import app
+    from tasks.jobs import limits
+
+    # Given the default queue capped at one run at a time, and its slot taken
+    monkeypatch.setattr(limits, "configured", lambda: {"default": limits.QueueLimit(concurrency=1)})
+    held = limits.admit("default")
+    try:
+        # When a message arrives without a record (sent by name, as another app would)
+        task_id = unique("foreign")
+        app.send_task("test.celery_add", args=(20, 22), task_id=task_id, queue="default")
+        # Then the held delivery leaves a record behind, run once the slot is free
+        wait_state(task_id, "waiting", "delayed", "active", "completed", timeout=10)
+    finally:
+        limits.release(held)
+    job = wait_state(task_id, "completed", "failed", timeout=20)
+    assert job["result"] == 42
