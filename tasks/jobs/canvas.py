@@ -47,7 +47,7 @@ from tasks.jobs.store.jobs import ClaimedJob, NewJob, ReadyJob
 log = logging.getLogger(__name__)
 
 # What a chord's body record keeps besides its own canvas context.
-CHORD_KEYS = ("chordParts", "chordResults", "chordArgs", "chordKwargs")
+CHORD_KEYS = ("chordParts", "chordResults", "chordArgs", "chordKwargs", "chordImmutable")
 
 
 def _keel_task(name: str) -> Any | None:
@@ -75,6 +75,8 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     options = dict(body.options or {})
     ctx = canvas_context(options)
     ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
+    if body.immutable:  # ``.si()``: called with its own arguments, without the results
+        ctx.update(chordImmutable=True)
     given = options.get("owner") or current_owner()
     owner = given if isinstance(given, Owner) else None
     job = NewJob(
@@ -145,10 +147,13 @@ def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> lis
     if row is None or task is None:
         return []
     ordered = [results[part] for part in parts]
-    if task.job_style == "context":
+    given = list(ctx.get("chordArgs", []))
+    if ctx.get("chordImmutable"):
+        data = task.data_for(given, ctx.get("chordKwargs", {}))
+    elif task.job_style == "context":
         data = {**ctx.get("chordKwargs", {}), "results": ordered}
     else:
-        data = task.data_for([ordered, *ctx.get("chordArgs", [])], ctx.get("chordKwargs", {}))
+        data = task.data_for([ordered, *given], ctx.get("chordKwargs", {}))
     released = store.release_body(session, body_id, data, ctx)
     return [released] if released is not None else []
 

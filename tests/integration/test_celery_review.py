@@ -158,3 +158,10 @@ def test_a_message_without_a_record_held_by_its_queues_limit_is_not_lost(monkeyp
         limits.release(held)
     job = wait_state(task_id, "completed", "failed", timeout=20)
     assert job["result"] == 42
+
+
+def test_an_immutable_chord_body_gets_no_results():
+    # Celery: a body made with .si() is called with its own arguments only
+    body = chord([celery_add.si(1, 1), celery_add.si(2, 2)])(celery_add.si(5, 6))
+    job = wait_state(body.id, "completed", "failed", timeout=15)
+    assert (job["state"], job["result"]) == ("completed", 11), job
