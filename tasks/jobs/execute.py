@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
+from sqlalchemy import event
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
@@ -28,6 +29,7 @@ from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.enqueue import KEEL_HEADER
 from tasks.jobs.errors import Defer
+from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
@@ -243,12 +245,16 @@ class KeelTask(CeleryTask):
         """A message sent without Keel (``send_task`` by name, another app): record it now.
 
         Its record is added as waiting in the claim's transaction (nothing if a
-        job with its id exists), so the claim runs it like any other job.
+        job with its id exists), so the claim runs it like any other job. Arguments
+        the handler cannot take (positional ones for a ``handler(job)`` task) are
+        recorded as given, and the job fails at once saying why: run, it would
+        read them as its data.
         """
+        refused = None
         try:
             data = self.data_for(args, kwargs)
         except TypeError as exc:
-            data = {"args": list(args), "kwargs": dict(kwargs), "refused": str(exc)}
+            data, refused = {"args": list(args), "kwargs": dict(kwargs)}, str(exc)
         job = NewJob(
             id=str(self.request.id),
             name=self.name,
@@ -259,8 +265,20 @@ class KeelTask(CeleryTask):
             opts=self.default_options(data, None),
             celery_ctx=self._canvas_context(),
         )
-        if store.insert(session, job):
-            log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if not store.insert(session, job):
+            return
+        log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if refused is None:
+            return
+        failed = store.fail_unsupported(session, job.id, job.name, refused)
+        if failed is not None:
+            finish.finished(session, failed, State.FAILED)
+            event.listen(
+                session,
+                "after_commit",
+                lambda _s: events.emit(job.queue, "failed", job.id, job.name, failedReason=refused),
+                once=True,
+            )
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""

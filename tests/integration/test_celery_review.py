@@ -165,3 +165,14 @@ def test_an_immutable_chord_body_gets_no_results():
     body = chord([celery_add.si(1, 1), celery_add.si(2, 2)])(celery_add.si(5, 6))
     job = wait_state(body.id, "completed", "failed", timeout=15)
     assert (job["state"], job["result"]) == ("completed", 11), job
+
+
+def test_a_message_without_a_record_its_handler_cannot_take_fails_visibly():
+    from tasks.celery import app
+
+    # test.echo is a handler(job) task: data by name only; this message has positional args
+    task_id = unique("foreign")
+    app.send_task("test.echo", args=(1, 2), task_id=task_id, queue="default")
+    job = wait_state(task_id, "completed", "failed", timeout=10)
+    assert job["state"] == "failed", job
+    assert "keyword arguments only" in job["failedReason"]

@@ -375,9 +375,12 @@ def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason
     return row is not None
 
 
-def fail_unsupported(session: Session, job_id: str, name: str) -> JobRecord | None:
-    """A message no worker has a handler for: failed at once, as a run that failed."""
-    reason = f"unsupported job: {name}"
+def fail_unsupported(
+    session: Session, job_id: str, name: str, reason: str | None = None
+) -> JobRecord | None:
+    """A message no worker has a handler for (or whose handler cannot take its arguments,
+    ``reason``): failed at once, as a run that failed."""
+    reason = reason or f"unsupported job: {name}"
     row = session.execute(
         text(
             """
