@@ -46,6 +46,7 @@ from tasks import quotas
 from tasks.db import transaction
 from tasks.jobs import registry
 from tasks.jobs.enqueue import AddedJob, add, publish_or_park
+from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
@@ -143,7 +144,13 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values."""
+    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values.
+
+    A step's ``eta``/``expires`` may be a datetime: kept as ISO text, which ``_moment``
+    reads back when the step is recorded.
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -191,9 +198,12 @@ MAX_RETRIES_CAP = 99
 class RetryRequested(Retry):
     """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
 
-    def __init__(self, exc: BaseException | None, delay_ms: int) -> None:
+    def __init__(
+        self, exc: BaseException | None, delay_ms: int, data: dict[str, Any] | None = None
+    ) -> None:
         super().__init__(exc=exc, when=delay_ms / 1000)
         self.delay_ms = delay_ms
+        self.data = data  # new data for the next run (``retry(args=, kwargs=)``), or ``None``
 
 
 class RetriesExhausted(Exception):
@@ -271,10 +281,14 @@ class CeleryTask(Task):
 
         ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
         (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
-        fails for good with ``exc`` (or ``MaxRetriesExceededError``). The wait is
-        ``countdown``, else until ``eta``, else ``default_retry_delay``.
+        fails for good with ``exc`` (or ``MaxRetriesExceededError``), as it does at once
+        when ``exc`` is an ``UnrecoverableError``. The wait is
+        ``countdown``, else until ``eta``, else ``default_retry_delay``. New ``args`` or
+        ``kwargs`` replace the recorded ones for the next run, as in Celery.
         """
         request = self.request
+        if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
+            raise RetriesExhausted(exc) from exc
         limit = self.max_retries if max_retries is None else max_retries
         limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
         if (request.retries or 0) >= limit:
@@ -287,7 +301,12 @@ class CeleryTask(Task):
             countdown = (due - datetime.now(UTC)).total_seconds()
         if countdown is None:
             countdown = self.default_retry_delay
-        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)))
+        data = None
+        if args is not None or kwargs is not None:  # Celery runs the retry with these
+            data = self.data_for(
+                request.args if args is None else args, request.kwargs if kwargs is None else kwargs
+            )
+        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)), data)
         if throw:
             raise requested
         return requested

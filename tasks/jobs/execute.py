@@ -21,13 +21,15 @@ from typing import Any, NoReturn
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
+from sqlalchemy import event
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.enqueue import KEEL_HEADER, park_for_republish
+from tasks.jobs.enqueue import KEEL_HEADER
 from tasks.jobs.errors import Defer
+from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
@@ -41,6 +43,10 @@ STORE_UNAVAILABLE_PAUSE_S = 1.0
 
 class JobExpired(Exception):
     """The job had not started by its ``expiresAt`` (Celery's ``expires``)."""
+
+
+class UnrecordedEnd(Exception):
+    """A run ended but its result, or what its end triggers, could not be recorded."""
 
 
 class JobContext:
@@ -75,24 +81,29 @@ class KeelTask(CeleryTask):
     reject_on_worker_lost = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        admission = self._admit()
+        admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
         finally:
             limits.release(admission)
 
-    def _admit(self) -> limits.Admission:
+    def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
         """Wait out the queue's global limits before claiming, so waiting costs no attempt.
 
         A held job goes back to the durable delayed set (the promoter
         publishes it again) and this delivery is acknowledged: nothing is
-        held in worker memory, and a worker dying here loses nothing.
+        held in worker memory, and a worker dying here loses nothing. A
+        delivery without a record is recorded first, or acknowledging it
+        would lose it.
         """
         try:
             return limits.admit(self._delivered_queue())
         except limits.LimitReached as held:
             try:
-                park_for_republish([self.request.id], in_s=held.wait_s)
+                with transaction() as session:
+                    if not getattr(self.request, KEEL_HEADER, None):
+                        self._record_on_arrival(session, args, kwargs)
+                    store.park(session, [self.request.id], held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
             self._announce_ignored("held by its queue's limits; it runs again later")
@@ -125,7 +136,9 @@ class KeelTask(CeleryTask):
             self._announce_ignored(f"deferred: {deferral}")
             raise Ignore() from None
         except RetryRequested as requested:
-            self._failed(claimed, requested.exc or requested, retry_in_ms=requested.delay_ms)
+            self._failed(
+                claimed, requested.exc or requested, requested.delay_ms, data=requested.data
+            )
             raise
         except RetriesExhausted as exhausted:
             self._failed(claimed, exhausted.original, retry_in_ms=None)
@@ -147,6 +160,14 @@ class KeelTask(CeleryTask):
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
+        except STORE_UNAVAILABLE:
+            raise  # the record stays active: its lock runs out and the run is tried again
+        except Exception as exc:
+            # The run happened but its end cannot be recorded (a result JSON cannot hold, a
+            # chain step its task cannot take): left active, the job would stall and run
+            # again, and again fail to record. It fails for good, saying why.
+            self._failed(claimed, UnrecordedEnd(f"its end could not be recorded: {exc}"), None)
+            raise
         # Its chain's next step and its links were recorded with its end (tasks.jobs.canvas):
         # Celery's tracer must not send them a second time.
         self.request.chain = None
@@ -163,13 +184,19 @@ class KeelTask(CeleryTask):
         self.request.keel_job = context
         if self.job_style == "context":
             return self.run(context)
-        data = claimed.data
-        return self.run(*data.get("args", ()), **data.get("kwargs", {}))
+        args, kwargs = list(claimed.data.get("args", ())), dict(claimed.data.get("kwargs", {}))
+        # As Celery's request shows them (the wake-up message carries the record's data)
+        self.request.args, self.request.kwargs = args, kwargs
+        return self.run(*args, **kwargs)
 
     _NO_RULES: Any = object()
 
     def _failed(
-        self, claimed: ClaimedJob, exc: BaseException, retry_in_ms: Any = _NO_RULES
+        self,
+        claimed: ClaimedJob,
+        exc: BaseException,
+        retry_in_ms: Any = _NO_RULES,
+        data: dict[str, Any] | None = None,
     ) -> None:
         """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent).
 
@@ -178,7 +205,11 @@ class KeelTask(CeleryTask):
         by_rules = retry_in_ms is self._NO_RULES
         try:
             retrying = finish.failed(
-                claimed, exc, by_rules=by_rules, retry_in_ms=None if by_rules else retry_in_ms
+                claimed,
+                exc,
+                by_rules=by_rules,
+                retry_in_ms=None if by_rules else retry_in_ms,
+                data=data,
             )
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this failure is not recorded")
@@ -214,12 +245,16 @@ class KeelTask(CeleryTask):
         """A message sent without Keel (``send_task`` by name, another app): record it now.
 
         Its record is added as waiting in the claim's transaction (nothing if a
-        job with its id exists), so the claim runs it like any other job.
+        job with its id exists), so the claim runs it like any other job. Arguments
+        the handler cannot take (positional ones for a ``handler(job)`` task) are
+        recorded as given, and the job fails at once saying why: run, it would
+        read them as its data.
         """
+        refused = None
         try:
             data = self.data_for(args, kwargs)
         except TypeError as exc:
-            data = {"args": list(args), "kwargs": dict(kwargs), "refused": str(exc)}
+            data, refused = {"args": list(args), "kwargs": dict(kwargs)}, str(exc)
         job = NewJob(
             id=str(self.request.id),
             name=self.name,
@@ -228,9 +263,22 @@ class KeelTask(CeleryTask):
             tenant_id=None,
             user_id=None,
             opts=self.default_options(data, None),
+            celery_ctx=self._canvas_context(),
         )
-        if store.insert(session, job):
-            log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if not store.insert(session, job):
+            return
+        log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if refused is None:
+            return
+        failed = store.fail_unsupported(session, job.id, job.name, refused)
+        if failed is not None:
+            finish.finished(session, failed, State.FAILED)
+            event.listen(
+                session,
+                "after_commit",
+                lambda _s: events.emit(job.queue, "failed", job.id, job.name, failedReason=refused),
+                once=True,
+            )
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""
