@@ -214,6 +214,13 @@ class RetriesExhausted(Exception):
         self.original = original
 
 
+def routed_queue(app: Celery, name: str) -> str:
+    """The queue Celery's ``task_routes`` give ``name`` (else the default queue)."""
+    route = app.amqp.router.route({}, name, (), {})
+    queue = route.get("queue")
+    return str(getattr(queue, "name", queue) or app.conf.task_default_queue)
+
+
 class CeleryTask(Task):
     """A Keel task as Celery sees it: declared on binding, sent through the record,
     retried through the delayed set. ``tasks.jobs.execute.KeelTask`` runs it."""
@@ -234,14 +241,14 @@ class CeleryTask(Task):
     def on_bound(cls, app: Celery) -> None:
         """Declare the job type, so schedulers, the API and health know it by name."""
         if cls.name:
-            queue = getattr(cls, "queue", None) or app.conf.task_default_queue
+            queue = getattr(cls, "queue", None) or routed_queue(app, cls.name)
             job_type = registry.JobType(
                 cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
             )
             registry.declare(job_type)
 
     def job_queue(self) -> str:
-        return str(getattr(self, "queue", None) or self.app.conf.task_default_queue)
+        return str(getattr(self, "queue", None) or routed_queue(self.app, self.name))
 
     def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
         """The options a job of this task gets unless the call says otherwise."""

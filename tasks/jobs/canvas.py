@@ -46,9 +46,6 @@ from tasks.jobs.store.jobs import ClaimedJob, NewJob, ReadyJob
 
 log = logging.getLogger(__name__)
 
-# What a chord's body record keeps besides its own canvas context.
-CHORD_KEYS = ("chordParts", "chordResults", "chordArgs", "chordKwargs", "chordImmutable")
-
 
 def _keel_task(name: str) -> Any | None:
     """The Keel task called ``name``, or ``None`` for a plain Celery task (or none)."""

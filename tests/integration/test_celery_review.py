@@ -176,3 +176,42 @@ def test_a_message_without_a_record_its_handler_cannot_take_fails_visibly():
     job = wait_state(task_id, "completed", "failed", timeout=10)
     assert job["state"] == "failed", job
     assert "keyword arguments only" in job["failedReason"]
+
+
+ROUTED = """
+from celery import shared_task
+
+from tasks.celery import app, load_job_modules
+from tasks.jobs import KeelTask, registry
+
+app.conf.task_routes = {"routedtest.*": {"queue": "routed-q"}}
+
+
+@shared_task(base=KeelTask, name="routedtest.noop")
+def noop():
+    return 1
+
+
+load_job_modules()
+print(app.tasks["routedtest.noop"].job_queue(), registry.get("routedtest.noop").queue)
+"""
+
+
+def test_a_task_routed_by_task_routes_is_declared_on_its_routed_queue():
+    import os
+    import subprocess
+    import sys
+
+    from tests.support.stack import PROJECT_ROOT
+
+    # An app configured with task_routes (as a Celery project is, before its tasks load)
+    done = subprocess.run(
+        [sys.executable, "-c", ROUTED],
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["routed-q", "routed-q"]
