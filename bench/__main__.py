@@ -33,9 +33,10 @@ TITLES = {
     "P5": "queue health",
     "P6": "CLI start-up",
     "P7": "no-op jobs on 1 and 2 worker hosts",
+    "P8": "bulk add vs single adds",
 }
 # Figures with workers first; the API figures leave queued messages nobody consumes.
-ORDER = ("P6", "P1", "P2", "P7", "P4", "P5", "P3")
+ORDER = ("P6", "P8", "P1", "P2", "P7", "P4", "P5", "P3")
 # Figures that start servers of their own (on separate hosts): they need no BenchEnv.
 OWN_SERVERS = {"P7"}
 
@@ -48,6 +49,7 @@ RUNNERS = {
     "P5": "fig_health:p5_health",
     "P6": "fig_cli:p6_cli",
     "P7": "fig_hosts:p7_hosts",
+    "P8": "fig_bulk:p8_bulk",
 }
 
 

@@ -99,6 +99,29 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
     click.echo(issue_token(secret, tenant, user, list(roles), ttl))
 
 
+@main.command("ui-link")
+@click.option("--tenant", required=True)
+@click.option("--user", required=True)
+@click.option("--role", "roles", multiple=True, help="repeat for several roles")
+@click.option("--ttl", default=300, show_default=True, type=click.IntRange(1, 3600), help="seconds")
+@click.option("--url", "base_url", help="where the web app answers (default: KEEL_WEB_URL)")
+def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: str | None) -> None:
+    """Print a one-time sign-in link to the dashboard at /ui."""
+    from web.auth import ID_RULE, check_secret, is_id
+    from web.ui.session import issue_link
+
+    settings = get_settings()
+    for name, value in (("--tenant", tenant), ("--user", user)):
+        if not is_id(value):
+            raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
+    try:
+        secret = check_secret(settings.secret_key)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    base = (base_url or settings.web_url or f"http://127.0.0.1:{settings.web_port}").rstrip("/")
+    click.echo(f"{base}/ui/login/{issue_link(secret, tenant, user, list(roles), ttl)}")
+
+
 @main.group()
 def db() -> None:
     """Database schema."""

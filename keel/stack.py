@@ -234,7 +234,9 @@ class Stack:
     def _announce(self, env: dict[str, str]) -> None:
         print(
             f"\nKeel is up.\n"
-            f"  web     {env['KEEL_WEB_URL']}/api/v1   (OpenAPI: /api/v1/openapi.json)\n"
+            f"  web     {env['KEEL_WEB_URL']}/api/v1   (docs: /api/v1/docs)\n"
+            f"  ui      {env['KEEL_WEB_URL']}/ui   "
+            f"(sign in: keel ui-link --tenant acme --user alice --role operator)\n"
             f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}"
             f"  (user {env['KEEL_FLOWER_USER']}, password in {self.home / ENV_FILE_NAME})\n"
             f"  sandbox {env['KEEL_PROVIDER_URL']}\n"

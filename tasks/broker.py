@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -85,21 +86,27 @@ def publish_failed(exc: BaseException, started: float) -> None:
     failed(exc, started, message_broker())
 
 
-def publish(send: Callable[[], object]) -> None:
-    """Run ``send`` (one publish); on RabbitMQ, once more if it failed at once.
+def publish(send: Callable[[Any], object], producer: Any = None) -> None:
+    """Run ``send(producer)`` (one publish); on RabbitMQ, once more if it failed at once.
 
     A connection RabbitMQ closed (it restarted while this process was idle)
-    fails the first publish on it at once; kombu then opens a new one, so a
-    second try goes through. One that failed after waiting is not tried
-    again: the broker is hung, and a second wait would only double the
-    caller's. Redis needs neither: redis-py reconnects by itself.
+    fails the first publish on it at once; a second try on a new connection
+    goes through: the given producer's connection is replaced in place (a
+    batch goes on with it), or, with none given, kombu's pool opens one. A
+    publish that failed after waiting is not tried again: the broker is hung,
+    and a second wait would only double the caller's. Redis needs neither:
+    redis-py reconnects by itself.
     """
     started = time.monotonic()
     try:
-        send()
+        send(producer)
     except Exception:
         server = message_broker()
         if server != "RabbitMQ" or time.monotonic() - started >= TIMEOUTS_S[server] / 2:
             raise
         log.info("publish failed at once; trying again on a new connection", exc_info=True)
-        send()
+        if producer is not None:
+            connection = producer.connection
+            connection.collect()  # no I/O: the old socket is gone or closing
+            producer.revive(connection.default_channel)
+        send(producer)

@@ -128,6 +128,7 @@ class Settings(BaseSettings):
     # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
     tenant_quotas: str = ""
     token_max_ttl_s: int = 30 * 86_400
+    ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
     tenant_rate_limit: str = "6000/minute"
     user_rate_limit: str | None = None  # None: half the tenant's
     # Reports and campaigns.

@@ -70,7 +70,7 @@ def stack():
 # Fixtures that start processes: a test using one belongs to the stack tier, and so
 # does every test of these folders (whole stacks, chaos, served HTTP, benchmarks).
 PROCESS_FIXTURES = frozenset({"worker", "sandbox", "spawn", "keel_up", "beats", "beat"})
-STACK_FOLDERS = ("acceptance", "chaos", "serving", "bench", "multihost", "rabbitmq")
+STACK_FOLDERS = ("acceptance", "browser", "chaos", "serving", "bench", "multihost", "rabbitmq")
 
 
 def pytest_collection_modifyitems(config, items):

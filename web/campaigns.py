@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from tasks import quotas
 from tasks.notifications import campaigns, service
 from web.api import operation
+from web.auth import OPERATOR, Principal
 from web.schemas import Open, Strict, configured_bound
 
 bp = Blueprint("campaigns", __name__, url_prefix="/api/v1/campaigns")
@@ -100,6 +101,16 @@ class Resumed(Open):
     requeuedChunks: int
 
 
+def campaign_for(principal: Principal, campaign_id: str) -> campaigns.Campaign:
+    """The campaign if ``principal`` may see it: its own, or (operators) its tenant's."""
+    return campaigns.get_owned(campaign_id, principal.owner, tenant_wide=principal.operator)
+
+
+def resume_for(principal: Principal, campaign_id: str) -> dict[str, Any]:
+    """An operator's resume (the caller checked the role) of a campaign of its tenant."""
+    return service.resume(principal.owner, campaign_id, principal.user_id)
+
+
 def _status_url(campaign_id: str) -> str:
     return f"{bp.url_prefix}/{campaign_id}"
 
@@ -133,19 +144,16 @@ def create_campaign(body: CreateCampaign):
     responses={200: CampaignStatus, 404: None},
 )
 def get_campaign(campaign_id: str):
-    principal = g.principal
-    found = campaigns.get_owned(campaign_id, principal.owner, tenant_wide=principal.operator)
-    return campaigns.describe(found)
+    return campaigns.describe(campaign_for(g.principal, campaign_id))
 
 
 @operation(
     bp,
     "/<campaign_id>/resume",
     "POST",
-    role="operator",
+    role=OPERATOR,
     summary="Re-dispatch a campaign's unfinished chunks and sends",
     responses={202: Resumed, 400: None, 404: None},
 )
 def resume_campaign(campaign_id: str):
-    principal = g.principal
-    return service.resume(principal.owner, campaign_id, principal.user_id), 202
+    return resume_for(g.principal, campaign_id), 202

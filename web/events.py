@@ -31,7 +31,7 @@ from flask import Blueprint, Response, g, request
 
 from tasks import broker
 from tasks.jobs import events
-from tasks.jobs.models import FINISHED_STATES
+from tasks.jobs.models import FINISHED_STATES, JobRecord
 from tasks.jobs.queries import get_owned
 from tasks.reports.jobs import QUEUE
 from web.api import operation
@@ -190,6 +190,11 @@ def job_events(job_id: str):
     timeout_s = _timeout_s()
     principal = g.principal
     job = get_owned(job_id, principal.owner, queue=QUEUE, tenant_wide=principal.operator)
+    return stream_response(job, timeout_s)
+
+
+def stream_response(job: JobRecord, timeout_s: float) -> Response:
+    """``job``'s events as a ``text/event-stream`` response (the caller checked who may see it)."""
     environ = request.environ
     stream = JobEventStream(
         job_id=job.id,

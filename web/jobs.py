@@ -31,12 +31,12 @@ from tasks.jobs.queries import DEFAULT_PAGE, MAX_PAGE, describe, describe_full, 
 from tasks.jobs.store.listing import JobFilter
 from tasks.jobs.submit import Submission, submit
 from web.api import operation
+from web.auth import OPERATOR, Principal
 from web.errors import ApiError
 from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
 from web.schemas import JobAccepted, JobList, JobView, RetryJob, Strict, configured_bound
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
-OPERATOR = "operator"
 # Printable text: no control characters (Postgres text cannot hold NUL).
 TEXT = r"^[^\x00-\x1f\x7f]+$"
 StateName = Literal[
@@ -105,6 +105,38 @@ def _summary(job: JobRecord) -> dict[str, Any]:
     return {**describe(job), "userId": job.user_id}
 
 
+# Who sees and acts on which job, for the API and the dashboard (``web.ui``) alike: a user
+# its own jobs, an operator every job of its tenant; anything else is a missing job (404).
+
+
+def visible_to(principal: Principal, query: JobListQuery) -> JobFilter:
+    """The jobs ``principal`` may list, narrowed by the query's filters."""
+    return JobFilter(
+        tenant_id=principal.tenant_id,
+        user_id=None if principal.operator else principal.user_id,
+        queue=query.queue,
+        state=query.state,
+        name=query.name,
+    )
+
+
+def read_job(principal: Principal, job_id: str) -> JobRecord:
+    return get_owned(job_id, principal.owner, tenant_wide=principal.operator)
+
+
+def cancel_for(principal: Principal, job_id: str) -> JobRecord:
+    return cancel(job_id, principal.owner, tenant_wide=principal.operator)
+
+
+def retry_for(principal: Principal, job_id: str, reason: str) -> JobRecord:
+    """An operator's retry (the caller checked the role): audited, by the job type's rules."""
+    load_job_modules()  # every job type's retry rules declared
+    request = RetryRequest(
+        job_id=job_id, queue=None, owner=principal.owner, actor=principal.user_id, reason=reason
+    )
+    return retry(request)
+
+
 @operation(
     bp,
     "",
@@ -114,15 +146,7 @@ def _summary(job: JobRecord) -> dict[str, Any]:
     responses={200: JobList, 400: None},
 )
 def list_all(query: JobListQuery):
-    principal = g.principal
-    where = JobFilter(
-        tenant_id=principal.tenant_id,
-        user_id=None if principal.operator else principal.user_id,
-        queue=query.queue,
-        state=query.state,
-        name=query.name,
-    )
-    page = list_jobs(where, cursor=query.cursor, limit=query.limit)
+    page = list_jobs(visible_to(g.principal, query), cursor=query.cursor, limit=query.limit)
     return {"jobs": [_summary(job) for job in page.jobs], "nextCursor": page.next_cursor}
 
 
@@ -134,8 +158,7 @@ def list_all(query: JobListQuery):
     responses={200: JobView, 404: None},
 )
 def get_job(job_id: str):
-    principal = g.principal
-    return describe_full(get_owned(job_id, principal.owner, tenant_wide=principal.operator))
+    return describe_full(read_job(g.principal, job_id))
 
 
 @operation(
@@ -147,8 +170,7 @@ def get_job(job_id: str):
     responses={200: JobView, 404: None, 409: None},
 )
 def cancel_job(job_id: str):
-    principal = g.principal
-    return describe_full(cancel(job_id, principal.owner, tenant_wide=principal.operator))
+    return describe_full(cancel_for(g.principal, job_id))
 
 
 @operation(
@@ -161,16 +183,7 @@ def cancel_job(job_id: str):
     responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None},
 )
 def retry_job(job_id: str, body: RetryJob):
-    load_job_modules()  # every job type's retry rules declared
-    principal = g.principal
-    request = RetryRequest(
-        job_id=job_id,
-        queue=None,
-        owner=principal.owner,
-        actor=principal.user_id,
-        reason=body.reason,
-    )
-    retry(request)
+    retry_for(g.principal, job_id, body.reason)
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
 
 

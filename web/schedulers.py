@@ -21,11 +21,11 @@ from tasks.jobs.options import Backoff, JobOptions, KeepJobs
 from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
 from tasks.jobs.schedulers import SchedulerSpec, Scope
 from web.api import operation
+from web.auth import OPERATOR, Principal
 from web.errors import ApiError
 from web.schemas import Open, configured_bound
 
 bp = Blueprint("schedulers", __name__, url_prefix="/api/v1/schedulers")
-OPERATOR = "operator"
 ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
 
 
@@ -121,8 +121,27 @@ class SchedulerList(Open):
     schedulers: list[SchedulerView]
 
 
+def scope_of(principal: Principal) -> Scope:
+    """An operator's schedulers: its tenant's (the API's and the dashboard's rule)."""
+    return Scope(tenant_id=principal.tenant_id, actor=principal.user_id)
+
+
 def _scope() -> Scope:
-    return Scope(tenant_id=g.principal.tenant_id, actor=g.principal.user_id)
+    return scope_of(g.principal)
+
+
+def upsert_for(principal: Principal, scheduler_id: str, body: UpsertScheduler) -> dict:
+    """Create or update a scheduler of the operator's tenant; its description."""
+    load_job_modules()  # every job type declared, whichever this process imported so far
+    spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
+    record = schedulers.upsert(
+        scope_of(principal),
+        _checked_id(scheduler_id),
+        spec,
+        queue=body.queue,
+        quota=quotas.current().scheduling,
+    )
+    return schedulers.describe(record)
 
 
 def _checked_id(scheduler_id: str) -> str:
@@ -142,16 +161,7 @@ def _checked_id(scheduler_id: str) -> str:
     params={"scheduler_id": ID},
 )
 def upsert_scheduler(scheduler_id: str, body: UpsertScheduler):
-    load_job_modules()  # every job type declared, whichever this process imported so far
-    spec = SchedulerSpec.model_validate(body.model_dump(exclude={"queue"}))
-    record = schedulers.upsert(
-        _scope(),
-        _checked_id(scheduler_id),
-        spec,
-        queue=body.queue,
-        quota=quotas.current().scheduling,
-    )
-    return schedulers.describe(record)
+    return upsert_for(g.principal, scheduler_id, body)
 
 
 @operation(

@@ -14,6 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tasks.jobs.bulk import BulkJob, add_bulk
     from tasks.jobs.calls import acting_as
     from tasks.jobs.enqueue import AddedJob, add
     from tasks.jobs.errors import (
@@ -38,6 +39,7 @@ _HOMES = {
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
     "tasks.jobs.enqueue": ("AddedJob", "add"),
     "tasks.jobs.calls": ("acting_as",),
+    "tasks.jobs.bulk": ("BulkJob", "add_bulk"),
     "tasks.jobs.owner": ("Owner",),
     "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
 }
@@ -46,6 +48,7 @@ _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = [
     "AddedJob",
     "Backoff",
+    "BulkJob",
     "Deduplication",
     "InvalidJobState",
     "JobConflict",
@@ -59,6 +62,7 @@ __all__ = [
     "UnrecoverableError",
     "acting_as",
     "add",
+    "add_bulk",
     "handler",
 ]
 assert sorted(__all__) == sorted(_WHERE)

@@ -1,9 +1,9 @@
-"""Celery's ways of sending a task, recorded as jobs.
+"""Celery's ways of sending and retrying a task, recorded as jobs (``CeleryTask``).
 
 ``.delay()``, ``.apply_async()``, signatures (``.s()``, ``.si()``) and canvas
 primitives all end in ``Task.apply_async``; a Keel task's ``apply_async``
-(``tasks.jobs.execute.KeelTask``) hands the call here, and it becomes an
-``add()``: the record is committed before any message, with the same owner,
+(``CeleryTask``, the base of ``tasks.jobs.execute.KeelTask``) makes the call
+an ``add()``: the record is committed before any message, with the same owner,
 options and deduplication rules as every other way in.
 
 How Celery's options map:
@@ -35,18 +35,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from celery import Celery, Task
+from celery.exceptions import MaxRetriesExceededError, Retry
+from celery.result import AsyncResult
+from pydantic import BaseModel
 
 from tasks import quotas
 from tasks.db import transaction
+from tasks.jobs import registry
 from tasks.jobs.enqueue import AddedJob, add, publish_or_park
+from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
-
-if TYPE_CHECKING:
-    from tasks.jobs.execute import KeelTask
 
 _OWNER: ContextVar[Owner | None] = ContextVar("keel_owner", default=None)
 
@@ -104,7 +108,7 @@ def _queue_name(queue: Any) -> str | None:
 
 
 def job_options(
-    task: KeelTask, data: dict[str, Any], owner: Owner | None, options: dict[str, Any]
+    task: CeleryTask, data: dict[str, Any], owner: Owner | None, options: dict[str, Any]
 ) -> JobOptions:
     """The task's own options for this data, then what the call gives, then its delay."""
     base = task.default_options(data, owner).stored()
@@ -140,7 +144,13 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values."""
+    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values.
+
+    A step's ``eta``/``expires`` may be a datetime: kept as ISO text, which ``_moment``
+    reads back when the step is recorded.
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -149,7 +159,7 @@ def _plain(value: Any) -> Any:
 
 
 def record(
-    task: KeelTask,
+    task: CeleryTask,
     args: Any,
     kwargs: Any,
     options: dict[str, Any],
@@ -179,3 +189,141 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
         job = store.get(session, job_id)
     if job is not None and job.state == State.WAITING:
         publish_or_park(job.id, job.name, job.queue, job.data, {**(job.celery_ctx or {}), **ctx})
+
+
+# ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
+MAX_RETRIES_CAP = 99
+
+
+class RetryRequested(Retry):
+    """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
+
+    def __init__(
+        self, exc: BaseException | None, delay_ms: int, data: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(exc=exc, when=delay_ms / 1000)
+        self.delay_ms = delay_ms
+        self.data = data  # new data for the next run (``retry(args=, kwargs=)``), or ``None``
+
+
+class RetriesExhausted(Exception):
+    """``self.retry()`` past ``max_retries``: the run's failure is final (``original``)."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+def routed_queue(app: Celery, name: str) -> str:
+    """The queue Celery's ``task_routes`` give ``name`` (else the default queue)."""
+    route = app.amqp.router.route({}, name, (), {})
+    queue = route.get("queue")
+    return str(getattr(queue, "name", queue) or app.conf.task_default_queue)
+
+
+class CeleryTask(Task):
+    """A Keel task as Celery sees it: declared on binding, sent through the record,
+    retried through the delayed set. ``tasks.jobs.execute.KeelTask`` runs it."""
+
+    #: How the handler takes its job: ``"context"`` — ``run(job: JobContext)``, the job's
+    #: data is a dict of named values (``handler``); ``"celery"`` — ``run(*args, **kwargs)``
+    #: like any Celery task, the data is stored as ``{"args": [...], "kwargs": {...}}``.
+    job_style = "celery"
+    #: Who may schedule it, its data model, and whether tenants may add it over HTTP
+    #: (``tasks.jobs.registry``); declared when Celery binds the task to the app.
+    schedulable: registry.Schedulable = "system"
+    data_model: type[BaseModel] | None = None
+    submittable = False
+    #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
+    default_job_options: dict[str, Any] | None = None
+
+    @classmethod
+    def on_bound(cls, app: Celery) -> None:
+        """Declare the job type, so schedulers, the API and health know it by name."""
+        if cls.name:
+            queue = getattr(cls, "queue", None) or routed_queue(app, cls.name)
+            job_type = registry.JobType(
+                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
+            )
+            registry.declare(job_type)
+
+    def job_queue(self) -> str:
+        return str(getattr(self, "queue", None) or routed_queue(self.app, self.name))
+
+    def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
+        """The options a job of this task gets unless the call says otherwise."""
+        return JobOptions.model_validate(self.default_job_options or {})
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: str | None = None,
+        **options: Any,
+    ) -> AsyncResult:
+        """Record the job, then publish it: ``.delay()``, signatures and canvas land here.
+
+        See ``tasks.jobs.calls`` for how Celery's options map to the record.
+        """
+        options.update(task_id=task_id, link=link, link_error=link_error)
+        added = record(self, args, kwargs, options)
+        return self.AsyncResult(added.job_id)
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: datetime | None = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> RetryRequested:
+        """Celery's ``self.retry``, through Keel's durable delayed set.
+
+        ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
+        (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
+        fails for good with ``exc`` (or ``MaxRetriesExceededError``), as it does at once
+        when ``exc`` is an ``UnrecoverableError``. The wait is
+        ``countdown``, else until ``eta``, else ``default_retry_delay``. New ``args`` or
+        ``kwargs`` replace the recorded ones for the next run, as in Celery.
+        """
+        request = self.request
+        if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
+            raise RetriesExhausted(exc) from exc
+        limit = self.max_retries if max_retries is None else max_retries
+        limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
+        if (request.retries or 0) >= limit:
+            error = exc or MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
+            )
+            raise RetriesExhausted(error) from error
+        if countdown is None and eta is not None:
+            due = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
+            countdown = (due - datetime.now(UTC)).total_seconds()
+        if countdown is None:
+            countdown = self.default_retry_delay
+        data = None
+        if args is not None or kwargs is not None:  # Celery runs the retry with these
+            data = self.data_for(
+                request.args if args is None else args, request.kwargs if kwargs is None else kwargs
+            )
+        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)), data)
+        if throw:
+            raise requested
+        return requested
+
+    def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
+        """The job data that Celery-style ``args``/``kwargs`` are recorded as."""
+        positional: list[Any] = list(args or ())
+        named: dict[str, Any] = dict(kwargs or {})
+        if self.job_style == "context":
+            if positional:
+                raise TypeError(f"{self.name} takes its data as keyword arguments only")
+            return named
+        return {"args": positional, "kwargs": named}

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import events, finish
+from tasks.jobs import canvas, events, finish
 from tasks.jobs.errors import JobConflict, JobNotFound
 from tasks.jobs.models import CANCELLABLE_STATES, JobRecord, State
 from tasks.jobs.owner import Owner
@@ -63,6 +63,7 @@ def _cancel(
     done = store.cancel(session, job_ids, states)
     for job in done:
         finish.finished(session, job, State.CANCELLED)
+        canvas.failed(session, job, "cancelled")  # a chord waiting for it would wait forever
     return done
 
 

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events
-from tasks.jobs.calls import canvas_context, current_owner
+from tasks.jobs.calls import canvas_context, current_owner, job_options
 from tasks.jobs.models import State
 from tasks.jobs.owner import Owner
 from tasks.jobs.promote import publish_ready
@@ -45,9 +45,6 @@ from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import ClaimedJob, NewJob, ReadyJob
 
 log = logging.getLogger(__name__)
-
-# What a chord's body record keeps besides its own canvas context.
-CHORD_KEYS = ("chordParts", "chordResults", "chordArgs", "chordKwargs")
 
 
 def _keel_task(name: str) -> Any | None:
@@ -75,6 +72,8 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     options = dict(body.options or {})
     ctx = canvas_context(options)
     ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
+    if body.immutable:  # ``.si()``: called with its own arguments, without the results
+        ctx.update(chordImmutable=True)
     given = options.get("owner") or current_owner()
     owner = given if isinstance(given, Owner) else None
     job = NewJob(
@@ -115,12 +114,16 @@ def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
         publish_ready(session, ready)
 
 
-def failed(session: Session, claimed: ClaimedJob, reason: str) -> None:
-    """In the transaction that fails a job for good: its chord's body fails too."""
-    body_id = body_id_of(claimed.celery_ctx)
+def failed(session: Session, job: Any, reason: str) -> None:
+    """In the transaction that ends a job without a result — failed for good, stalled too
+    often, cancelled or revoked: its chord's body fails too (Celery's ``ChordError``).
+
+    ``job`` is anything with the record's ``id`` and ``celery_ctx``.
+    """
+    body_id = body_id_of(job.celery_ctx)
     if body_id is None:
         return
-    body = store.fail_body(session, body_id, f"chord part {claimed.id} failed: {reason}")
+    body = store.fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
     if body is not None:
         _after_commit(
             session,
@@ -141,10 +144,13 @@ def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> lis
     if row is None or task is None:
         return []
     ordered = [results[part] for part in parts]
-    if task.job_style == "context":
+    given = list(ctx.get("chordArgs", []))
+    if ctx.get("chordImmutable"):
+        data = task.data_for(given, ctx.get("chordKwargs", {}))
+    elif task.job_style == "context":
         data = {**ctx.get("chordKwargs", {}), "results": ordered}
     else:
-        data = task.data_for([ordered, *ctx.get("chordArgs", [])], ctx.get("chordKwargs", {}))
+        data = task.data_for([ordered, *given], ctx.get("chordKwargs", {}))
     released = store.release_body(session, body_id, data, ctx)
     return [released] if released is not None else []
 
@@ -172,7 +178,7 @@ def _child(
         return []
     owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
     data = task.data_for(args, sig.kwargs)
-    opts = task.default_options(data, owner)
+    opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
     job = NewJob(
         id=str(options.get("task_id") or fallback_id),
         name=task.name,

@@ -61,6 +61,7 @@ def publish(
     ctx: dict[str, Any] | None = None,
     *,
     priority: int = 0,
+    producer: Any = None,
 ) -> None:
     """Send the wake-up message for a waiting job (its data rides along for Flower).
 
@@ -84,8 +85,9 @@ def publish(
     """
     ctx = ctx or {}
     broker.publish(
-        lambda: app.send_task(
+        lambda producer: app.send_task(
             name,
+            event_dispatcher=_sent_events_for(name),
             kwargs=data,
             task_id=job_id,
             queue=queue,
@@ -102,8 +104,27 @@ def publish(
             root_id=ctx.get("root_id"),
             priority=tenancy.broker_priority(priority),
             headers={KEEL_HEADER: "1"},
-        )
+            producer=producer,
+        ),
+        producer,
     )
+
+
+class _NoSentEvent:
+    """Stands in for Celery's event dispatcher where a task keeps out of Flower: drops
+    ``task-sent`` (the worker already skips its other events, ``Task.send_events``)."""
+
+    def publish(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_NO_SENT_EVENT = _NoSentEvent()
+
+
+def _sent_events_for(name: str) -> _NoSentEvent | None:
+    """``None`` (Celery's own dispatcher) unless the task declares ``send_events = False``."""
+    task = app.tasks.get(name)
+    return _NO_SENT_EVENT if task is not None and task.send_events is False else None
 
 
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:

@@ -18,16 +18,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from celery import Celery, Task, shared_task
-from celery.exceptions import Ignore, MaxRetriesExceededError, Reject, Retry
-from celery.result import AsyncResult
+from celery import Task, shared_task
+from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
+from sqlalchemy import event
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
-from tasks.jobs import calls, events, finish, limits, lock_renewal, metrics, registry
-from tasks.jobs.enqueue import KEEL_HEADER, park_for_republish
+from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
+from tasks.jobs.enqueue import KEEL_HEADER
 from tasks.jobs.errors import Defer
+from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
@@ -37,28 +39,14 @@ log = logging.getLogger(__name__)
 
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
-# ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
-MAX_RETRIES_CAP = 99
-
-
-class RetryRequested(Retry):
-    """``self.retry()`` of a Keel task: the next run is due in ``delay_ms`` (the delayed set)."""
-
-    def __init__(self, exc: BaseException | None, delay_ms: int) -> None:
-        super().__init__(exc=exc, when=delay_ms / 1000)
-        self.delay_ms = delay_ms
-
-
-class RetriesExhausted(Exception):
-    """``self.retry()`` past ``max_retries``: the run's failure is final (``original``)."""
-
-    def __init__(self, original: BaseException) -> None:
-        super().__init__(str(original))
-        self.original = original
 
 
 class JobExpired(Exception):
     """The job had not started by its ``expiresAt`` (Celery's ``expires``)."""
+
+
+class UnrecordedEnd(Exception):
+    """A run ended but its result, or what its end triggers, could not be recorded."""
 
 
 class JobContext:
@@ -82,125 +70,40 @@ class JobContext:
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
 
 
-class KeelTask(Task):
-    """Base class of every Keel job handler (``run(job: JobContext)``)."""
+class KeelTask(CeleryTask):
+    """Base class of every Keel job: claims its record, runs the handler, records the end.
+
+    How Celery sends, retries and declares it is ``CeleryTask``'s (``tasks.jobs.calls``).
+    """
 
     typing = False
     acks_late = True
     reject_on_worker_lost = True
-    #: How the handler takes its job: ``"context"`` — ``run(job: JobContext)``, the job's
-    #: data is a dict of named values (``handler``); ``"celery"`` — ``run(*args, **kwargs)``
-    #: like any Celery task, the data is stored as ``{"args": [...], "kwargs": {...}}``.
-    job_style = "celery"
-    #: Who may schedule it, its data model, and whether tenants may add it over HTTP
-    #: (``tasks.jobs.registry``); declared when Celery binds the task to the app.
-    schedulable: registry.Schedulable = "system"
-    data_model: type[BaseModel] | None = None
-    submittable = False
-    #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
-    default_job_options: dict[str, Any] | None = None
-
-    @classmethod
-    def on_bound(cls, app: Celery) -> None:
-        """Declare the job type, so schedulers, the API and health know it by name."""
-        if cls.name:
-            queue = getattr(cls, "queue", None) or app.conf.task_default_queue
-            job_type = registry.JobType(
-                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
-            )
-            registry.declare(job_type)
-
-    def job_queue(self) -> str:
-        return str(getattr(self, "queue", None) or self.app.conf.task_default_queue)
-
-    def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
-        """The options a job of this task gets unless the call says otherwise."""
-        return JobOptions.model_validate(self.default_job_options or {})
-
-    def apply_async(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        task_id: str | None = None,
-        producer: Any = None,
-        link: Any = None,
-        link_error: Any = None,
-        shadow: str | None = None,
-        **options: Any,
-    ) -> AsyncResult:
-        """Record the job, then publish it: ``.delay()``, signatures and canvas land here.
-
-        See ``tasks.jobs.calls`` for how Celery's options map to the record.
-        """
-        options.update(task_id=task_id, link=link, link_error=link_error)
-        added = calls.record(self, args, kwargs, options)
-        return self.AsyncResult(added.job_id)
-
-    def retry(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        exc: BaseException | None = None,
-        throw: bool = True,
-        eta: datetime | None = None,
-        countdown: float | None = None,
-        max_retries: int | None = None,
-        **options: Any,
-    ) -> RetryRequested:
-        """Celery's ``self.retry``, through Keel's durable delayed set.
-
-        ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
-        (the task's, unless given; ``None``: at most ``MAX_RETRIES_CAP``) the run
-        fails for good with ``exc`` (or ``MaxRetriesExceededError``). The wait is
-        ``countdown``, else until ``eta``, else ``default_retry_delay``.
-        """
-        request = self.request
-        limit = self.max_retries if max_retries is None else max_retries
-        limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
-        if (request.retries or 0) >= limit:
-            error = exc or MaxRetriesExceededError(
-                f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
-            )
-            raise RetriesExhausted(error) from error
-        if countdown is None and eta is not None:
-            due = eta if eta.tzinfo else eta.replace(tzinfo=UTC)
-            countdown = (due - datetime.now(UTC)).total_seconds()
-        if countdown is None:
-            countdown = self.default_retry_delay
-        requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)))
-        if throw:
-            raise requested
-        return requested
-
-    def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
-        """The job data that Celery-style ``args``/``kwargs`` are recorded as."""
-        positional: list[Any] = list(args or ())
-        named: dict[str, Any] = dict(kwargs or {})
-        if self.job_style == "context":
-            if positional:
-                raise TypeError(f"{self.name} takes its data as keyword arguments only")
-            return named
-        return {"args": positional, "kwargs": named}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        admission = self._admit()
+        admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
         finally:
             limits.release(admission)
 
-    def _admit(self) -> limits.Admission:
+    def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
         """Wait out the queue's global limits before claiming, so waiting costs no attempt.
 
         A held job goes back to the durable delayed set (the promoter
         publishes it again) and this delivery is acknowledged: nothing is
-        held in worker memory, and a worker dying here loses nothing.
+        held in worker memory, and a worker dying here loses nothing. A
+        delivery without a record is recorded first, or acknowledging it
+        would lose it.
         """
         try:
             return limits.admit(self._delivered_queue())
         except limits.LimitReached as held:
             try:
-                park_for_republish([self.request.id], in_s=held.wait_s)
+                with transaction() as session:
+                    if not getattr(self.request, KEEL_HEADER, None):
+                        self._record_on_arrival(session, args, kwargs)
+                    store.park(session, [self.request.id], held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
             self._announce_ignored("held by its queue's limits; it runs again later")
@@ -233,7 +136,9 @@ class KeelTask(Task):
             self._announce_ignored(f"deferred: {deferral}")
             raise Ignore() from None
         except RetryRequested as requested:
-            self._failed(claimed, requested.exc or requested, retry_in_ms=requested.delay_ms)
+            self._failed(
+                claimed, requested.exc or requested, requested.delay_ms, data=requested.data
+            )
             raise
         except RetriesExhausted as exhausted:
             self._failed(claimed, exhausted.original, retry_in_ms=None)
@@ -255,6 +160,14 @@ class KeelTask(Task):
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
+        except STORE_UNAVAILABLE:
+            raise  # the record stays active: its lock runs out and the run is tried again
+        except Exception as exc:
+            # The run happened but its end cannot be recorded (a result JSON cannot hold, a
+            # chain step its task cannot take): left active, the job would stall and run
+            # again, and again fail to record. It fails for good, saying why.
+            self._failed(claimed, UnrecordedEnd(f"its end could not be recorded: {exc}"), None)
+            raise
         # Its chain's next step and its links were recorded with its end (tasks.jobs.canvas):
         # Celery's tracer must not send them a second time.
         self.request.chain = None
@@ -271,13 +184,19 @@ class KeelTask(Task):
         self.request.keel_job = context
         if self.job_style == "context":
             return self.run(context)
-        data = claimed.data
-        return self.run(*data.get("args", ()), **data.get("kwargs", {}))
+        args, kwargs = list(claimed.data.get("args", ())), dict(claimed.data.get("kwargs", {}))
+        # As Celery's request shows them (the wake-up message carries the record's data)
+        self.request.args, self.request.kwargs = args, kwargs
+        return self.run(*args, **kwargs)
 
     _NO_RULES: Any = object()
 
     def _failed(
-        self, claimed: ClaimedJob, exc: BaseException, retry_in_ms: Any = _NO_RULES
+        self,
+        claimed: ClaimedJob,
+        exc: BaseException,
+        retry_in_ms: Any = _NO_RULES,
+        data: dict[str, Any] | None = None,
     ) -> None:
         """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent).
 
@@ -286,7 +205,11 @@ class KeelTask(Task):
         by_rules = retry_in_ms is self._NO_RULES
         try:
             retrying = finish.failed(
-                claimed, exc, by_rules=by_rules, retry_in_ms=None if by_rules else retry_in_ms
+                claimed,
+                exc,
+                by_rules=by_rules,
+                retry_in_ms=None if by_rules else retry_in_ms,
+                data=data,
             )
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this failure is not recorded")
@@ -322,12 +245,16 @@ class KeelTask(Task):
         """A message sent without Keel (``send_task`` by name, another app): record it now.
 
         Its record is added as waiting in the claim's transaction (nothing if a
-        job with its id exists), so the claim runs it like any other job.
+        job with its id exists), so the claim runs it like any other job. Arguments
+        the handler cannot take (positional ones for a ``handler(job)`` task) are
+        recorded as given, and the job fails at once saying why: run, it would
+        read them as its data.
         """
+        refused = None
         try:
             data = self.data_for(args, kwargs)
         except TypeError as exc:
-            data = {"args": list(args), "kwargs": dict(kwargs), "refused": str(exc)}
+            data, refused = {"args": list(args), "kwargs": dict(kwargs)}, str(exc)
         job = NewJob(
             id=str(self.request.id),
             name=self.name,
@@ -336,12 +263,27 @@ class KeelTask(Task):
             tenant_id=None,
             user_id=None,
             opts=self.default_options(data, None),
+            celery_ctx=self._canvas_context(),
         )
-        if store.insert(session, job):
-            log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if not store.insert(session, job):
+            return
+        log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if refused is None:
+            return
+        failed = store.fail_unsupported(session, job.id, job.name, refused)
+        if failed is not None:
+            finish.finished(session, failed, State.FAILED)
+            event.listen(
+                session,
+                "after_commit",
+                lambda _s: events.emit(job.queue, "failed", job.id, job.name, failedReason=refused),
+                once=True,
+            )
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""
+        if not self.send_events:
+            return  # a task kept out of Flower (``handler(events=False)``) had no STARTED either
         try:
             self.send_event("task-ignored", reason=reason)
         except Exception as exc:  # events are for watching; a lost one changes nothing
@@ -391,6 +333,7 @@ def handler(
     data: type[BaseModel] | None = None,
     submittable: bool = False,
     options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
+    events: bool = True,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -399,6 +342,8 @@ def handler(
     ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``);
     ``options(data, owner)`` gives the options of a job sent the Celery way
     (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
+    ``events=False``: no Celery task events (``send_events``), so a periodic system job
+    does not fill Flower's task list; its records and Keel's own events stay.
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
@@ -410,6 +355,7 @@ def handler(
             "schedulable": schedulable,
             "data_model": data,
             "submittable": submittable,
+            "send_events": events,
         }
         if options is not None:
             attributes["default_options"] = lambda _task, d, o: options(d, o)

@@ -72,17 +72,19 @@ def failed(
     *,
     by_rules: bool = True,
     retry_in_ms: int | None = None,
+    data: dict[str, Any] | None = None,
 ) -> Retrying | None:
     """Record a failed run; ``Retrying`` when the job runs again, ``None`` when it failed.
 
     ``by_rules``: the job's options decide (attempts, backoff, ``UnrecoverableError``);
     otherwise the caller has decided — Celery's ``self.retry`` — and ``retry_in_ms``
-    is the wait before the next run (``None``: this failure is final).
+    is the wait before the next run (``None``: this failure is final), and ``data``, if
+    given, what the next run gets (``self.retry(args=, kwargs=)``).
     """
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
     with transaction() as session:
-        outcome = store.fail(session, claimed, reason, failures.stack(exc), delay)
+        outcome = store.fail(session, claimed, reason, failures.stack(exc), delay, data)
         if not outcome.ours:
             raise NotOurs(claimed.id)
         if outcome.final:

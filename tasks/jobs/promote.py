@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from tasks import broker
+from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
 from tasks.jobs.enqueue import publish
@@ -43,23 +44,26 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
     sent: list[ReadyJob] = []
-    for job in jobs:
-        if broker.publish_unreachable():
-            break
-        started = time.monotonic()
-        try:
-            publish(
-                job.id,
-                job.name,
-                job.queue,
-                job.data,
-                job.celery_ctx,
-                priority=priority.get(job.id, 0),
-            )
-        except Exception as exc:
-            broker.publish_failed(exc, started)
-            break
-        sent.append(job)
+    started = time.monotonic()
+    try:
+        # One producer (one pooled connection) for the batch, not one acquired per job.
+        with app.producer_or_acquire() as producer:
+            for job in jobs:
+                if broker.publish_unreachable():
+                    break
+                started = time.monotonic()
+                publish(
+                    job.id,
+                    job.name,
+                    job.queue,
+                    job.data,
+                    job.celery_ctx,
+                    priority=priority.get(job.id, 0),
+                    producer=producer,
+                )
+                sent.append(job)
+    except Exception as exc:
+        broker.publish_failed(exc, started)
     unsent = [job.id for job in jobs[len(sent) :]]
     if unsent:
         log.warning("broker unavailable; %d jobs parked again", len(unsent))
@@ -72,6 +76,5 @@ def promote_once() -> int:
     with transaction() as session:
         due = store.promote_due(session, BATCH)
         sent = publish_ready(session, due)
-    for job in sent:
-        events.emit(job.queue, "waiting", job.id, job.name)
+    events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
     return len(due)

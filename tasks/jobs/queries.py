@@ -10,8 +10,10 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
+
+from sqlalchemy import text
 
 from tasks.db import transaction
 from tasks.jobs.errors import JobNotFound, KeelError
@@ -142,3 +144,53 @@ def list_jobs(where: JobFilter, *, cursor: str | None = None, limit: int = DEFAU
     jobs = found[:limit]
     more = len(found) > limit
     return JobPage(jobs, encode_cursor(jobs[-1]) if more else None)
+
+
+def count_states(where: JobFilter) -> dict[str, int]:
+    """Jobs per state among those ``where`` selects (its own ``state`` filter aside)."""
+    with transaction() as session:
+        return listing.state_counts(session, where)
+
+
+def audit_trail(job_id: str) -> list[dict[str, Any]]:
+    """A job's manual retries, oldest first: who, why, when, and what each retry cleared."""
+    with transaction() as session:
+        rows = listing.audits(session, job_id)
+        return [
+            {
+                "retriedBy": row.retried_by,
+                "reason": row.reason,
+                "recordedAt": iso(row.recorded_at),
+                "failedReason": row.failed_reason,
+                "attemptsMade": row.attempts_made,
+                "attemptsStarted": row.attempts_started,
+            }
+            for row in rows
+        ]
+
+
+@dataclass(frozen=True)
+class Activity:
+    """A tenant's finished jobs per queue over a window, in equal buckets (oldest first)."""
+
+    since: datetime
+    bucket_s: int
+    completed: dict[str, list[int]]
+    failed: dict[str, list[int]]
+
+
+def activity(tenant_id: str, *, window_s: int = 3600, bucket_s: int = 300) -> Activity:
+    """Completed and failed jobs of ``tenant_id`` per queue in the last ``window_s`` seconds."""
+    buckets = window_s // bucket_s
+    with transaction() as session:
+        now = session.scalar(text("SELECT clock_timestamp()"))
+        since = now - timedelta(seconds=window_s)
+        rows = listing.finished_since(session, tenant_id, since, bucket_s)
+    found = Activity(since, bucket_s, {}, {})
+    for queue, state, start, n in rows:
+        series = found.completed if state == "completed" else found.failed
+        index = min(buckets - 1, int((start - since).total_seconds() // bucket_s))
+        for kind in (found.completed, found.failed):
+            kind.setdefault(queue, [0] * buckets)
+        series[queue][index] += n
+    return found

@@ -283,7 +283,9 @@ def _send(record: JobSchedulerRecord, name: str, message: CeleryMessage, at: dat
     started = time.monotonic()
     try:
         broker.publish(
-            lambda: app.send_task(name, args=message.args, kwargs=message.kwargs, **options)
+            lambda producer: app.send_task(
+                name, args=message.args, kwargs=message.kwargs, producer=producer, **options
+            )
         )
     except Exception as exc:
         broker.publish_failed(exc, started)

@@ -9,7 +9,7 @@ from celery.signals import task_revoked, task_unknown, worker_process_init
 
 from tasks import db
 from tasks.db import transaction
-from tasks.jobs import events, finish, revocations
+from tasks.jobs import canvas, events, finish, revocations
 from tasks.jobs.models import State
 from tasks.jobs.store import jobs as store
 
@@ -34,6 +34,7 @@ def fail_unknown_job(
             job = store.fail_unsupported(session, id, name)
             if job is not None:
                 finish.finished(session, job, State.FAILED)
+                canvas.failed(session, job, f"unsupported job: {name}")
                 queue = job.queue
     except Exception:
         log.exception("could not record unsupported job %s (%s)", id, name)

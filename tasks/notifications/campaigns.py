@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 EVENTS_QUEUE = "notifications"
 BATCH = 1000
 
-__all__ = ["Campaign", "get", "get_owned"]
+__all__ = ["Campaign", "get", "get_owned", "list_owned"]
 
 
 def owner(campaign: Campaign) -> Owner:
@@ -50,6 +50,16 @@ def get_owned(campaign_id: str, who: Owner, *, tenant_wide: bool = False) -> Cam
     if not tenant_wide and campaign.user_id != who.user_id:
         raise JobNotFound("campaign not found")
     return campaign
+
+
+def list_owned(who: Owner, *, tenant_wide: bool = False, limit: int = 50) -> list[Campaign]:
+    """The newest campaigns ``who`` may see: its own, or (``tenant_wide``) its tenant's."""
+    query = select(Campaign).where(Campaign.tenant_id == who.tenant_id)
+    if not tenant_wide:
+        query = query.where(Campaign.user_id == who.user_id)
+    query = query.order_by(Campaign.created_at.desc(), Campaign.id.desc()).limit(limit)
+    with transaction() as session:
+        return list(session.scalars(query))
 
 
 def chunk(campaign_id: str, chunk_no: int) -> CampaignChunk:

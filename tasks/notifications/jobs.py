@@ -296,7 +296,12 @@ def send_group(job: JobContext) -> dict:
     return {"groupId": group_id, "sent": True, "losingGroupsRemoved": removed}
 
 
-@handler(MONITOR, queue=QUEUE)
+@handler(MONITOR, queue=QUEUE, events=False)
 def monitor_campaigns(job: JobContext) -> dict:
-    """Report campaigns that stopped making progress; clear entries of finished ones."""
+    """Report campaigns that stopped making progress; clear entries of finished ones.
+
+    It fires every 10 s: without Celery task events (``events=False``) it stays
+    out of Flower's task list, where it would drown the jobs people look for.
+    Its records (``keel jobs list --name campaign.monitor``) are kept as usual.
+    """
     return campaigns.watch(job.data.get("quietSeconds"))

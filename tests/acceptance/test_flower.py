@@ -87,9 +87,10 @@ def test_an_ignored_delivery_is_shown_as_ignored_and_nothing_stays_started(flowe
     # Then Flower shows it as IGNORED, not STARTED forever
     def shown() -> dict | None:
         task = requests.get(f"{flower}/api/tasks", auth=AUTH, timeout=5).json().get(task_id)
-        return task if task and task.get("state") not in (None, "RECEIVED", "STARTED") else None
+        waiting = (None, "PENDING", "RECEIVED", "STARTED")
+        return task if task and task.get("state") not in waiting else None
 
-    assert wait_for(shown, timeout=20, interval=0.3)["state"] == "IGNORED"
+    assert wait_for(shown, timeout=60, interval=0.3)["state"] == "IGNORED"
 
     # And once the stack is idle, no task is left STARTED
     def none_started() -> bool:

@@ -136,3 +136,27 @@ def test_a_killed_embedded_redis_is_restarted_and_readyz_says_so_meanwhile(keel_
     wait_for(lambda: "redis restarted" in keel_up.log(), timeout=30, interval=0.3)
     wait_for(lambda: requests.get(f"{keel_up.web}/readyz", timeout=5).ok, timeout=30)
     run_report(keel_up, rows=60)
+
+
+def test_keel_ui_link_signs_in_to_the_running_stacks_dashboard(keel_up: KeelUp):
+    # Given the link `keel ui-link` prints next to a running stack (its URL from $KEEL_HOME/env)
+    link = subprocess.run(
+        [KEEL, "ui-link", "--tenant", "acme", "--user", "olga", "--role", "operator"],
+        env=keel_up.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert link.startswith(f"{keel_up.web}/ui/login/")
+    assert f"{keel_up.web}/ui" in keel_up.log()  # announced with the other URLs
+    # When a browser opens it, the stack's web app (gunicorn) signs it in
+    browser = requests.Session()
+    signed_in = browser.get(link, allow_redirects=False, timeout=10)
+    assert signed_in.status_code == 303, signed_in.text
+    page = browser.get(f"{keel_up.web}/ui/queues", headers={"Accept": "text/html"}, timeout=10)
+    assert page.status_code == 200 and "Queues" in page.text
+    # And the link is spent for every process of the web app, not only the one that took it
+    assert [requests.get(link, timeout=10).status_code for _ in range(4)] == [401] * 4
+    # And the API docs page's assets come from the stack itself
+    asset = requests.get(f"{keel_up.web}/api/v1/docs/assets/swagger-ui-bundle.js", timeout=10)
+    assert asset.status_code == 200 and "SwaggerUIBundle" in asset.text

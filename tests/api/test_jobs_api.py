@@ -419,3 +419,24 @@ def test_a_report_retried_through_the_generic_api_keeps_the_reports_rules(client
     with transaction() as session:
         audits = session.scalar(select(func.count()).where(RetryAudit.job_id == failed))
     assert audits == 0
+
+
+def test_queue_counts_cover_every_queue_of_the_tenant_and_only_its_jobs(client):
+    # Given a tenant with a completed job, a delayed one, and a cancelled one on "default",
+    # and another tenant with jobs of its own
+    tenant, other = unique("t"), unique("t")
+    done = submit(client, bearer(tenant), name="test.echo", data={"n": 1})["jobId"]
+    wait_state(done, "completed")
+    later(tenant)
+    cancelled = later(tenant)
+    assert client.delete(f"{URL}/{cancelled}", headers=bearer(tenant)).status_code == 200
+    later(other)
+    # When its operator reads the queue counts
+    answer = client.get("/api/v1/queues", headers=bearer(tenant, roles=("operator",)))
+    # Then they are the tenant's own, per state, on the queue its jobs use
+    assert answer.status_code == 200, answer.get_data(as_text=True)
+    default = answer.get_json()["queues"]["default"]
+    assert (default["completed"], default["delayed"], default["cancelled"]) == (1, 1, 1)
+    assert default["waiting"] == default["failed"] == 0
+    # And a user who is not an operator may not read them
+    assert_error(client.get("/api/v1/queues", headers=bearer(tenant)), 403)

@@ -130,6 +130,15 @@ def test_autoretry_stops_at_max_retries_and_skips_dont_autoretry_for():
     assert other["failedReason"] == "no such input"
 
 
+def test_a_job_not_started_before_it_expires_fails_as_expired_without_running():
+    # countdown 1.5 s, expires after 0.5 s: it cannot start in time
+    result = celery_add.apply_async(args=(1, 1), countdown=1.5, expires=0.5)
+    job = wait_state(result.id, "completed", "failed", timeout=30)
+    assert job["state"] == "failed"
+    assert job["failedReason"].startswith("expired at ")
+    assert job["result"] is None
+
+
 def test_reject_without_requeue_fails_at_once():
     job = wait_state(celery_reject.delay().id, "completed", "failed")
     assert job["state"] == "failed"

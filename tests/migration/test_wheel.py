@@ -14,6 +14,7 @@ import site
 import subprocess
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,12 @@ def drop_database(name: str) -> None:
 
 
 def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stack, tmp_path):
-    venv = fresh_venv(tmp_path, build_wheel(tmp_path))
+    wheel = build_wheel(tmp_path)
+    # The dashboard's templates and assets are in it (package data: no CDN, no build step)
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("web/ui/templates/ui/base.html", "web/ui/static/ui/app.js"):
+        assert needed in shipped, f"{needed} is not in the wheel"
+    venv = fresh_venv(tmp_path, wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KEEL_REDIS_URL")}

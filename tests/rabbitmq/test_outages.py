@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tasks.jobs.bulk import BulkJob, add_bulk
 from tests.rabbitmq.conftest import own_node
 from tests.support.chaos import add_reports, completed_runs, job_rows, settle, stragglers
 from tests.support.client import bearer, unique, wait_state
@@ -110,17 +111,26 @@ def test_a_hung_node_does_not_hold_the_api_and_parked_jobs_run_after(client, spa
         assert wait_state(job_id, "completed", timeout=60)
 
 
+def close_every_connection(node) -> None:
+    """RabbitMQ closes every client connection, as a restart or a failover does."""
+    closed = node.ctl("close_all_connections", "test: connections closed by the broker")
+    assert closed.returncode == 0, closed.stderr
+
+
 def test_a_connection_the_broker_closed_is_replaced_without_parking(on_rabbitmq):
     node = own_node(on_rabbitmq)
     # Given this process has published (its pooled connection is open)
     queue = unique("rabbit-closed")
     first = add_reports(queue, 1)
-    # When RabbitMQ closes every client connection (as a restart or failover does)
-    closed = node.ctl("close_all_connections", "test: connections closed by the broker")
-    assert closed.returncode == 0, closed.stderr
+    # When RabbitMQ closes every client connection
+    close_every_connection(node)
     # Then the next job is published at once on a new connection: waiting in the queue,
     # not parked in Postgres for the promoter
     second = add_reports(queue, 1)
-    rows = job_rows([*first, *second])
-    assert {job_id: rows[job_id]["state"] for job_id in second} == dict.fromkeys(second, "waiting")
-    assert queue_depth(node.url, queue) == 2
+    # And so is a batch, published by one producer (its connection replaced in place)
+    close_every_connection(node)
+    batch = add_bulk([BulkJob("test.echo", {"i": i}, queue) for i in range(3)])
+    rows = job_rows([*first, *second, *(job.job_id for job in batch)])
+    later = [*second, *(job.job_id for job in batch)]
+    assert {job_id: rows[job_id]["state"] for job_id in later} == dict.fromkeys(later, "waiting")
+    assert queue_depth(node.url, queue) == 5

@@ -171,3 +171,32 @@ def beat_tick() -> None:
     from tasks.broker import redis_client
 
     redis_client().rpush(BEAT_TICKS_KEY, beat_tick.request.id)
+
+
+@shared_task(base=KeelTask, name="test.celery_now")
+def celery_now() -> object:
+    """Returns a datetime, as Celery tasks often do (Celery's JSON serializer takes it)."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+@shared_task(
+    bind=True,
+    base=KeelTask,
+    name="test.celery_autoretry_all",
+    autoretry_for=(Exception,),
+    max_retries=3,
+    default_retry_delay=0,
+)
+def celery_autoretry_all(self) -> None:
+    """``autoretry_for=(Exception,)``, a common Celery idiom, raising UnrecoverableError."""
+    raise UnrecoverableError("this input can never succeed")
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_retry_args", max_retries=1)
+def celery_retry_args(self, n: int, label: str = "") -> dict:
+    """First run: ``self.retry(args=(n + 1,))``, Celery's way to run again with new args."""
+    if self.request.retries == 0:
+        raise self.retry(args=(n + 1, label), countdown=0.1)
+    return {"n": n, "label": label}

@@ -66,3 +66,26 @@ def counts(queue: str, tenant_id: str | None = None) -> dict[str, int]:
     found: dict[str, int] = dict.fromkeys(STATES, 0)
     found.update({state: int(n) for state, n in rows})
     return found
+
+
+def by_queue(tenant_id: str) -> dict[str, dict[str, int]]:
+    """Jobs per state of each queue the tenant has jobs on (``counts`` for every queue at once)."""
+    with transaction() as session:
+        rows = session.execute(
+            text(
+                """
+                SELECT queue, state, sum(n) FROM (
+                    SELECT queue, state, n FROM job_counts WHERE tenant_id = :tenant
+                    UNION ALL
+                    SELECT queue, state, n FROM job_count_deltas WHERE tenant_id = :tenant
+                ) AS all_counts
+                GROUP BY queue, state
+                HAVING sum(n) <> 0
+                """
+            ),
+            {"tenant": tenant_id},
+        ).all()
+    found: dict[str, dict[str, int]] = {}
+    for queue, state, n in rows:
+        found.setdefault(queue, dict.fromkeys(STATES, 0))[state] = int(n)
+    return dict(sorted(found.items()))

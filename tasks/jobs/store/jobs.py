@@ -136,6 +136,42 @@ def insert(session: Session, job: NewJob) -> bool:
     return session.execute(_INSERT, row).first() is not None
 
 
+_INSERT_MANY = text(
+    """
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    SELECT r.id, r.queue, r.name, r.data, r.opts, r.tenant_id, r.user_id, r.state, r.ctx,
+           CASE WHEN r.delay_ms > 0
+                THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END
+    FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
+        id text, queue text, name text, data jsonb, opts jsonb, tenant_id text, user_id text,
+        state text, ctx jsonb, delay_ms bigint)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def insert_many(session: Session, jobs: Sequence[NewJob]) -> set[str]:
+    """Record ``jobs`` in one statement; the ids that were new (an existing id changes nothing)."""
+    rows = [
+        {
+            "id": job.id,
+            "queue": job.queue,
+            "name": job.name,
+            "data": job.data,
+            "opts": job.opts.stored(),
+            "tenant_id": job.tenant_id,
+            "user_id": job.user_id,
+            "state": str(job.state),
+            "ctx": job.celery_ctx,
+            "delay_ms": job.opts.delay,
+        }
+        for job in jobs
+    ]
+    found = session.execute(_INSERT_MANY, {"rows": json.dumps(rows)}).scalars()
+    return set(found)
+
+
 def delete_delayed(session: Session, job_id: str) -> bool:
     """Debounce with replace: drop a still-delayed job that a new add replaces."""
     statement = text("DELETE FROM jobs WHERE id = :id AND state = 'delayed' RETURNING id")
@@ -302,9 +338,17 @@ def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
 
 
 def fail(
-    session: Session, job: ClaimedJob, reason: str, stack: list[str], retry_in_ms: int | None
+    session: Session,
+    job: ClaimedJob,
+    reason: str,
+    stack: list[str],
+    retry_in_ms: int | None,
+    data: dict[str, Any] | None = None,
 ) -> FailedRun:
-    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good."""
+    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
+
+    ``data`` replaces the job's data for its next run (only when it runs again).
+    """
     retrying = retry_in_ms is not None
     row = session.execute(
         text(
@@ -312,6 +356,7 @@ def fail(
             UPDATE jobs SET
                 attempts_made = attempts_made + 1,
                 failed_reason = :reason,
+                data = CASE WHEN :retrying THEN COALESCE(CAST(:data AS jsonb), data) ELSE data END,
                 stacktrace = stacktrace || CAST(:stack AS jsonb),
                 state = CASE WHEN :retrying THEN 'delayed' ELSE 'failed' END,
                 run_at = CASE WHEN :retrying
@@ -330,6 +375,7 @@ def fail(
             "reason": reason,
             "stack": json.dumps(stack[-10:]),
             "retrying": retrying,
+            "data": json.dumps(data) if data is not None else None,
             "delay_s": (retry_in_ms or 0) / 1000.0,
             "run_patch": json.dumps(
                 {"outcome": "retrying" if retrying else "failed", "error": reason}
@@ -365,9 +411,12 @@ def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason
     return row is not None
 
 
-def fail_unsupported(session: Session, job_id: str, name: str) -> JobRecord | None:
-    """A message no worker has a handler for: failed at once, as a run that failed."""
-    reason = f"unsupported job: {name}"
+def fail_unsupported(
+    session: Session, job_id: str, name: str, reason: str | None = None
+) -> JobRecord | None:
+    """A message no worker has a handler for (or whose handler cannot take its arguments,
+    ``reason``): failed at once, as a run that failed."""
+    reason = reason or f"unsupported job: {name}"
     row = session.execute(
         text(
             """
@@ -522,6 +571,7 @@ class CancelledJob(Job):
 
     opts: dict[str, Any]
     user_id: str | None
+    celery_ctx: dict[str, Any] | None = None
 
 
 # Like _PARK, the state is tested on the row as locked, not in the statement's snapshot: a
@@ -534,7 +584,8 @@ _CANCEL = text(
     UPDATE jobs SET state = 'cancelled', finished_on = clock_timestamp(),
         lock_token = NULL, locked_until = NULL
     FROM before WHERE jobs.id = before.id AND before.state = ANY(:states)
-    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id,
+        jobs.celery_ctx
     """
 )
 
@@ -553,6 +604,7 @@ def cancel(session: Session, job_ids: Sequence[str], states: Sequence[State]) ->
             tenant_id=row.tenant_id,
             opts=row.opts,
             user_id=row.user_id,
+            celery_ctx=row.celery_ctx,
         )
         for row in rows
     ]

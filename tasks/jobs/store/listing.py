@@ -12,14 +12,16 @@ skipped or shown twice. The indexes ``ix_jobs_owner`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import Select, select, tuple_
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from tasks.jobs.models import JobRecord
+from tasks.jobs.models import STATES, JobRecord, RetryAudit
+
+Selection = TypeVar("Selection", bound=Select[*tuple[Any, ...]])
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class JobFilter:
     queue: str | None = None
     state: str | None = None
     name: str | None = None
+    id_prefix: str | None = None  # e.g. the jobs one scheduler fired (``repeat:<digest>:``)
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class PageKey:
     id: str
 
 
-def _filtered(query: Select[Any], where: JobFilter) -> Select[Any]:
+def _filtered(query: Selection, where: JobFilter) -> Selection:
     columns = {
         JobRecord.tenant_id: where.tenant_id,
         JobRecord.user_id: where.user_id,
@@ -52,7 +55,50 @@ def _filtered(query: Select[Any], where: JobFilter) -> Select[Any]:
     for column, value in columns.items():
         if value is not None:
             query = query.where(column == value)
+    if where.id_prefix is not None:
+        query = query.where(JobRecord.id.startswith(where.id_prefix, autoescape=True))
     return query
+
+
+def state_counts(session: Session, where: JobFilter) -> dict[str, int]:
+    """How many of the jobs ``where`` selects (its ``state`` aside) are in each state.
+
+    Counted on the records, so it honours every filter (a user's own jobs, a
+    name); ``counts.by_queue`` is the cheap tenant-wide figure.
+    """
+    query = _filtered(
+        select(JobRecord.state, func.count()).group_by(JobRecord.state),
+        replace(where, state=None),
+    )
+    found: dict[str, int] = dict.fromkeys(STATES, 0)
+    found.update({state: int(n) for state, n in session.execute(query).all()})
+    return found
+
+
+def finished_since(
+    session: Session, tenant_id: str, since: datetime, bucket_s: int
+) -> Sequence[tuple[str, str, datetime, int]]:
+    """``(queue, state, bucket start, jobs)`` of a tenant's jobs completed or failed since
+    ``since``, in buckets of ``bucket_s`` (the records retention keeps: ``ix_jobs_finished``)."""
+    bucket = func.date_bin(
+        func.make_interval(0, 0, 0, 0, 0, 0, bucket_s), JobRecord.finished_on, since
+    )
+    query = (
+        select(JobRecord.queue, JobRecord.state, bucket, func.count())
+        .where(
+            JobRecord.tenant_id == tenant_id,
+            JobRecord.state.in_(("completed", "failed")),
+            JobRecord.finished_on >= since,
+        )
+        .group_by(JobRecord.queue, JobRecord.state, bucket)
+    )
+    return [(q, s, b, int(n)) for q, s, b, n in session.execute(query).all()]
+
+
+def audits(session: Session, job_id: str) -> Sequence[RetryAudit]:
+    """A job's manual retries, oldest first (the append-only audit trail)."""
+    query = select(RetryAudit).where(RetryAudit.job_id == job_id).order_by(RetryAudit.id)
+    return session.scalars(query).all()
 
 
 def page(

@@ -1,0 +1,115 @@
+"""Bulk: many jobs added at once (BullMQ's ``addBulk``).
+
+One statement records them all, in one transaction with the tenant's quota
+check (the whole batch fits, or nothing is added); their events go to Redis
+in one pipeline; the waiting ones are published inside that transaction,
+like promoted jobs (``tasks.jobs.promote``): a worker that receives one
+first waits for the commit on the job's row, and a broker that fails parks
+the rest in the same transaction. Jobs with a deduplication rule are added
+one by one (``add``), since each takes its own claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.db import transaction
+from tasks.jobs import events, tenancy
+from tasks.jobs.enqueue import AddedJob, add, new_job_id
+from tasks.jobs.models import State
+from tasks.jobs.options import JobOptions
+from tasks.jobs.owner import Owner
+from tasks.jobs.promote import publish_ready
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.jobs.tenancy import TenantLimits
+
+
+@dataclass(frozen=True)
+class BulkJob:
+    """One job of a bulk add."""
+
+    name: str
+    data: dict[str, Any]
+    queue: str
+    opts: JobOptions = field(default_factory=JobOptions)
+    ctx: dict[str, Any] | None = None
+
+
+def add_bulk(
+    jobs: Sequence[BulkJob], *, owner: Owner | None = None, limits: TenantLimits | None = None
+) -> list[AddedJob]:
+    """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order."""
+    single = {i for i, job in enumerate(jobs) if job.opts.deduplication is not None}
+    records = [
+        NewJob(
+            id=job.opts.job_id or new_job_id(),
+            name=job.name,
+            queue=job.queue,
+            data=job.data,
+            tenant_id=owner.tenant_id if owner else None,
+            user_id=owner.user_id if owner else None,
+            opts=job.opts,
+            celery_ctx=job.ctx,
+        )
+        for i, job in enumerate(jobs)
+        if i not in single
+    ]
+    created: set[str] = set()
+    if records:
+        with transaction() as session:
+            _admit(session, owner, records, limits)
+            created = store.insert_many(session, records)
+            ready = [_ready(job) for job in records if job.id in created]
+            waiting = [job for job in ready if job.state == State.WAITING]
+            if waiting:
+                publish_ready(session, waiting)
+        events.emit_many(
+            [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
+        )
+    added = iter(records)
+    results: list[AddedJob] = []
+    for i, job in enumerate(jobs):
+        if i in single:
+            results.append(
+                add(job.name, job.data, queue=job.queue, opts=job.opts, owner=owner, limits=limits)
+            )
+            continue
+        record = next(added)
+        new = record.id in created
+        results.append(AddedJob(record.id, new, str(record.state) if new else "existing"))
+    return results
+
+
+def _admit(
+    session: Any, owner: Owner | None, records: Sequence[NewJob], limits: TenantLimits | None
+) -> None:
+    """The tenant's quotas for the whole batch: every delay within bounds, the live count too."""
+    if owner is None or limits is None:
+        return
+    if any(job.opts.delay > limits.max_delay_ms for job in records):
+        raise tenancy.delay_too_long(limits)
+    tenancy.lock(session, owner.tenant_id, "jobs")
+    live = tenancy.load(session, owner.tenant_id, records[0].queue).live  # every queue's
+    if live + len(records) > limits.live_jobs:
+        raise tenancy.exceeded(
+            "liveJobs",
+            limits.live_jobs,
+            live,
+            f"the tenant has {live} live jobs; {len(records)} more would pass its quota "
+            f"of {limits.live_jobs}",
+        )
+
+
+def _ready(job: NewJob) -> ReadyJob:
+    return ReadyJob(
+        id=job.id,
+        name=job.name,
+        queue=job.queue,
+        data=job.data,
+        tenant_id=job.tenant_id,
+        celery_ctx=job.celery_ctx,
+        state=job.state,
+    )

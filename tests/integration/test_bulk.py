@@ -1,0 +1,68 @@
+"""Bulk add (BullMQ's ``addBulk``) against the real Postgres and Redis, run by a real worker."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from tasks.db import transaction
+from tasks.jobs import BulkJob, Deduplication, JobOptions, Owner, add_bulk
+from tasks.jobs.errors import QuotaExceeded
+from tasks.jobs.models import JobRecord
+from tasks.jobs.tenancy import TenantLimits
+from tests.support.client import record, unique
+from tests.support.inline import join
+
+pytestmark = pytest.mark.usefixtures("inline_worker")
+
+
+def owned_by(tenant: str) -> int:
+    with transaction() as session:
+        query = select(func.count()).select_from(JobRecord).where(JobRecord.tenant_id == tenant)
+        return session.execute(query).scalar_one()
+
+
+def test_a_bulk_add_records_every_job_and_each_runs_once():
+    label = unique("bulk")
+    jobs = [BulkJob("test.echo", {"label": label, "i": i}, "default") for i in range(300)]
+    added = add_bulk(jobs)
+    assert len(added) == 300 and all(a.created and a.state == "waiting" for a in added)
+    done = join([a.job_id for a in added], timeout=120)
+    assert all(job["state"] == "completed" for job in done.values())
+    assert all(job["attemptsStarted"] == 1 for job in done.values())
+    assert sorted(job["result"]["echo"]["i"] for job in done.values()) == list(range(300))
+
+
+def test_delayed_deduplicated_and_existing_jobs_in_a_bulk_add():
+    key = unique("dedup")
+    existing = unique("id")
+    first = add_bulk(
+        [BulkJob("test.echo", {}, "default", JobOptions(job_id=existing, delay=60_000))]
+    )
+    added = add_bulk(
+        [
+            BulkJob("test.echo", {"n": 1}, "default", JobOptions(delay=60_000)),
+            BulkJob(
+                "test.echo", {"n": 2}, "default", JobOptions(deduplication=Deduplication(id=key))
+            ),
+            BulkJob(
+                "test.echo", {"n": 3}, "default", JobOptions(deduplication=Deduplication(id=key))
+            ),
+            BulkJob("test.echo", {"n": 4}, "default", JobOptions(job_id=existing)),
+        ]
+    )
+    assert first[0].created
+    assert record(added[0].job_id)["state"] == "delayed"
+    assert added[1].created and not added[2].created and added[2].job_id == added[1].job_id
+    assert (added[3].job_id, added[3].created, added[3].state) == (existing, False, "existing")
+
+
+def test_a_bulk_add_past_the_tenant_quota_adds_nothing():
+    tenant = unique("t")
+    limits = TenantLimits(live_jobs=5, max_delay_ms=60_000)
+    jobs = [BulkJob("test.echo", {"i": i}, "default", JobOptions(delay=30_000)) for i in range(6)]
+    with pytest.raises(QuotaExceeded):
+        add_bulk(jobs, owner=Owner(tenant, "alice"), limits=limits)
+    assert owned_by(tenant) == 0
+    add_bulk(jobs[:5], owner=Owner(tenant, "alice"), limits=limits)
+    assert owned_by(tenant) == 5

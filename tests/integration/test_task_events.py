@@ -1,0 +1,59 @@
+"""Celery task events (what Flower lists): every job sends them but a periodic system job.
+
+``campaign.monitor`` fires every 10 s; with its events on it made half of
+Flower's task list. It is declared ``handler(..., events=False)``: no
+``task-sent`` from whoever publishes it, no ``task-received``/``-started``/
+``-succeeded`` from the worker, while its record is kept as for any job.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasks.celery import app
+from tasks.jobs import add
+from tasks.notifications.jobs import MONITOR, QUEUE
+from tests.support.inline import join
+from tests.support.stack import wait_for
+
+
+@pytest.fixture
+def task_events(inline_worker) -> Iterator[list[dict]]:
+    """Every Celery event on the broker while the test runs (as Flower receives them)."""
+    seen: list[dict] = []
+    with app.connection_for_read() as connection:
+        receiver = app.events.Receiver(connection, handlers={"*": seen.append})
+        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
+        listening.start()
+        probe = f"probe-{uuid.uuid4().hex}"
+
+        def hears_a_probe() -> bool:
+            with app.events.default_dispatcher() as dispatcher:
+                dispatcher.send("worker-probe", probe=probe)
+            return any(e.get("probe") == probe for e in seen)
+
+        wait_for(hears_a_probe, timeout=20, interval=0.2)
+        yield seen
+        receiver.should_stop = True
+        listening.join(timeout=5)
+
+
+def test_the_campaign_monitor_sends_no_task_events_while_other_jobs_do(task_events):
+    # Given a job of an ordinary type and the campaign monitor, both run to completion
+    echo = add("test.echo", {"n": 1}, queue="default").job_id
+    monitor = add(MONITOR, {}, queue=QUEUE).job_id
+    records = join([echo, monitor])
+    assert {records[echo]["state"], records[monitor]["state"]} == {"completed"}
+    # Then Flower hears the ordinary job's life, and nothing of the monitor's
+    wait_for(lambda: {"task-sent", "task-succeeded"} <= kinds(task_events, echo), timeout=10)
+    time.sleep(0.5)  # any late event of the monitor's would be in by now
+    assert kinds(task_events, monitor) == set()
+
+
+def kinds(events: list[dict], task_id: str) -> set[str]:
+    return {e["type"] for e in events if e.get("uuid") == task_id}

@@ -1,0 +1,273 @@
+"""The dashboard's endpoints (``/ui``) in the security matrices: BOLA, roles, hostile input.
+
+Pass figures: 0 cross-tenant (or cross-user) reads or writes through a page,
+a partial or a form; 403 on every operator endpoint for every non-operator
+session; 0 5xx on hostile ids, query strings and forms.
+
+The endpoints are read from the app's URL map (every ``ui.*`` rule), so a page
+added later is attacked the day it is added — or fails
+``test_every_dashboard_endpoint_is_described`` until it is described here.
+Objects are created as in the API's matrix (``test_bola.KINDS``: tenant A's
+alice, through the API); intruders hold dashboard sessions made through
+one-time links, and send valid CSRF tokens, so a refusal is the ownership or
+role check, not the CSRF check.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.security.conftest import record_figure
+from tests.security.test_bola import KINDS, TENANT_A, TENANT_B
+from tests.support.client import unique
+from tests.support.ui import PAGE, csrf_token, signed_in
+from web import create_app
+from web.auth import OPERATOR
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+APP = create_app({"TESTING": True})
+# The dashboard's twin of each API operation: the same role must guard both.
+API_TWINS: dict[str, tuple[str, str]] = {
+    "ui.jobs": ("get", "/api/v1/jobs"),
+    "ui.jobs_table": ("get", "/api/v1/jobs"),
+    "ui.job": ("get", "/api/v1/jobs/{job_id}"),
+    "ui.job_state": ("get", "/api/v1/jobs/{job_id}"),
+    "ui.job_events": ("get", "/api/v1/jobs/{job_id}"),
+    "ui.retry_job": ("post", "/api/v1/jobs/{job_id}/retry"),
+    "ui.cancel_job": ("delete", "/api/v1/jobs/{job_id}"),
+    "ui.schedulers_page": ("get", "/api/v1/schedulers"),
+    "ui.new_scheduler": ("put", "/api/v1/schedulers/{scheduler_id}"),
+    "ui.scheduler": ("get", "/api/v1/schedulers/{scheduler_id}"),
+    "ui.save_scheduler": ("put", "/api/v1/schedulers/{scheduler_id}"),
+    "ui.remove_scheduler": ("delete", "/api/v1/schedulers/{scheduler_id}"),
+    "ui.campaigns_page": ("get", "/api/v1/campaigns/{campaign_id}"),
+    "ui.campaign": ("get", "/api/v1/campaigns/{campaign_id}"),
+    "ui.resume_campaign": ("post", "/api/v1/campaigns/{campaign_id}/resume"),
+    "ui.queues_page": ("get", "/api/v1/reports/queue/health"),
+}
+# Signing in and out: no object, no role (the sign-in link is its own credential).
+SIGN_IN = {"ui.home", "ui.login", "ui.signin", "ui.logout", "ui.static"}
+FORMS: dict[str, dict[str, str]] = {
+    "ui.retry_job": {"reason": "security matrix: retry from a page"},
+    "ui.save_scheduler": {
+        "id": "matrix",
+        "rule": "pattern",
+        "pattern": "0 0 1 1 *",
+        "name": "report.generate",
+        "data": '{"reportId": "yearly", "rows": 10}',
+        "opts": "{}",
+    },
+}
+CSRF = re.compile(r'(name="csrf_token" value=")[^"]+"')
+CHECKED: list[str] = []
+
+
+class Endpoint:
+    """One method of one ``ui.*`` rule."""
+
+    def __init__(self, endpoint: str, rule: str, method: str) -> None:
+        self.endpoint, self.rule, self.method = endpoint, rule, method
+        self.params = re.findall(r"<(?:[^:<>]+:)?([^<>]+)>", rule)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} {self.rule}"
+
+    @property
+    def role(self) -> str | None:
+        return getattr(APP.view_functions[self.endpoint], "required_role", None)
+
+    def url(self, value: str | None = None) -> str:
+        url = self.rule
+        for param in self.params:
+            url = re.sub(rf"<(?:[^:<>]+:)?{param}>", value or unique("id"), url)
+        return url
+
+
+ENDPOINTS = [
+    Endpoint(rule.endpoint, rule.rule, method)
+    for rule in APP.url_map.iter_rules()
+    if rule.endpoint.startswith("ui.")
+    for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
+]
+GUARDED = [e for e in ENDPOINTS if e.endpoint not in SIGN_IN]
+WITH_IDS = [e for e in GUARDED if e.params]
+WITHOUT_IDS = [e for e in GUARDED if not e.params]
+
+
+def call(client, endpoint: Endpoint, object_id: str | None = None, form: dict | None = None):
+    url = endpoint.url(object_id)
+    if endpoint.method == "GET":
+        response = client.get(url, headers=PAGE)
+    else:
+        data = {
+            "csrf_token": csrf_token(client),
+            **FORMS.get(endpoint.endpoint, {}),
+            **(form or {}),
+        }
+        response = client.post(url, data=data, headers=PAGE)
+    if response.mimetype == "text/event-stream":
+        response.close()
+    return response
+
+
+def answer(response, object_id: str | None = None) -> tuple[int, str]:
+    """Status and body, with the id asked for and the session's CSRF tokens blanked."""
+    if response.mimetype == "text/event-stream":
+        return response.status_code, "<event stream>"
+    text = CSRF.sub(r'\1<csrf>"', response.get_data(as_text=True))
+    return response.status_code, text.replace(object_id, "<id>") if object_id else text
+
+
+@pytest.fixture(scope="module")
+def sessions() -> dict[str, Any]:
+    return {
+        "owner": signed_in(APP, TENANT_A, "alice", (OPERATOR,)),
+        "other tenant": signed_in(APP, TENANT_B, "alice", (OPERATOR,)),
+        "other user": signed_in(APP, TENANT_A, "bob"),
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures():
+    yield
+    record_figure(
+        "dashboard matrix",
+        f"{len(ENDPOINTS)} dashboard endpoints; {len(CHECKED)} BOLA/role/hostile checks, "
+        "0 cross-tenant reads or writes, 0 5xx",
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_schedulers(drop_schedulers_of):
+    drop_schedulers_of.extend([TENANT_A, TENANT_B])
+
+
+def test_every_dashboard_endpoint_is_described():
+    """A new page must say which API operation it stands for (and so which role guards it)."""
+    assert {e.endpoint for e in GUARDED} == set(API_TWINS)
+    assert {p for e in WITH_IDS for p in e.params} <= set(KINDS)
+
+
+def test_the_dashboard_and_the_api_require_the_same_roles():
+    from tests.security.conftest import documented_operations
+
+    roles = {(op.method, op.path): op.operator_only for op in documented_operations()}
+    for endpoint in GUARDED:
+        twin = API_TWINS[endpoint.endpoint]
+        assert (endpoint.role == OPERATOR) == roles[twin], f"{endpoint.label} vs {twin}"
+
+
+def bola_cases() -> list[Any]:
+    cases = []
+    for endpoint in WITH_IDS:
+        [param] = endpoint.params
+        for intruder in ("other tenant", "other user"):
+            if intruder == "other user" and (endpoint.role or not KINDS[param].user_owned):
+                continue  # a role check first (test below), or an object of the whole tenant
+            cases.append(pytest.param(endpoint, intruder, id=f"{endpoint.label} as {intruder}"))
+    return cases
+
+
+@pytest.mark.parametrize("endpoint,intruder", bola_cases())
+def test_a_foreign_object_answers_exactly_like_a_missing_one(client, sessions, endpoint, intruder):
+    [param] = endpoint.params
+    kind = KINDS[param]
+    # Given an object of tenant A's alice
+    object_id = kind.create(client)
+    before = kind.fingerprint(object_id)
+    missing_id = kind.missing()
+    # When the intruder's session asks for it, and for an id that does not exist
+    foreign = answer(call(sessions[intruder], endpoint, object_id), object_id)
+    missing = answer(call(sessions[intruder], endpoint, missing_id), missing_id)
+    # Then both answers are the same 404, and nothing of A's changed
+    assert foreign == missing, f"{endpoint.label} as {intruder}: {foreign[0]} != {missing[0]}"
+    assert foreign[0] == 404 and kind.fingerprint(object_id) == before
+    # And the owner's session does find it (the check above was not vacuous)
+    owner = answer(call(sessions["owner"], endpoint, object_id), object_id)
+    assert owner[0] != 404 or kind.fingerprint(object_id) != before, endpoint.label
+    CHECKED.append(f"{endpoint.label} as {intruder}")
+
+
+@pytest.mark.parametrize("endpoint", WITHOUT_IDS, ids=lambda e: e.label)
+def test_collection_pages_show_nothing_of_another_tenant(client, sessions, endpoint):
+    ids = [kind.create(client) for kind in KINDS.values()]
+    response = call(sessions["other tenant"], endpoint)
+    assert response.status_code < 500
+    text = response.get_data(as_text=True)
+    leaked = [value for value in [*ids, TENANT_A] if value in text]
+    assert not leaked, f"{endpoint.label} shows tenant A's {leaked} to tenant B"
+    CHECKED.append(endpoint.label)
+
+
+NON_OPERATORS = {"no roles": (), "another role": ("viewer",), "role in another case": ("Operator",)}
+
+
+@pytest.mark.parametrize("who", list(NON_OPERATORS))
+@pytest.mark.parametrize(
+    "endpoint", [e for e in GUARDED if e.role == OPERATOR], ids=lambda e: e.label
+)
+def test_a_non_operator_session_is_403_on_every_operator_endpoint(client, endpoint, who):
+    session = signed_in(APP, TENANT_A, "vic", NON_OPERATORS[who])
+    ids = {p: KINDS[p].create(client) for p in endpoint.params}
+    before = {p: KINDS[p].fingerprint(i) for p, i in ids.items()}
+    on_real = call(session, endpoint, next(iter(ids.values()), None))
+    on_missing = call(session, endpoint)
+    assert (on_real.status_code, on_missing.status_code) == (403, 403), endpoint.label
+    assert {p: KINDS[p].fingerprint(i) for p, i in ids.items()} == before
+    CHECKED.append(f"{endpoint.label} as {who}")
+
+
+HOSTILE_IDS = ["x" * 300, "a%00b", "..", "%2e%2e", "%C3%BCnicode", "a%20b", "%ED%A0%80", "'--"]
+HOSTILE_QUERIES = [
+    "state=bogus",
+    "cursor=%00",
+    "cursor=" + "A" * 500,
+    "limit=-1",
+    "limit=1e9",
+    "name=%00",
+    "queue=a&queue=b",
+    "verify=%ED%A0%80",
+]
+HOSTILE_FORMS = [
+    {"reason": "a\x00" * 10},
+    {"reason": "x" * 100_000},
+    {"id": "%00", "data": "[" * 5000 + "]" * 5000},
+    {"id": "ok-id", "rule": "every", "every": "9" * 40},
+    {"id": "ok-id", "data": '{"rows": 1e999}'},
+    {"id": "ok-id", "pattern": "* * * * * * *", "tz": "Mars/Olympus"},
+    {"id": "x" * 300, "name": "report.generate", "opts": '{"attempts": "many"}'},
+]
+# What a form cannot hold but a client can send: bytes that are not UTF-8.
+RAW_FORM = "csrf_token={token}&id=s&name=%ED%A0%80&reason=%FF%FE%00%00&data=%C0%AF"
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e.label)
+def test_hostile_input_is_a_4xx_never_a_5xx(endpoint):
+    session = signed_in(APP, unique("hostile"), "mallory", (OPERATOR,))
+    statuses = []
+    for value in HOSTILE_IDS if endpoint.params else [None]:
+        url = endpoint.url(value) if value else endpoint.url()
+        for query in HOSTILE_QUERIES if endpoint.method == "GET" else [""]:
+            if endpoint.method == "GET":
+                response = session.get(f"{url}?{query}", headers=PAGE)
+                statuses.append(response.status_code)
+                response.close()
+            else:
+                for form in HOSTILE_FORMS:
+                    if endpoint.endpoint == "ui.logout":  # each one signs the session out
+                        session = signed_in(APP, unique("hostile"), "mallory", (OPERATOR,))
+                    data = {"csrf_token": csrf_token(session), **form}
+                    statuses.append(session.post(url, data=data, headers=PAGE).status_code)
+                session = signed_in(APP, unique("hostile"), "mallory", (OPERATOR,))
+                raw = RAW_FORM.format(token=csrf_token(session)).encode()
+                response = session.post(
+                    url, data=raw, content_type="application/x-www-form-urlencoded", headers=PAGE
+                )
+                statuses.append(response.status_code)
+    assert statuses and max(statuses) < 500, f"{endpoint.label}: {sorted(set(statuses))}"
+    CHECKED.append(f"{endpoint.label} hostile x{len(statuses)}")

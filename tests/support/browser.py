@@ -1,0 +1,102 @@
+"""A real headless Chromium (Debian's ``chromium`` + ``chromium-driver``) driven by selenium,
+and the app served on a real socket for it.
+
+The app is this process's Flask app, served by werkzeug's threaded server in a
+thread, against the suite's real Postgres and Redis; jobs are run by the
+session's worker processes. Nothing is downloaded at run time: ``.ci/run``
+installs the Debian packages on a machine that lacks them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.support.ui import WebDriverWait
+from werkzeug.serving import BaseWSGIServer, make_server
+
+from keel.embedded import free_port
+from web.ui.session import issue_link
+
+CHROMIUM = os.environ.get("KEEL_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("KEEL_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+DESKTOP = (1280, 800)
+PHONE = (390, 844)
+
+
+def chromium() -> webdriver.Chrome:
+    """Headless Chromium at 1280x800 (as root in CI: no sandbox; small /dev/shm: disk)."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if shutil.which(path) is None:
+            raise RuntimeError(
+                f"{path} is missing: apt-get install -y chromium chromium-driver (.ci/run does)"
+            )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--window-size={DESKTOP[0]},{DESKTOP[1]}",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.set_page_load_timeout(30)
+    return driver
+
+
+@dataclass
+class ServedApp:
+    """``app`` on 127.0.0.1:<free port>, one thread per request (event streams stay open)."""
+
+    app: Flask
+    port: int = field(default_factory=free_port)
+    server: BaseWSGIServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServedApp:
+        self.server = make_server("127.0.0.1", self.port, self.app, threaded=True)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def link(self, tenant: str, user: str, roles: tuple[str, ...] = (), ttl_s: int = 60) -> str:
+        """A one-time sign-in URL, as ``keel ui-link`` prints it."""
+        token = issue_link(self.app.config["SECRET_KEY"], tenant, user, list(roles), ttl_s)
+        return f"{self.url}/ui/login/{token}"
+
+
+def wait(driver: webdriver.Chrome, condition: Any, timeout: float = 30) -> Any:
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def screenshot(driver: webdriver.Chrome, folder: Path, name: str) -> Path:
+    """Save the whole page (its full height at the current width) as ``name``.png."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    width = driver.get_window_size()["width"]
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    current = driver.get_window_size()
+    driver.set_window_size(width, max(current["height"], min(int(height) + 120, 4000)))
+    try:
+        driver.save_screenshot(str(path))
+    finally:
+        driver.set_window_size(current["width"], current["height"])
+    return path

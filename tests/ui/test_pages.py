@@ -1,0 +1,161 @@
+"""The dashboard's pages with a test client: the API's rules and messages, empty states, errors.
+
+(What only a browser shows — live updates, dialogs, layout — is in ``tests/browser``.)
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import select
+
+from tasks.db import transaction
+from tasks.jobs.cancel import cancel_many
+from tasks.jobs.models import CANCELLABLE_STATES, JobRecord
+from tests.support.client import bearer, unique, wait_state
+from tests.support.ui import PAGE, csrf_token, signed_in
+
+pytestmark = pytest.mark.usefixtures("stack")
+TENANT = unique("pages")
+ALICE = bearer(tenant=TENANT, user="alice")
+BOB = bearer(tenant=TENANT, user="bob")
+OPERATOR = ("operator",)
+
+
+def flashes(response) -> list[str]:
+    return re.findall(r'class="flash \w+"[^>]*>([^<]*)<', response.get_data(as_text=True))
+
+
+def delayed_job(client, headers=ALICE) -> str:
+    run_at = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    response = client.post(
+        "/api/v1/reports/scheduled",
+        json={"reportId": unique(), "rows": 3, "runAt": run_at},
+        headers=headers,
+    )
+    return response.get_json()["jobId"]
+
+
+def test_an_unfinished_campaign_is_shown_with_resume_and_no_verdict_yet(app, client):
+    campaign = client.post(
+        "/api/v1/campaigns",
+        json={"name": "pages", "category": "c", "template": "hi", "recipientCount": 3},
+        headers=ALICE,
+    ).get_json()["campaignId"]
+    operator = signed_in(app, TENANT, "olga", OPERATOR)
+    page = operator.get(f"/ui/campaigns/{campaign}", headers=PAGE).get_data(as_text=True)
+    assert "Checked once the campaign has finished" in page and 'id="resume-form"' in page
+    listed = operator.get("/ui/campaigns", headers=PAGE).get_data(as_text=True)
+    assert f'data-campaign-id="{campaign}"' in listed
+    # A user without the role sees her own campaign, without the operator's Resume
+    alice = signed_in(app, TENANT, "alice")
+    assert 'id="resume-form"' not in alice.get(f"/ui/campaigns/{campaign}").get_data(as_text=True)
+    # (No provider runs in this module: the campaign's jobs are cancelled, not left to a worker.)
+    with transaction() as session:
+        ids = session.scalars(
+            select(JobRecord.id).where(JobRecord.data["campaignId"].astext == campaign)
+        ).all()
+    cancel_many(ids, CANCELLABLE_STATES, by="test")
+
+
+def test_empty_pages_say_what_to_do(app):
+    newcomer = signed_in(app, unique("empty"), "nina", OPERATOR)
+    for path, hint in (
+        ("/ui/jobs", "No jobs yet"),
+        ("/ui/schedulers", "No job schedulers"),
+        ("/ui/campaigns", "No campaigns yet"),
+    ):
+        page = newcomer.get(path, headers=PAGE)
+        assert page.status_code == 200 and hint in page.get_data(as_text=True), path
+
+
+def test_a_user_sees_her_own_jobs_and_an_operator_the_tenants(app, client):
+    mine, bobs = delayed_job(client, ALICE), delayed_job(client, BOB)
+    alice = signed_in(app, TENANT, "alice")
+    listed = alice.get("/ui/jobs", headers=PAGE).get_data(as_text=True)
+    assert mine in listed and bobs not in listed
+    assert alice.get(f"/ui/jobs/{bobs}", headers=PAGE).status_code == 404
+    operator = signed_in(app, TENANT, "olga", OPERATOR)
+    both = operator.get("/ui/jobs", headers=PAGE).get_data(as_text=True)
+    assert mine in both and bobs in both
+
+
+def test_operator_pages_tell_other_users_they_are_for_operators(app):
+    alice = signed_in(app, TENANT, "alice")
+    for path in ("/ui/schedulers", "/ui/queues", "/ui/new-scheduler"):
+        page = alice.get(path, headers=PAGE)
+        assert page.status_code == 403 and "for operators" in page.get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    "query,field",
+    [("state=bogus", "state"), ("cursor=!!", "cursor"), ("limit=0", "limit"), ("x=1", "x")],
+)
+def test_bad_filters_are_a_400_page_naming_the_field(app, query, field):
+    alice = signed_in(app, TENANT, "alice")
+    page = alice.get(f"/ui/jobs?{query}", headers=PAGE)
+    assert page.status_code == 400 and "query string is invalid" in page.get_data(as_text=True)
+    fetched = alice.get(f"/ui/jobs/table?{query}")
+    assert fetched.status_code == 400 and fetched.get_json()["details"][0]["field"] == field
+
+
+@pytest.mark.parametrize(
+    "form,message",
+    [
+        ({"rule": "pattern", "pattern": "not a cron"}, "pattern"),
+        ({"rule": "every", "every": "soon"}, "every must be a whole number"),
+        ({"rule": "every", "every": "5"}, "every"),
+        ({"rule": "pattern", "pattern": "0 0 1 1 *", "data": "{nope"}, "template.data"),
+        ({"rule": "pattern", "pattern": "0 0 1 1 *", "name": "reports.cleanup"}, "system"),
+        ({"rule": "pattern", "pattern": "0 0 1 1 *", "data": '{"rows": -1}'}, "rows"),
+    ],
+)
+def test_a_refused_scheduler_form_comes_back_with_the_apis_reason(app, form, message):
+    operator = signed_in(app, TENANT, "olga", OPERATOR)
+    body = {
+        "csrf_token": csrf_token(operator),
+        "id": unique("s"),
+        "name": "report.generate",
+        "data": '{"reportId": "r", "rows": 5}',
+        "opts": "{}",
+        **form,
+    }
+    page = operator.post("/ui/schedulers", data=body, headers=PAGE)
+    text = page.get_data(as_text=True)
+    assert page.status_code == 400 and 'id="form-error"' in text and message in text
+    assert body["id"] in text  # what was typed is kept
+    assert operator.get(f"/ui/schedulers/{body['id']}", headers=PAGE).status_code == 404
+
+
+def test_actions_refused_by_the_api_show_its_message(app, client, inline_worker):
+    submitted = client.post("/api/v1/jobs", json={"name": "test.echo"}, headers=ALICE)
+    job_id = submitted.get_json()["jobId"]
+    wait_state(job_id, "completed")
+    operator = signed_in(app, TENANT, "olga", OPERATOR)
+    token = csrf_token(operator)
+    cancel = operator.post(
+        f"/ui/jobs/{job_id}/cancel", data={"csrf_token": token}, follow_redirects=True
+    )
+    assert "a completed job cannot be cancelled" in " ".join(flashes(cancel))
+    reason = "checking the rules of the dashboard"
+    retry = operator.post(
+        f"/ui/jobs/{job_id}/retry",
+        data={"csrf_token": token, "reason": reason},
+        follow_redirects=True,
+    )
+    assert "only failed jobs can be retried: completed" in " ".join(flashes(retry))
+    state = operator.get(f"/ui/jobs/{job_id}/state").get_json()
+    assert state["state"] == "completed" and state["attemptsStarted"] == 1
+
+
+def test_the_queues_page_counts_the_tenants_jobs_and_links_to_flower(app, client):
+    tenant = unique("queues")
+    delayed_job(client, bearer(tenant=tenant, user="alice"))
+    operator = signed_in(app, tenant, "olga", OPERATOR)
+    page = operator.get("/ui/queues", headers=PAGE)
+    text = page.get_data(as_text=True)
+    assert page.status_code == 200 and 'href="http://localhost:5555"' in text
+    reports = text[text.index('data-queue="reports"') :]
+    assert re.search(r'data-state="delayed">delayed <b>1</b>', reports)

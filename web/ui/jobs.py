@@ -1,0 +1,119 @@
+"""Jobs: the list (filters, pages, counts per state, auto-refresh) and one job's page.
+
+The list reads the same query string as ``GET /api/v1/jobs`` (``queue``,
+``state``, ``name``, ``cursor``, ``limit``), validated by the same model; a
+page refreshes its table from ``/ui/jobs/table`` with that query. A job's
+page follows the job live: the script listens to the job's event stream
+(``web.events``, the queue's Redis stream) and, on each event, reads the
+job's record from ``/ui/jobs/<id>/state`` — the record, not the event, is
+what the page shows.
+
+Retry (operators) and Cancel call the API's ``retry_for`` and ``cancel_for``;
+a refusal (409 conflict, 400 invalid state or reason) comes back as the
+API's message above the job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import g, render_template, request, url_for
+
+from tasks.jobs import registry
+from tasks.jobs.models import CANCELLABLE_STATES, STATES, JobRecord, State
+from tasks.jobs.queries import audit_trail, count_states, describe, describe_full, list_jobs
+from web.api import check_payload, validate, validate_query
+from web.auth import OPERATOR
+from web.events import stream_response
+from web.jobs import JobListQuery, cancel_for, read_job, retry_for, visible_to
+from web.schemas import RetryJob
+from web.ui import bp
+from web.ui.forms import act
+from web.ui.session import signed_in
+
+STREAM_TIMEOUT_S = 120.0  # then the browser reconnects with Last-Event-ID
+
+
+def _listing() -> dict[str, Any]:
+    query = validate_query(JobListQuery)
+    assert isinstance(query, JobListQuery)
+    where = visible_to(g.principal, query)
+    page = list_jobs(where, cursor=query.cursor, limit=query.limit)
+    return {
+        "query": query,
+        "filters": query.model_dump(exclude_none=True, exclude={"cursor", "limit"}),
+        "jobs": [_row(job) for job in page.jobs],
+        "next_cursor": page.next_cursor,
+        "counts": count_states(where),
+    }
+
+
+def _row(job: JobRecord) -> dict[str, Any]:
+    return {**describe(job), "userId": job.user_id}
+
+
+@bp.get("/jobs")
+@signed_in()
+def jobs() -> Any:
+    return render_template(
+        "ui/jobs.html",
+        **_listing(),
+        queues=registry.queues(),
+        names=registry.names(),
+        states=STATES,
+    )
+
+
+@bp.get("/jobs/table")
+@signed_in()
+def jobs_table() -> Any:
+    """The list's counts, rows and pager alone, for the page's auto-refresh."""
+    return render_template("ui/_jobs_table.html", **_listing())
+
+
+@bp.get("/jobs/<job_id>")
+@signed_in()
+def job(job_id: str) -> Any:
+    record = read_job(g.principal, job_id)
+    return render_template(
+        "ui/job.html",
+        job=describe_full(record),
+        stacktrace=record.stacktrace,
+        audits=audit_trail(record.id),
+        cancellable=record.state in CANCELLABLE_STATES,
+        retryable=record.state == State.FAILED,
+    )
+
+
+@bp.get("/jobs/<job_id>/state")
+@signed_in()
+def job_state(job_id: str) -> Any:
+    """The job's status as the API shows it (what the page's script refreshes from)."""
+    return describe(read_job(g.principal, job_id))
+
+
+@bp.get("/jobs/<job_id>/events")
+@signed_in()
+def job_events(job_id: str) -> Any:
+    return stream_response(read_job(g.principal, job_id), STREAM_TIMEOUT_S)
+
+
+@bp.post("/jobs/<job_id>/retry")
+@signed_in(OPERATOR)
+def retry_job(job_id: str) -> Any:
+    def retry() -> None:
+        body = validate(RetryJob, check_payload({"reason": request.form.get("reason", "")}))
+        assert isinstance(body, RetryJob)
+        retry_for(g.principal, job_id, body.reason)
+
+    return act(url_for("ui.job", job_id=job_id), retry, "Retried: the job runs again.")
+
+
+@bp.post("/jobs/<job_id>/cancel")
+@signed_in()
+def cancel_job(job_id: str) -> Any:
+    return act(
+        url_for("ui.job", job_id=job_id),
+        lambda: cancel_for(g.principal, job_id),
+        "Cancelled: the job will not run.",
+    )
