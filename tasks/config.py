@@ -112,6 +112,8 @@ class Settings(BaseSettings):
     web_url: str | None = None  # written by `keel up` for scripts: where its API answers
     flower_user: str = "keel"
     flower_password: str | None = None  # unset: `keel up` derives one from the secret
+    # An API request's database work, pool wait included, before it is answered 503.
+    request_deadline_s: float = Field(default=1.0, gt=0, le=60)
     # Jobs: workers, locks, promotion, stalls, broker visibility.
     worker_concurrency: int = 3
     lock_duration_s: float = 30

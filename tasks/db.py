@@ -40,7 +40,7 @@ NAMING_CONVENTION = {
 # The records cannot be reached: database down, hung (our deadline), restarting,
 # or out of connections. Workers give the delivery back; the API answers 503.
 STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
-# One API request's database work, pool wait included.
+# One API request's database work, pool wait included (the default of KEEL_REQUEST_DEADLINE_S).
 REQUEST_DEADLINE_S = 1.0
 # Postgres ends a session left idle inside a transaction this long. Its client
 # has given up on it (no Keel client waits between two statements longer than
@@ -49,14 +49,19 @@ REQUEST_DEADLINE_S = 1.0
 # its row locks, until TCP keepalive notices the dead peer (two hours by default).
 # Meanwhile no other worker could requeue or claim the jobs it had locked.
 IDLE_IN_TRANSACTION_S = deadline.BACKGROUND_S + 5
-_LIMITS: dict[str, dict[str, Any]] = {
-    "request": {
-        "pool_timeout": REQUEST_DEADLINE_S,
-        "connect_timeout": 2,  # libpq's floor; the request deadline cuts in earlier
-        "statement_timeout_ms": int(REQUEST_DEADLINE_S * 1000),
-    },
-    "background": {"pool_timeout": 5, "connect_timeout": 5, "statement_timeout_ms": 0},
-}
+KINDS = ("request", "background")
+
+
+def _limits(kind: str) -> dict[str, Any]:
+    """Deadlines of an engine: an API request's (``KEEL_REQUEST_DEADLINE_S``), or the rest's."""
+    if kind == "request":
+        seconds = get_settings().request_deadline_s
+        return {
+            "pool_timeout": seconds,
+            "connect_timeout": 2,  # libpq's floor; the request deadline cuts in earlier
+            "statement_timeout_ms": int(seconds * 1000),
+        }
+    return {"pool_timeout": 5, "connect_timeout": 5, "statement_timeout_ms": 0}
 
 
 class Base(DeclarativeBase):
@@ -70,7 +75,7 @@ _lock = threading.RLock()
 
 
 def _create(kind: str) -> Engine:
-    limits = _LIMITS[kind]
+    limits = _limits(kind)
     options = (
         f"-c statement_timeout={limits['statement_timeout_ms']} "
         f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
@@ -111,16 +116,17 @@ def engine() -> Engine:
 def dispose() -> None:
     """Forget this process's engines (after a fork, or in tests)."""
     _state.pop("pid", None)
-    for kind in _LIMITS:
+    for kind in KINDS:
         made = _state.pop(kind, None)
         if made is not None:
             made[0].dispose(close=False)
 
 
 @contextmanager
-def request_scope(seconds: float = REQUEST_DEADLINE_S) -> Iterator[None]:
-    """Database work of one API request: one deadline for all of it."""
-    with deadline.budget(seconds):
+def request_scope(seconds: float | None = None) -> Iterator[None]:
+    """Database work of one API request: one deadline for all of it (``KEEL_REQUEST_DEADLINE_S``
+    unless ``seconds`` is given)."""
+    with deadline.budget(seconds or get_settings().request_deadline_s):
         yield
 
 
