@@ -184,9 +184,10 @@ def test_an_operator_retries_a_failed_job_with_a_reason_and_it_runs_again(
     form.find_element(By.NAME, "reason").send_keys(reason)
     form.find_element(By.CSS_SELECTOR, "button").click()
     wait(browser, seen.text_to_be_present_in_element((By.ID, "audits"), reason))
-    assert "olga" in browser.find_element(By.ID, "audits").text
+    assert "olga" in wait(browser, lambda driver: text_of(driver, "#audits"))
     wait(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, "#runs li")) == 3)
-    assert "manual retry" in browser.find_element(By.ID, "runs").text
+    # (#runs is re-rendered live: read it inside a wait)
+    assert "manual retry" in wait(browser, lambda driver: text_of(driver, "#runs"))
     after = wait_state(job_id, "failed")
     assert len(after["runs"]) == 3 and after["attemptsStarted"] == 1
 
@@ -198,11 +199,11 @@ def test_cancelling_a_delayed_job_makes_it_cancelled(worker, served, fresh_brows
     browser.get(f"{served.url}/ui/jobs/{job_id}")
     browser.find_element(By.CSS_SELECTOR, "#cancel-form button").click()
     wait(browser, seen.alert_is_present()).accept()
-    wait(
-        browser,
-        seen.text_to_be_present_in_element((By.CSS_SELECTOR, '[data-field="state"]'), "cancelled"),
-    )
-    assert "Cancelled" in browser.find_element(By.CSS_SELECTOR, ".flash.ok").text
+    # The answer's page says so (wait for it there: the old page's live refresh may show
+    # the new state before the browser has left it)
+    flash = wait(browser, lambda driver: text_of(driver, ".flash.ok"))
+    assert "Cancelled" in flash
+    assert "cancelled" in browser.find_element(By.CSS_SELECTOR, '[data-field="state"]').text
     assert record(job_id)["state"] == "cancelled"
     assert not browser.find_element(By.ID, "cancel-form").is_displayed()
 
