@@ -9,7 +9,7 @@ Every round trip has a deadline (``tasks.deadline``). An API request runs
 its database work inside ``request_scope``: one deadline for all of it,
 through an engine whose pool wait and server-side ``statement_timeout`` fit
 inside that deadline, so a hung or overloaded Postgres costs a request at
-most ``REQUEST_DEADLINE_S`` before it is answered 503. Everything else
+most ``KEEL_REQUEST_DEADLINE_S`` (1 s) before it is answered 503. Everything else
 (workers, beat, CLI) uses an engine with generous limits.
 """
 
@@ -40,8 +40,6 @@ NAMING_CONVENTION = {
 # The records cannot be reached: database down, hung (our deadline), restarting,
 # or out of connections. Workers give the delivery back; the API answers 503.
 STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
-# One API request's database work, pool wait included (the default of KEEL_REQUEST_DEADLINE_S).
-REQUEST_DEADLINE_S = 1.0
 # Postgres ends a session left idle inside a transaction this long. Its client
 # has given up on it (no Keel client waits between two statements longer than
 # its own round-trip deadline), or cannot say so: a host cut off the network

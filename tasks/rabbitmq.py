@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # RabbitMQ confirms a quorum-queue publish once a majority has it on disk: a few
 # milliseconds. Half a second without an answer means the broker is hung, and
 # leaves an API request time to park the job instead (its database work has
-# one second in all: ``tasks.db.REQUEST_DEADLINE_S``).
+# one second in all: ``KEEL_REQUEST_DEADLINE_S``).
 CONFIRM_TIMEOUT_S = 0.5
 
 
