@@ -16,6 +16,7 @@ most ``KEEL_REQUEST_DEADLINE_S`` (1 s) before it is answered 503. Everything els
 from __future__ import annotations
 
 import os
+import select
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from typing import Any
 
 from sqlalchemy import MetaData, create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -82,7 +83,6 @@ def _create(kind: str) -> Engine:
         get_settings().sqlalchemy_url,
         pool_size=5,
         max_overflow=10,
-        pool_pre_ping=True,
         pool_timeout=limits["pool_timeout"],
         connect_args={"connect_timeout": limits["connect_timeout"], "options": options},
     )
@@ -91,7 +91,32 @@ def _create(kind: str) -> Engine:
     def _connect(dialect, record, cargs, cparams):  # psycopg, with our deadlines
         return deadline.DeadlineConnection.connect(*cargs, **cparams)
 
+    @event.listens_for(created, "checkout")
+    def _checkout(dbapi_connection, record, proxy):  # SQLAlchemy then connects afresh
+        if not still_open(dbapi_connection):
+            raise DisconnectionError("the server closed this pooled connection")
+
     return created
+
+
+def still_open(dbapi_connection: Any) -> bool:
+    """Whether an idle pooled connection is still open, without a round trip.
+
+    An idle connection has nothing to read: when its socket is readable, the
+    server has said goodbye (restart, ``pg_terminate_backend``, an idle
+    timeout) and closed it. This replaces a ``SELECT 1`` pre-ping per checkout
+    — a round trip on every transaction of the hot path. What it cannot see (a
+    peer cut off without a word) the round-trip deadlines catch (``tasks.deadline``),
+    as they would have caught a pre-ping hanging on it.
+    """
+    if dbapi_connection.closed:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(dbapi_connection.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        return not poller.poll(0)
+    except Exception:  # no socket left to ask
+        return False
 
 
 def _scope() -> tuple[Engine, sessionmaker[Session]]:
@@ -129,8 +154,21 @@ def request_scope(seconds: float | None = None) -> Iterator[None]:
 
 
 @contextmanager
-def transaction() -> Iterator[Session]:
-    """A session inside one committed-or-rolled-back transaction."""
+def transaction(*, one_statement: bool = False) -> Iterator[Session]:
+    """A session inside one committed-or-rolled-back transaction.
+
+    ``one_statement=True``: the block runs a single statement, which is its own
+    transaction — sent in autocommit, without the ``BEGIN`` and ``COMMIT`` round
+    trips (the hot path's transitions: an add, a claim, a completion). Session
+    events (``after_commit``) fire as for any transaction.
+    """
     deadline.start()  # a request's wait for a pooled connection counts toward its deadline
-    with _scope()[1].begin() as session:
-        yield session
+    if not one_statement:
+        with _scope()[1].begin() as session:
+            yield session
+        return
+    with _scope()[0].connect() as connection:
+        connection = connection.execution_options(isolation_level="AUTOCOMMIT")
+        with Session(bind=connection, expire_on_commit=False) as session:
+            yield session
+            session.commit()

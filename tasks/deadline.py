@@ -4,7 +4,7 @@ Why it is needed: a Postgres that hangs instead of going down (stopped
 process, stalled disk, half-open network path) keeps its socket open. A new
 connection is accepted by the kernel and then never answered, and a query
 that was sent simply never gets a reply; ``statement_timeout`` is enforced
-by that same hung server, and ``pool_pre_ping`` is itself a query, so
+by that same hung server, and a liveness query (a pre-ping) would hang too, so
 neither helps. Without a deadline of our own, an API request hangs until the
 server comes back (or gunicorn kills the worker).
 

@@ -96,6 +96,13 @@ def is_keel_chord(body_id: str) -> bool:
         return store.is_keel_chord(session, body_id)
 
 
+def triggers(ctx: dict[str, Any] | None) -> bool:
+    """Whether a job's end does anything here: a chain's next step, links, a chord to count
+    (a failure: the chord body to fail)."""
+    ctx = ctx or {}
+    return bool(ctx.get("chain") or ctx.get("link") or body_id_of(ctx))
+
+
 def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
     """In the completing transaction: record and publish what the job's end triggers."""
     ctx = claimed.celery_ctx or {}

@@ -165,13 +165,19 @@ def add(
     )
     rule = opts.deduplication
     priority = 0
-    with transaction() as session:
+    # Without a dedup rule or a quota to check, the add is one statement (no BEGIN/COMMIT).
+    with transaction(one_statement=rule is None and limits is None) as session:
         kept, replaced = _deduplicate(session, queue, rule, job.id) if rule else (None, None)
         if kept is None:
-            if limits is not None or (publish_now and job.state == State.WAITING):
+            if limits is not None:
                 load = tenancy.admit(session, job.tenant_id, queue, opts.delay, limits)
                 priority = tenancy.priority_for(load.on_queue)
-            created = store.insert(session, job)
+                created = store.insert(session, job)
+            elif publish_now and job.state == State.WAITING:
+                created, on_queue = store.insert_counting(session, job)
+                priority = tenancy.priority_for(on_queue)
+            else:
+                created = store.insert(session, job)
     dedup_id = rule.id if rule else None
     if kept is not None:
         events.emit(
@@ -189,7 +195,8 @@ def add(
             deduplicationId=dedup_id,
             deduplicatedJobId=replaced,
         )
-    events.emit(queue, job.state, job.id, name, **({"delay": opts.delay} if opts.delay else {}))
+    delay: dict[str, Any] = {"delay": opts.delay} if opts.delay else {}
+    events.emit(queue, job.state, job.id, name, **delay)
     if job.state == State.WAITING and publish_now:
         publish_or_park(job.id, name, queue, data, ctx, priority=priority)
     return AddedJob(job_id=job.id, created=True, state=job.state)

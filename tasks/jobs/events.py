@@ -67,7 +67,17 @@ def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
         log.warning("could not emit %d events", len(entries), exc_info=True)
 
 
-def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields: Any) -> None:
+def emit(
+    queue: str,
+    event: str,
+    job_id: str,
+    name: str | None = None,
+    *,
+    observed: tuple[str, float] | None = None,
+    **fields: Any,
+) -> None:
+    """One event, its counter and (``observed``: a ``(kind, seconds)`` histogram observation,
+    ``tasks.jobs.metrics``) what the transition measured: one round trip."""
     # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
     entry: dict[Any, Any] = {
         "event": event,
@@ -87,6 +97,8 @@ def emit(queue: str, event: str, job_id: str, name: str | None = None, **fields:
         pipe = redis_client().pipeline(transaction=False)
         pipe.xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
         metrics.count_event(pipe, queue, event)
+        if observed is not None:
+            metrics.add_observation(pipe, queue, *observed)
         pipe.execute()
     except broker.UNREACHABLE_ERRORS as exc:
         broker.failed(exc, started)

@@ -124,13 +124,15 @@ class KeelTask(CeleryTask):
             "active",
             claimed.id,
             claimed.name,
+            observed=("wait", claimed.wait_s),
             attemptsStarted=claimed.attempts_started,
         )
         lock_renewal.track(claimed.token)
-        metrics.observe(claimed.queue, "wait", claimed.wait_s)
         started = time.monotonic()
+        ran: float | None = None  # how long a run that returned took (its end reports it)
         try:
             result = self._run_handler(claimed)
+            ran = time.monotonic() - started
         except Defer as deferral:
             finish.deferred(claimed, deferral)
             self._announce_ignored(f"deferred: {deferral}")
@@ -154,9 +156,10 @@ class KeelTask(CeleryTask):
             raise
         finally:
             lock_renewal.untrack(claimed.token)
-            metrics.observe(claimed.queue, "duration", time.monotonic() - started)
+            if ran is None:
+                metrics.observe(claimed.queue, "duration", time.monotonic() - started)
         try:
-            finish.completed(claimed, result)
+            finish.completed(claimed, result, ran)
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
@@ -220,9 +223,11 @@ class KeelTask(CeleryTask):
     def _claim(self, args: Any, kwargs: Any) -> ClaimedJob:
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
+        recorded = bool(getattr(self.request, KEEL_HEADER, None))
         try:
-            with transaction() as session:
-                if not getattr(self.request, KEEL_HEADER, None):
+            # A Keel message's record exists: its claim is one statement (no BEGIN/COMMIT).
+            with transaction(one_statement=recorded) as session:
+                if not recorded:
                     self._record_on_arrival(session, args, kwargs)
                 claimed = store.claim(
                     session,

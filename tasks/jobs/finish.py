@@ -7,7 +7,7 @@ without using an attempt (``Defer``). Each is one guarded statement
 over) raises ``NotOurs`` and records nothing.
 
 When a job reaches completed or failed, in the same transaction, its
-simple-mode deduplication claim is released; retention (``removeOnComplete``
+simple-mode deduplication claim (if it has a rule) is released; retention (``removeOnComplete``
 / ``removeOnFail``) trims finished records of the same kind once that
 transaction commits. The count is kept per (queue, tenant), and per job name
 for system jobs (no tenant): a queue is shared, and one tenant's traffic must
@@ -25,7 +25,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import canvas, events, failures
+from tasks.jobs import canvas, events, failures, metrics
 from tasks.jobs.errors import Defer, KeelError, UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
@@ -57,13 +57,28 @@ def retry_delay_ms(opts: JobOptions, attempts_made: int, exc: BaseException) -> 
     return opts.retry_in_ms(attempts_made + 1)
 
 
-def completed(claimed: ClaimedJob, result: Any) -> None:
-    with transaction() as session:
-        if not store.complete(session, claimed, result):
-            raise NotOurs(claimed.id)
-        finished(session, claimed, State.COMPLETED)
-        canvas.completed(session, claimed, result)
-    events.emit(claimed.queue, "completed", claimed.id, claimed.name, returnvalue=result)
+def _one_statement(claimed: ClaimedJob) -> bool:
+    """Whether recording this job's end is its one guarded statement (sent without
+    BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers."""
+    return claimed.opts.deduplication is None and not canvas.triggers(claimed.celery_ctx)
+
+
+def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
+    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
+    try:
+        with transaction(one_statement=_one_statement(claimed)) as session:
+            if not store.complete(session, claimed, result):
+                raise NotOurs(claimed.id)
+            finished(session, claimed, State.COMPLETED)
+            canvas.completed(session, claimed, result)
+    except BaseException:
+        if duration_s is not None:  # the run happened: its duration counts all the same
+            metrics.observe(claimed.queue, "duration", duration_s)
+        raise
+    observed = ("duration", duration_s) if duration_s is not None else None
+    events.emit(
+        claimed.queue, "completed", claimed.id, claimed.name, observed=observed, returnvalue=result
+    )
 
 
 def failed(
@@ -83,7 +98,7 @@ def failed(
     """
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
-    with transaction() as session:
+    with transaction(one_statement=_one_statement(claimed)) as session:
         outcome = store.fail(session, claimed, reason, failures.stack(exc), delay, data)
         if not outcome.ours:
             raise NotOurs(claimed.id)
@@ -125,8 +140,9 @@ def finished(session: Session, job: Any, state: State) -> None:
     each leave one record too many. After the commit every finish is visible.
     ``job`` is anything with the record's ``id, queue, name, tenant_id, opts``.
     """
-    dedup.release(session, job.id)
     opts = job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+    if opts.deduplication is not None:  # only a job with a rule ever holds a claim
+        dedup.release(session, job.id)
     keep = opts.retention(completed=state == State.COMPLETED)
     if keep is None:
         return

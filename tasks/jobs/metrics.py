@@ -36,14 +36,20 @@ def count_event(pipe: Any, queue: str, event: str) -> None:
     pipe.hincrby(events_key(queue), event, 1)
 
 
-def observe(queue: str, kind: str, seconds: float) -> None:
-    """One observation of a run's ``duration`` or its ``wait`` before starting."""
+def add_observation(pipe: Any, queue: str, kind: str, seconds: float) -> None:
+    """Add to a pipeline: one observation of a run's ``duration`` or its ``wait``."""
     key = histogram_key(queue, kind)
+    pipe.hincrby(key, bucket_of(seconds), 1)
+    pipe.hincrbyfloat(key, "sum", seconds)
+    pipe.hincrby(key, "count", 1)
+
+
+def observe(queue: str, kind: str, seconds: float) -> None:
+    """One observation of a run's ``duration`` or its ``wait`` before starting, on its own
+    (a transition's event carries its observation in the same round trip: ``events.emit``)."""
     try:
         pipe = redis_client().pipeline(transaction=False)
-        pipe.hincrby(key, bucket_of(seconds), 1)
-        pipe.hincrbyfloat(key, "sum", seconds)
-        pipe.hincrby(key, "count", 1)
+        add_observation(pipe, queue, kind, seconds)
         pipe.execute()
     except Exception:  # metrics must never break a job
         log.debug("could not record %s for %s", kind, queue, exc_info=True)

@@ -105,8 +105,7 @@ _FINISH_RUN = f"""
 
 # --- adding ---------------------------------------------------------------------------------
 
-_INSERT = text(
-    """
+_INSERT_ONE = """
     INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
     VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
             :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
@@ -115,13 +114,21 @@ _INSERT = text(
                  END)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
-    """
-)
+"""
+_INSERT = text(_INSERT_ONE)
+# The insert, and (in the same statement, from its snapshot: without the new job) how
+# many jobs its party has running or waiting on its queue — what places it among the
+# queue's priorities (``tasks.jobs.tenancy``).
+_INSERT_COUNTING = """
+    WITH load AS (SELECT count(*) AS on_queue FROM jobs
+                  WHERE {party} AND queue = :queue AND state IN ('waiting', 'active')),
+         added AS ({insert})
+    SELECT (SELECT id FROM added) AS id, (SELECT on_queue FROM load) AS on_queue
+"""
 
 
-def insert(session: Session, job: NewJob) -> bool:
-    """Record ``job``; ``False`` if a job with its id exists (nothing is changed)."""
-    row = {
+def _row(job: NewJob) -> dict[str, Any]:
+    return {
         "id": job.id,
         "queue": job.queue,
         "name": job.name,
@@ -133,7 +140,20 @@ def insert(session: Session, job: NewJob) -> bool:
         "ctx": json.dumps(job.celery_ctx) if job.celery_ctx else None,
         "delay_ms": job.opts.delay,
     }
-    return session.execute(_INSERT, row).first() is not None
+
+
+def insert(session: Session, job: NewJob) -> bool:
+    """Record ``job``; ``False`` if a job with its id exists (nothing is changed)."""
+    return session.execute(_INSERT, _row(job)).first() is not None
+
+
+def insert_counting(session: Session, job: NewJob) -> tuple[bool, int]:
+    """``insert``, in the same statement counting the jobs its party (tenant, or the system's
+    jobs) has waiting or active on its queue: ``(created, on_queue)``."""
+    party = "tenant_id IS NULL" if job.tenant_id is None else "tenant_id = :tenant_id"
+    statement = text(_INSERT_COUNTING.format(party=party, insert=_INSERT_ONE))
+    row = session.execute(statement, _row(job)).one()
+    return row.id is not None, int(row.on_queue)
 
 
 _INSERT_MANY = text(
