@@ -3,7 +3,9 @@
 Same Redis broker as Keel, a Redis result backend (so completion is
 observable the way a Celery user observes it), late acks, prefetch 1 and
 rejection on worker loss — the delivery guarantees Keel's own Celery config
-asks for — and nothing else: no job records, no events.
+asks for — and Celery's task events on, as Keel ships them for Flower
+(``worker_send_task_events``, ``task_send_sent_event``): both sides of P1 and P2
+publish the same Celery events. Nothing else: no job records, no queue events.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ app.conf.update(
     accept_content=["json"],
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    worker_send_task_events=True,
+    task_send_sent_event=True,
 )
 
 

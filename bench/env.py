@@ -75,6 +75,13 @@ class BenchEnv:
                     pids["postgres"] = int(pidfile.read_text().split()[0])
         return pids
 
+    def postgres_log(self) -> Path | None:
+        """The embedded Postgres's server log (an external server's is not ours to read)."""
+        for server in self.servers:
+            if isinstance(server, EmbeddedPostgres):
+                return server.pgdata / "log"
+        return None
+
     def child_env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, **extra}
 

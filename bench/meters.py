@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import resource
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -102,3 +106,53 @@ class CpuMeter:
     @staticmethod
     def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
         return {group: after[group] - before.get(group, 0.0) for group in after}
+
+
+STATEMENT_LINE = re.compile(rb"\[(\d+)\] LOG:  (?:statement|execute [^:]*):")
+
+
+@dataclass
+class RoundTrips:
+    """Round trips the servers answered while a block ran: Postgres statements and Redis reads.
+
+    Postgres: every statement a client sends is one round trip (psycopg sends a
+    statement's parse, bind and execute together); ``set_logging("all")`` turns
+    on the server's statement log for the block, which has one line per
+    statement, counted here — minus those of ``exclude_pids`` (the bench's own
+    polling connection). Redis: ``total_reads_processed``, one per request a
+    client sent (a pipeline is one; blocking reads too). Both include what the
+    idle parts do meanwhile (heartbeats, the promoter's polls): a small share
+    over a run of a thousand jobs.
+    """
+
+    redis_client: Any
+    log_path: Path | None = None
+    set_logging: Callable[[str], None] | None = None
+    exclude_pids: set[int] = field(default_factory=set)
+    postgres: int | None = None
+    redis: int | None = None
+    _offset: int = 0
+    _reads_before: int = 0
+
+    def _reads(self) -> int:
+        return int(self.redis_client.info("stats")["total_reads_processed"])
+
+    def _statements(self) -> int:
+        assert self.log_path is not None
+        with self.log_path.open("rb") as log:
+            log.seek(self._offset)
+            found = STATEMENT_LINE.findall(log.read())
+        return sum(1 for pid in found if int(pid) not in self.exclude_pids)
+
+    def __enter__(self) -> RoundTrips:
+        if self.log_path is not None and self.set_logging is not None:
+            self.set_logging("all")
+            self._offset = self.log_path.stat().st_size
+        self._reads_before = self._reads()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.redis = self._reads() - self._reads_before - 1  # less this INFO's own read
+        if self.log_path is not None and self.set_logging is not None:
+            self.set_logging("none")
+            self.postgres = self._statements()
