@@ -31,6 +31,8 @@ Wired in ``tasks.celeryconfig`` (``broker_transport``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from queue import Empty
 from typing import Any
 
@@ -115,11 +117,27 @@ class Channel(kombu_redis.Channel):
 
     QoS = QoS
 
+    _shared: Any = None
+
     def _create_client(self, asynchronous: bool = False) -> Any:
         client = super()._create_client(asynchronous=asynchronous)
         client.set_response_callback("BRPOP", self._screen_brpop)
         client.set_response_callback("RPOP", self._screen_rpop)
         return client
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """kombu builds a new client object for every publish and ack (a quarter of a
+        millisecond each); one per channel and pool does the same work, since a client
+        takes a connection from the pool per command. A new pool (after a fork, a
+        reconnect) gets a new client: a child never uses its parent's sockets."""
+        if client:
+            yield client
+            return
+        pool = self.pool
+        if self._shared is None or self._shared.connection_pool is not pool:
+            self._shared = self._create_client()
+        yield self._shared
 
     def _screen_brpop(self, response: Any, **options: Any) -> tuple | None:
         if not response:
