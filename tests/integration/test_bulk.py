@@ -42,11 +42,19 @@ def test_delayed_deduplicated_and_existing_jobs_in_a_bulk_add():
     added = add_bulk(
         [
             BulkJob("test.echo", {"n": 1}, "default", JobOptions(delay=60_000)),
+            # Delayed, so the first is still live when the second is added: a simple-mode
+            # claim lasts until its job ends, and a waiting echo job can end at once.
             BulkJob(
-                "test.echo", {"n": 2}, "default", JobOptions(deduplication=Deduplication(id=key))
+                "test.echo",
+                {"n": 2},
+                "default",
+                JobOptions(delay=60_000, deduplication=Deduplication(id=key)),
             ),
             BulkJob(
-                "test.echo", {"n": 3}, "default", JobOptions(deduplication=Deduplication(id=key))
+                "test.echo",
+                {"n": 3},
+                "default",
+                JobOptions(delay=60_000, deduplication=Deduplication(id=key)),
             ),
             BulkJob("test.echo", {"n": 4}, "default", JobOptions(job_id=existing)),
         ]
