@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import import_module
 
 import psycopg
@@ -76,7 +76,7 @@ class PgqueuerWorker(LogReadyChild):
 
 
 def _wait_until(
-    connection: psycopg.Connection, query: str, ids: list[int], n: int, who: str
+    connection: psycopg.Connection, query: str, ids: Sequence[int], n: int, who: str
 ) -> None:
     """Poll ``query`` (jobs done among ``ids``) until all ``n`` are."""
     deadline = time.monotonic() + batch_timeout(n)
