@@ -20,23 +20,17 @@ from sqlalchemy import text
 
 from bench import bare, jobs
 from bench.meters import CpuMeter, RoundTrips
-from bench.plan import Run
-from bench.procs import CeleryWorker
+from bench.peers.systems import PEERS, System, peers
+from bench.plan import Batch, Run, batch_timeout
+from bench.procs import CeleryWorker, Child
 from bench.stats import Figure, Series, ratio
 
 POLL_S = 0.1
 
 
-def _timeout(n: int) -> float:
-    return 60 + n / 10  # at 10 jobs/s something is broken, not slow
-
-
 def _parse_done(value: str) -> float:
     done = datetime.fromisoformat(value)
     return (done if done.tzinfo else done.replace(tzinfo=UTC)).timestamp()
-
-
-Batch = tuple[dict, Callable[[], object]]  # the figures, and how to remove what it left
 
 
 def bare_batch(run: Run, task: Callable, n: int) -> Batch:
@@ -46,7 +40,7 @@ def bare_batch(run: Run, task: Callable, n: int) -> Batch:
     ids = [task.apply_async(queue=bare.QUEUE).id for _ in range(n)]
     enqueued = time.time() - started
     pending, done, failed = set(ids), [], 0
-    deadline = time.monotonic() + _timeout(n)
+    deadline = time.monotonic() + batch_timeout(n)
     while pending and time.monotonic() < deadline:
         batch = list(pending)
         for start in range(0, len(batch), 1000):
@@ -82,7 +76,7 @@ def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
     started = time.time()
     ids = [add(name, {"i": i}, queue=jobs.QUEUE, opts=opts).job_id for i in range(n)]
     enqueued = time.time() - started
-    deadline = time.monotonic() + _timeout(n)
+    deadline = time.monotonic() + batch_timeout(n)
     while True:
         with transaction() as session:
             completed, failed, last, attempts = session.execute(_KEEL_PROGRESS, {"ids": ids}).one()
@@ -105,7 +99,7 @@ def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
     }, cleanup
 
 
-def _measured(run: Run, worker: CeleryWorker, n: int, batch: Callable[[int], Batch]) -> dict:
+def _measured(run: Run, worker: Child, n: int, batch: Callable[[int], Batch]) -> dict:
     """Warm the fresh worker up, then one measured batch with the CPU it cost per job."""
     with worker:
         batch(run.sizes.warmup_jobs)[1]()
@@ -120,10 +114,17 @@ def _measured(run: Run, worker: CeleryWorker, n: int, batch: Callable[[int], Bat
 
 
 def _pair(
-    run: Run, fig: Figure, n: int, bare_task: Callable, keel_name: str, keel_opts: object | None
+    run: Run,
+    fig: Figure,
+    n: int,
+    bare_task: Callable,
+    keel_name: str,
+    keel_opts: object | None,
+    flaky: bool,
 ) -> None:
+    """Bare Celery, Keel, then each installed peer, in turn within every repetition."""
     conc = run.sizes.worker_concurrency
-    systems = {
+    systems: dict[str, System] = {
         "bare Celery": (
             lambda: CeleryWorker(run.env, "bare-bench", "bench.bare", conc, ["-Q", bare.QUEUE]),
             lambda k: bare_batch(run, bare_task, k),
@@ -133,11 +134,13 @@ def _pair(
             lambda k: keel_batch(run, keel_name, k, keel_opts),
         ),
     }
+    found, left_out = peers(run, flaky)
+    systems.update(found)
     rates = {name: Series(name, "jobs/s") for name in systems}
     cpu = {name: Series(f"{name} CPU per job", "ms", chart=False) for name in systems}
     checks: list[dict] = []
     for rep in range(run.repeat):
-        for name, (worker, batch) in systems.items():  # A, B, A, B, ...
+        for name, (worker, batch) in systems.items():  # A, B, C, D, A, B, C, D, ...
             run.log(f"{fig.key} rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
             result = _measured(run, worker(), n, batch)
             rates[name].samples.append(result["rate"])
@@ -148,7 +151,7 @@ def _pair(
                 f"{result['cpu_ms_per_job_total']:.1f} CPU ms/job"
             )
     bare_s, keel_s = rates["bare Celery"], rates["Keel"]
-    fig.series = [bare_s, keel_s, *cpu.values()]
+    fig.series = [*rates.values(), *cpu.values()]
     fig.ratio = ratio(keel_s, bare_s)
     fig.ratio_text = "Keel / bare Celery (jobs/s)"
     fig.details = {
@@ -156,15 +159,31 @@ def _pair(
         "runs": checks,
         "worker_concurrency": conc,
         "cpu_ratio": ratio(cpu["Keel"], cpu["bare Celery"]),
+        "peers": list(found),
     }
+    for peer in PEERS:  # Keel's jobs/s over the peer's; None where it was not measured
+        fig.details[f"vs_{peer}"] = ratio(keel_s, rates[peer]) if peer in found else None
     enqueue = {
         name: median(c["enqueue_rate"] for c in checks if c["system"] == name) for name in systems
     }
     fig.notes.append(
-        f"enqueue alone (producer, one thread): bare {enqueue['bare Celery']:.0f}/s, "
-        f"Keel {enqueue['Keel']:.0f}/s; CPU per job (all processes: producer, worker tree, "
-        f"Postgres, Redis) Keel/bare = {ratio(cpu['Keel'], cpu['bare Celery']):.1f}x"
+        "enqueue alone (producer, one thread): "
+        + ", ".join(f"{name} {rate:.0f}/s" for name, rate in enqueue.items())
+        + "; CPU per job (all processes: producer, worker tree, Postgres, Redis) "
+        + ", ".join(f"{name} {cpu[name].median:.1f} ms" for name in systems)
+        + f"; Keel/bare = {ratio(cpu['Keel'], cpu['bare Celery']):.1f}x"
     )
+    if found:
+        fig.notes.append(
+            "Keel against the other Postgres job queues (jobs/s, each its own worker CLI "
+            f"with {conc} jobs at a time, the end read from its own records): "
+            + ", ".join(
+                f"Keel/{peer} = {fig.details[f'vs_{peer}']:.2f}x "
+                f"(CPU per job Keel/{peer} = {ratio(cpu['Keel'], cpu[peer]):.1f}x)"
+                for peer in found
+            )
+        )
+    fig.notes.extend(left_out)
     if any(c["failed"] for c in checks):
         fig.error = "some jobs failed"
 
@@ -202,7 +221,7 @@ def _round_trips(run: Run, n: int) -> dict[str, float | None]:
         with meter:
             ids = [add(jobs.NOOP, {"i": i}, queue=jobs.QUEUE).job_id for i in range(n)]
             wait = "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND state = 'completed'"
-            deadline = time.monotonic() + _timeout(n)
+            deadline = time.monotonic() + batch_timeout(n)
             while poller.execute(wait, (ids,)).fetchone()[0] < n:  # type: ignore[index]
                 if time.monotonic() > deadline:
                     raise TimeoutError("Keel: round-trip batch unfinished")
@@ -224,10 +243,18 @@ def p1_noop(run: Run) -> Figure:
     fig = Figure(
         "P1",
         "No-op jobs, enqueue → all finished",
-        target="Keel ≥ 0.5x bare Celery, CPU per job ≤ 2x",
+        target="Keel ≥ 0.5x bare Celery and ≥ 1.2x procrastinate, CPU per job ≤ 2x bare",
     )
-    _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None)
-    fig.met = fig.ratio is not None and fig.ratio >= 0.5 and fig.details["cpu_ratio"] <= 2.0
+    _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None, flaky=False)
+    vs_procrastinate = fig.details["vs_procrastinate"]
+    fig.met = (
+        fig.ratio is not None
+        and fig.ratio >= 0.5
+        and fig.details["cpu_ratio"] <= 2.0
+        and (vs_procrastinate is None or vs_procrastinate >= 1.2)
+    )
+    if vs_procrastinate is None:
+        fig.notes.append("the target's procrastinate part was not checked (not measured)")
     n = min(run.sizes.noop_jobs, 1000)
     run.log(f"P1 round trips: {n} jobs each, statement log on (untimed)")
     trips = _round_trips(run, n)
@@ -246,9 +273,28 @@ def p2_retry(run: Run) -> Figure:
     from tasks.jobs import JobOptions
 
     fig = Figure("P2", "Fail once, then succeed", target="Keel ≥ 0.5x bare Celery")
-    _pair(run, fig, run.sizes.retry_jobs, bare.flaky, jobs.FLAKY, JobOptions(attempts=2))
+    _pair(
+        run, fig, run.sizes.retry_jobs, bare.flaky, jobs.FLAKY, JobOptions(attempts=2), flaky=True
+    )
     fig.met = fig.ratio is not None and fig.ratio >= 0.5
     n = run.sizes.retry_jobs
-    if any(c["system"] == "Keel" and c["failed_runs"] != n for c in fig.details["runs"]):
-        fig.error = "Keel did not record exactly one failed run per job"
+    recorded = ("Keel", *fig.details["peers"])  # bare Celery keeps no record of a failed run
+    wrong = sorted(
+        {
+            c["system"]
+            for c in fig.details["runs"]
+            if c["system"] in recorded and c["failed_runs"] != n
+        }
+    )
+    if wrong:
+        fig.error = f"{', '.join(wrong)} did not record exactly one failed run per job"
+    if "procrastinate" in fig.details["peers"]:
+        waits = [
+            c["retry_wait_max_s"] for c in fig.details["runs"] if c["system"] == "procrastinate"
+        ]
+        fig.notes.append(
+            "procrastinate: a retry wakes no worker (only an insert notifies one), so a job "
+            "retried after the last insert waits for the worker's next poll (every 5 s by "
+            f"default); the longest wait of a retried job here: {max(waits):.1f} s"
+        )
     return fig

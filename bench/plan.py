@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.env import BenchEnv
@@ -25,6 +26,14 @@ class Sizes:
     health_calls: int  # P5 calls per repetition
     naive_calls: int  # P5 calls of the full-scan reference per repetition
     worker_concurrency: int = 2  # celery -c for bare and Keel workers alike
+
+
+Batch = tuple[dict, Callable[[], object]]  # a batch's figures, and how to remove what it left
+
+
+def batch_timeout(n: int) -> float:
+    """How long a batch of ``n`` jobs may take: at 10 jobs/s something is broken, not slow."""
+    return 60 + n / 10
 
 
 FULL = Sizes(

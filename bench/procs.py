@@ -99,8 +99,26 @@ class Child:
         raise NotImplementedError
 
 
-class CeleryWorker(Child):
+class LogReadyChild(Child):
+    """A worker that is ready once its log shows ``ready_line`` (the log starts empty)."""
+
+    ready_line = ""
+
+    def start(self) -> None:
+        self.log_path.unlink(missing_ok=True)
+        self.spawn()
+
+        def ready() -> bool:
+            self.check_alive()
+            return self.ready_line in self.log_path.read_text(errors="replace")
+
+        wait_for(ready, 90, f"worker {self.name} start", interval=0.1)
+
+
+class CeleryWorker(LogReadyChild):
     """``celery -A <app> worker`` with the same flags for bare Celery and Keel."""
+
+    ready_line = " ready."
 
     def __init__(
         self, env: BenchEnv, name: str, app: str, concurrency: int, extra: list[str] | None = None
@@ -125,16 +143,6 @@ class CeleryWorker(Child):
             "--without-gossip",
         ]
         super().__init__(env, name, args)
-
-    def start(self) -> None:
-        self.log_path.unlink(missing_ok=True)
-        self.spawn()
-
-        def ready() -> bool:
-            self.check_alive()
-            return " ready." in self.log_path.read_text(errors="replace")
-
-        wait_for(ready, 90, f"worker {self.name} start", interval=0.1)
 
 
 class HttpChild(Child):
