@@ -174,7 +174,7 @@ def add(
                 priority = tenancy.priority_for(load.on_queue)
                 created = store.insert(session, job)
             elif publish_now and job.state == State.WAITING:
-                created, on_queue = store.insert_counting(session, job)
+                created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
                 priority = tenancy.priority_for(on_queue)
             else:
                 created = store.insert(session, job)

@@ -120,8 +120,10 @@ _INSERT = text(_INSERT_ONE)
 # many jobs its party has running or waiting on its queue — what places it among the
 # queue's priorities (``tasks.jobs.tenancy``).
 _INSERT_COUNTING = """
-    WITH load AS (SELECT count(*) AS on_queue FROM jobs
-                  WHERE {party} AND queue = :queue AND state IN ('waiting', 'active')),
+    WITH load AS (SELECT count(*) AS on_queue FROM (
+                      SELECT 1 FROM jobs
+                      WHERE {party} AND queue = :queue AND state IN ('waiting', 'active')
+                      LIMIT :up_to) AS ahead),
          added AS ({insert})
     SELECT (SELECT id FROM added) AS id, (SELECT on_queue FROM load) AS on_queue
 """
@@ -147,12 +149,13 @@ def insert(session: Session, job: NewJob) -> bool:
     return session.execute(_INSERT, _row(job)).first() is not None
 
 
-def insert_counting(session: Session, job: NewJob) -> tuple[bool, int]:
+def insert_counting(session: Session, job: NewJob, up_to: int) -> tuple[bool, int]:
     """``insert``, in the same statement counting the jobs its party (tenant, or the system's
-    jobs) has waiting or active on its queue: ``(created, on_queue)``."""
+    jobs) has waiting or active on its queue, up to ``up_to`` (a count that stops there
+    costs the same with a million waiting): ``(created, on_queue)``."""
     party = "tenant_id IS NULL" if job.tenant_id is None else "tenant_id = :tenant_id"
     statement = text(_INSERT_COUNTING.format(party=party, insert=_INSERT_ONE))
-    row = session.execute(statement, _row(job)).one()
+    row = session.execute(statement, {**_row(job), "up_to": up_to}).one()
     return row.id is not None, int(row.on_queue)
 
 
