@@ -42,7 +42,7 @@ _LOAD = text(
            CASE WHEN s.state = 'delayed' THEN now() + interval '1 day' END,
            CASE WHEN s.state = 'active' THEN md5(g::text) END,
            CASE WHEN s.state = 'active' THEN now() + interval '1 day' END
-    FROM generate_series(:first, :last) AS g
+    FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS g
     CROSS JOIN LATERAL (SELECT (CAST(:states AS text[]))[1 + g % 10] AS state) AS s
     """
 )
