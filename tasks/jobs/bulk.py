@@ -23,7 +23,7 @@ from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.promote import publish_ready
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.jobs.store.jobs import NewJob, ready_job
 from tasks.jobs.tenancy import TenantLimits
 
 
@@ -62,7 +62,7 @@ def add_bulk(
         with transaction() as session:
             _admit(session, owner, records, limits)
             created = store.insert_many(session, records)
-            ready = [_ready(job) for job in records if job.id in created]
+            ready = [ready_job(job, state=job.state) for job in records if job.id in created]
             waiting = [job for job in ready if job.state == State.WAITING]
             if waiting:
                 publish_ready(session, waiting)
@@ -101,15 +101,3 @@ def _admit(
             f"the tenant has {live} live jobs; {len(records)} more would pass its quota "
             f"of {limits.live_jobs}",
         )
-
-
-def _ready(job: NewJob) -> ReadyJob:
-    return ReadyJob(
-        id=job.id,
-        name=job.name,
-        queue=job.queue,
-        data=job.data,
-        tenant_id=job.tenant_id,
-        celery_ctx=job.celery_ctx,
-        state=job.state,
-    )

@@ -201,16 +201,7 @@ def _child(
     _after_commit(session, lambda: events.emit(job.queue, job.state, job.id, job.name))
     if job.state != State.WAITING:
         return []
-    return [
-        ReadyJob(
-            id=job.id,
-            name=job.name,
-            queue=job.queue,
-            data=job.data,
-            tenant_id=job.tenant_id,
-            celery_ctx=job.celery_ctx,
-        )
-    ]
+    return [jobs_store.ready_job(job)]
 
 
 def _after_commit(session: Session, action: Any) -> None:
