@@ -203,7 +203,7 @@ def _round_trips(run: Run, n: int) -> dict[str, float | None]:
     requests, and bare Celery's Redis requests, each against a fresh warmed-up worker."""
     import psycopg
 
-    from tasks.config import get_settings
+    from tasks.db import engine
     from tasks.jobs import add
 
     conc = run.sizes.worker_concurrency
@@ -211,7 +211,8 @@ def _round_trips(run: Run, n: int) -> dict[str, float | None]:
     found: dict[str, float | None] = {}
     with CeleryWorker(run.env, "keel-trips", "tasks", conc, ["-I", "bench.jobs"]):
         keel_batch(run, jobs.NOOP, run.sizes.warmup_jobs, None)[1]()
-        poller = psycopg.connect(get_settings().database_url, autocommit=True)
+        url = engine().url.set(drivername="postgresql").render_as_string(hide_password=False)
+        poller = psycopg.connect(url, autocommit=True)
         meter = RoundTrips(
             client,
             run.env.postgres_log(),
