@@ -53,13 +53,7 @@ def _keel_task(name: str) -> Any | None:
     return task if task is not None and hasattr(task, "data_for") else None
 
 
-def body_id_of(ctx: dict[str, Any] | None) -> str | None:
-    """The id of the chord body a job's context says it is a part of."""
-    body = (ctx or {}).get("chord")
-    if not isinstance(body, dict):
-        return None
-    task_id = (body.get("options") or {}).get("task_id")
-    return str(task_id) if task_id else None
+body_id_of = store.chord_body_id
 
 
 def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
@@ -128,14 +122,43 @@ def failed(session: Session, job: Any, reason: str) -> None:
     ``job`` is anything with the record's ``id`` and ``celery_ctx``.
     """
     body_id = body_id_of(job.celery_ctx)
-    if body_id is None:
-        return
-    body = store.fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
+    if body_id is not None:
+        _fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
+
+
+def _fail_body(session: Session, body_id: str, reason: str) -> None:
+    body = store.fail_body(session, body_id, reason)
     if body is not None:
         _after_commit(
             session,
             lambda: events.emit(body.queue, "failed", body.id, body.name, failedReason=reason),
         )
+
+
+#: Bound parts counted per statement by ``count_bound_parts``.
+BOUND_BATCH = 100
+
+
+def count_bound_parts() -> int:
+    """Count the chord parts that stand for another job (``store.canvas.bind_part``) once
+    that job has ended: its result, or the body fails with its reason (maintenance runs
+    this). A job with no record the body may read — trimmed, or another owner's — fails
+    the body too: its result is not there to count."""
+    with transaction() as session:
+        bound = store.ended_bound_parts(session, BOUND_BATCH)
+        ready: list[ReadyJob] = []
+        for part in bound:
+            if part.state == State.COMPLETED:
+                ready += part_ended(session, part.body_id, part.part_id, part.result)
+            elif part.state is None:
+                why = f"chord part {part.part_id} stands for job {part.job_id}, which is not found"
+                _fail_body(session, part.body_id, why)
+            else:
+                why = part.failed_reason or part.state
+                _fail_body(session, part.body_id, f"chord part {part.part_id} failed: {why}")
+        if ready:
+            publish_ready(session, ready)
+    return len(bound)
 
 
 def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> list[ReadyJob]:

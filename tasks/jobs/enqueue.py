@@ -30,6 +30,7 @@ from tasks.jobs import events, tenancy
 from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
 from tasks.jobs.owner import Owner
+from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import dedup
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
@@ -165,8 +166,12 @@ def add(
     )
     rule = opts.deduplication
     priority = 0
-    # Without a dedup rule or a quota to check, the add is one statement (no BEGIN/COMMIT).
-    with transaction(one_statement=rule is None and limits is None) as session:
+    created = False
+    body_id = canvas_store.chord_body_id(ctx)
+    # Without a dedup rule, a quota to check or a chord to count, the add is one statement
+    # (no BEGIN/COMMIT).
+    one_statement = rule is None and limits is None and body_id is None
+    with transaction(one_statement=one_statement) as session:
         kept, replaced = _deduplicate(session, queue, rule, job.id) if rule else (None, None)
         if kept is None:
             if limits is not None:
@@ -178,6 +183,8 @@ def add(
                 priority = tenancy.priority_for(on_queue)
             else:
                 created = store.insert(session, job)
+        if body_id is not None and not created:  # a chord part counts the job it names
+            canvas_store.bind_part(session, body_id, job.id, kept or job.id)
     dedup_id = rule.id if rule else None
     if kept is not None:
         events.emit(

@@ -3,7 +3,8 @@
 In a thread of every worker's main process, every ``KEEL_PROMOTE_INTERVAL_S``:
 promote due delayed jobs (``promote``) and notice a broker that lost its data
 (``broker_reset``); every ``KEEL_STALLED_INTERVAL_S``: recover stalled jobs
-(``stalls``) and fold the state counters' pending deltas (``store.counts``).
+(``stalls``), count the chord parts that stand for another job once it ended
+(``canvas``) and fold the state counters' pending deltas (``store.counts``).
 Any number of workers run it at once; each piece is safe to share.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from celery import bootsteps
 
 from tasks.config import get_settings
-from tasks.jobs import broker_reset, promote, reconcile, revocations, stalls
+from tasks.jobs import broker_reset, canvas, promote, reconcile, revocations, stalls
 from tasks.jobs.store import counts
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Maintenance(bootsteps.StartStopStep):
                 if time.monotonic() >= next_stalled_check:
                     next_stalled_check = time.monotonic() + settings.stalled_interval_s
                     stalls.requeue_stalled_once()
+                    canvas.count_bound_parts()
                     counts.compact()
             except Exception:  # a database blip must not stop maintenance
                 log.warning("job maintenance failed; retrying", exc_info=True)

@@ -89,24 +89,51 @@ def test_a_chord_part_that_stalled_too_often_fails_the_body():
     assert job["state"] == "failed", job
 
 
-@pytest.mark.xfail(strict=True, reason="a chord part absorbed by another job never counts")
 def test_a_chord_whose_part_is_deduplicated_onto_another_job_still_ends():
-    # Two parts deduplicated onto one job (or a part whose task_id names a finished job):
-    # the chord counts the part ids Celery froze, and one of them never gets a record
+    # Two parts deduplicated onto one job: the chord counts the part ids Celery froze, and
+    # the second never gets a record of its own. It stands for the job that absorbed it.
     dedup = {"deduplication": {"id": unique("dd")}}
     parts = [celery_add.si(1, 1).set(job_options=dedup), celery_add.si(2, 2).set(job_options=dedup)]
     body = chord(parts)(celery_collect.s())
-    job = wait_state(body.id, "completed", "failed", timeout=10)
-    assert job["state"] in ("completed", "failed")
+    job = wait_state(body.id, "completed", "failed", timeout=15)
+    assert job["state"] == "completed", job
+    assert job["result"] == {"results": [2, 2], "total": 4}
 
 
-@pytest.mark.xfail(strict=True, reason="a chord part whose task_id names a finished job")
 def test_a_chord_whose_part_reuses_a_finished_task_id_still_ends():
     done = celery_add.delay(1, 1).id
     wait_state(done, "completed")
-    body = chord([celery_add.si(1, 1).set(task_id=done), celery_add.si(2, 2)])(celery_collect.s())
-    job = wait_state(body.id, "completed", "failed", timeout=10)
-    assert job["state"] in ("completed", "failed")
+    body = chord([celery_add.si(5, 5).set(task_id=done), celery_add.si(2, 2)])(celery_collect.s())
+    job = wait_state(body.id, "completed", "failed", timeout=15)
+    assert job["state"] == "completed", job
+    # The named job is not run again: its recorded result is the part's
+    assert job["result"] == {"results": [2, 4], "total": 6}
+    assert record(done)["attemptsStarted"] == 1
+
+
+def test_a_chord_whose_part_names_a_failed_job_fails_with_its_reason():
+    failed = celery_autoretry_all.delay().id
+    wait_state(failed, "failed")
+    body = chord([celery_add.si(1, 1), celery_add.si(2, 2).set(task_id=failed)])(celery_collect.s())
+    job = wait_state(body.id, "completed", "failed", timeout=15)
+    assert job["state"] == "failed", job
+    assert job["failedReason"] == (f"chord part {failed} failed: this input can never succeed"), job
+
+
+def test_a_chord_part_naming_another_tenants_job_never_reads_its_result():
+    from tasks.jobs import Owner, acting_as
+
+    with acting_as(Owner("acme", unique("u"))):
+        theirs = celery_add.delay(40, 2).id
+    wait_state(theirs, "completed")
+    with acting_as(Owner("globex", unique("u"))):
+        body = chord([celery_add.si(1, 1).set(task_id=theirs)])(celery_collect.s())
+    job = wait_state(body.id, "completed", "failed", timeout=15)
+    assert job["state"] == "failed", job
+    assert job["failedReason"] == (
+        f"chord part {theirs} stands for job {theirs}, which is not found"
+    ), job
+    assert job["result"] is None
 
 
 def owner_of(job_id: str) -> str | None:
