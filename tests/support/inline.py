@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest.mock import patch
 
 from celery.contrib.testing.worker import start_worker
 
@@ -26,15 +27,21 @@ def inline_worker(concurrency: int = 8) -> Iterator[Any]:
     """A worker consuming Keel's queues from threads of this process (the jobs of the logic
     tests mostly wait: report steps, backoffs; threads overlap the waiting)."""
     from tasks.celery import app
+    from tasks.transport import Transport
 
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=15,
-    ) as worker:
+    # Stopping waits for the consumer's BRPOP to time out (kombu: 1 s); a shorter one
+    # here lets each module's worker stop at once. Only this process's consumer polls.
+    with (
+        patch.object(Transport, "brpop_timeout", 0.1),
+        start_worker(
+            app,
+            pool="threads",
+            concurrency=concurrency,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            shutdown_timeout=15,
+        ) as worker,
+    ):
         yield worker
 
 
