@@ -24,6 +24,7 @@ Celery's: it is kept on the record and fires when the job fails for good.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 from celery import signature
@@ -36,7 +37,7 @@ from sqlalchemy.orm import Session
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events
-from tasks.jobs.calls import canvas_context, current_owner, job_options
+from tasks.jobs.calls import acting_as, canvas_context, current_owner, job_options
 from tasks.jobs.models import State
 from tasks.jobs.owner import Owner
 from tasks.jobs.promote import publish_ready
@@ -203,10 +204,15 @@ def _child(
         "root_id": (parent.celery_ctx or {}).get("root_id") or parent.id,
     }
     task = _keel_task(sig.task)
-    if task is None:
-        _after_commit(session, lambda: sig.apply_async(args=args, **more))
-        return []
     owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
+    if task is None:  # a group, chord or plain task: the Keel jobs in it keep the owner
+
+        def send() -> None:
+            with acting_as(owner) if owner is not None else nullcontext():
+                sig.apply_async(args=args, **more)
+
+        _after_commit(session, send)
+        return []
     data = task.data_for(args, sig.kwargs)
     opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
     job = NewJob(

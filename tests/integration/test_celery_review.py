@@ -143,7 +143,6 @@ def owner_of(job_id: str) -> str | None:
         ).scalar_one()
 
 
-@pytest.mark.xfail(strict=True, reason="a group or chord step of a chain is sent with no owner")
 def test_a_tenants_chain_fanning_out_to_a_group_keeps_the_tenant():
     from celery import group
 
