@@ -10,6 +10,11 @@ Why threads, and what the worker class adds: ``web.serving``.
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
+from keel.embedded.lifeline import die_with_parent
 from tasks.config import get_settings
 
 worker_class = "web.serving.StreamingWorker"
@@ -30,3 +35,18 @@ keepalive = 5
 # ~/.gunicorn/gunicorn.ctl), so two servers of one user (two stacks, or a test
 # run beside `keel up`) would take it from each other. Keel does not use it.
 control_socket_disable = True
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """A worker dies with its master: whatever ends the master (``kill -9`` included) leaves
+    no worker serving on its own until it notices (it checks once a second, then lets its
+    requests finish)."""
+    die_with_parent(signal.SIGKILL)
+
+
+def worker_int(worker: Any) -> None:
+    """SIGINT or SIGQUIT — gunicorn's quick stop, and what the web child of ``keel up`` gets
+    when ``keel up`` dies: the worker exits now. gunicorn's own ``sys.exit`` would wait for
+    every request thread to finish its request, and the master waits for its workers up to
+    ``graceful_timeout``. A graceful stop is SIGTERM, unchanged."""
+    os._exit(0)

@@ -40,6 +40,12 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
+def die_with_parent(death_signal: int = signal.SIGKILL) -> None:
+    """Ask for ``death_signal`` when this process's parent dies (call right after a fork)."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(death_signal))
+
+
 def tied_to_parent(death_signal: int = signal.SIGTERM) -> Callable[[], None]:
     """A ``preexec_fn``: private umask, and ``death_signal`` when this process dies.
 

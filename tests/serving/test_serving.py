@@ -14,6 +14,7 @@ all. Each phase prints its figures (run with ``-s``).
 
 from __future__ import annotations
 
+import signal
 import statistics
 import threading
 import time
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 
+import psutil
 import pytest
 import requests
 
@@ -39,6 +41,7 @@ LONG_STREAM_S = 120
 ANSWER_WITHIN_S = 2.0
 PG_HUNG_S = 20
 REDIS_HUNG_S = 30
+QUICK_STOP_S = 5
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +318,32 @@ def test_streams_past_the_slots_are_refused_and_a_graceful_stop_ends_the_rest(st
         assert after < 1.5 and took < 5, (after, took)
     finally:
         server.stop()
+
+
+def test_a_quick_stop_does_not_wait_for_open_streams_and_a_dead_master_leaves_no_worker(stack):
+    # SIGQUIT is what the web child of `keel up` gets when `keel up` itself dies (kill -9)
+    for signum in (signal.SIGQUIT, signal.SIGKILL):
+        # Given a server whose worker holds an open event stream
+        server = WebProcess(stack.home, extra_args=["-w", "1"])
+        server.start()
+        try:
+            master = psutil.Process(server.process.pid)
+            [worker] = master.children()
+            api = Api(server)
+            path = f"/api/v1/reports/jobs/{scheduled_job(api)}/events?timeout=60"
+            stream = open_stream(server.port, path, token(*OWNER))
+            assert stream.head.startswith(b"HTTP/1.1 200"), stream.head
+            # When its master gets the signal
+            stopping = time.monotonic()
+            master.send_signal(signum)
+            # Then master and worker are gone within seconds, not graceful_timeout (20 s)
+            _gone, left = psutil.wait_procs([master, worker], timeout=QUICK_STOP_S)
+            took = time.monotonic() - stopping
+            print(f"\n{signum.name} with an open stream: gone in {took:.1f} s")
+            assert not left, (signum.name, [p.pid for p in left])
+            stream.close()
+        finally:
+            server.stop()
 
 
 def _opened(server: WebProcess, path: str):
