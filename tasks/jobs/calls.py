@@ -296,9 +296,7 @@ class CeleryTask(Task):
         request = self.request
         if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
             raise RetriesExhausted(exc) from exc
-        limit = self.max_retries if max_retries is None else max_retries
-        limit = MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
-        if (request.retries or 0) >= limit:
+        if (request.retries or 0) >= self.retry_limit(max_retries):
             error = exc or MaxRetriesExceededError(
                 f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"
             )
@@ -316,7 +314,16 @@ class CeleryTask(Task):
         requested = RetryRequested(exc, max(0, int(float(countdown or 0) * 1000)), data)
         if throw:
             raise requested
+        # Celery sends the retry and lets the run go on: here the run's end is recorded
+        # as this retry instead of a completion (``KeelTask`` reads it when the run returns).
+        request.keel_retry = requested
         return requested
+
+    def retry_limit(self, max_retries: int | None = None) -> int:
+        """How many retries a job of this task gets: ``max_retries`` (the task's, unless
+        given), at most ``MAX_RETRIES_CAP``."""
+        limit = self.max_retries if max_retries is None else max_retries
+        return MAX_RETRIES_CAP if limit is None else min(limit, MAX_RETRIES_CAP)
 
     def data_for(self, args: Any = (), kwargs: Any = None) -> dict[str, Any]:
         """The job data that Celery-style ``args``/``kwargs`` are recorded as."""

@@ -132,6 +132,9 @@ class KeelTask(CeleryTask):
         ran: float | None = None  # how long a run that returned took (its end reports it)
         try:
             result = self._run_handler(claimed)
+            asked: RetryRequested | None = getattr(self.request, "keel_retry", None)
+            if asked is not None:  # ``self.retry(throw=False)``: the run ends as that retry
+                raise asked
             ran = time.monotonic() - started
         except Defer as deferral:
             finish.deferred(claimed, deferral)
@@ -146,11 +149,13 @@ class KeelTask(CeleryTask):
             self._failed(claimed, exhausted.original, retry_in_ms=None)
             raise exhausted.original from None
         except Reject as rejected:
-            if rejected.requeue:  # run again later, as Celery would; an attempt is used
+            # Requeued: run again at once, as Celery would, but a requeue is a retry here,
+            # bounded like one (``max_retries``): a message that always rejects ends failed.
+            if rejected.requeue and claimed.attempts_made < self.retry_limit():
                 self._failed(claimed, rejected, retry_in_ms=0)
                 raise
             self._failed(claimed, rejected, retry_in_ms=None)
-            raise
+            raise Reject(rejected.reason, requeue=False) from None  # not back to the broker
         except Exception as exc:
             self._failed(claimed, exc)
             raise
@@ -183,6 +188,7 @@ class KeelTask(CeleryTask):
         if expires is not None and expires <= datetime.now(UTC):
             raise RetriesExhausted(JobExpired(f"expired at {expires.isoformat()}"))
         self.request.retries = claimed.attempts_made
+        self.request.keel_retry = None
         context = JobContext(claimed)
         self.request.keel_job = context
         if self.job_style == "context":

@@ -15,7 +15,9 @@ from tests.support.jobs import (
     celery_autoretry_all,
     celery_collect,
     celery_now,
+    celery_requeue,
     celery_retry_args,
+    celery_retry_nothrow,
     echo,
 )
 
@@ -51,6 +53,22 @@ def test_self_retry_with_new_args_runs_again_with_those_args():
     job = wait_state(celery_retry_args.delay(1, label).id, "completed", "failed", timeout=15)
     assert job["state"] == "completed", job
     assert job["result"] == {"n": 2, "label": label}
+
+
+def test_self_retry_without_throw_still_retries_and_discards_the_runs_return():
+    # Celery sends the retry and lets the run go on; Keel records the run's end as the retry
+    job = wait_state(celery_retry_nothrow.delay(2).id, "completed", "failed", timeout=15)
+    assert job["state"] == "completed", job
+    assert job["result"] == {"retries": 2}
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (2, 3), job
+
+
+def test_a_message_that_always_requeues_itself_ends_failed_after_its_retries():
+    # Reject(requeue=True) runs again at once, as in Celery; max_retries=2 bounds it
+    job = wait_state(celery_requeue.delay().id, "completed", "failed", timeout=15)
+    assert job["state"] == "failed", job
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (3, 3), job
+    assert job["failedReason"] == "not now", job
 
 
 def test_a_chain_step_keeps_its_own_countdown():

@@ -140,6 +140,20 @@ def celery_reject(self) -> None:
     raise Reject("this input can never succeed", requeue=False)
 
 
+@shared_task(bind=True, base=KeelTask, name="test.celery_requeue", max_retries=2)
+def celery_requeue(self) -> None:
+    raise Reject("not now", requeue=True)
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_retry_nothrow", max_retries=3)
+def celery_retry_nothrow(self, times: int) -> dict:
+    """Asks for a retry with ``throw=False`` on its first ``times`` runs, and returns anyway."""
+    if self.request.retries < times:
+        self.retry(countdown=0.1, throw=False)
+        return {"discarded": self.request.retries}
+    return {"retries": self.request.retries}
+
+
 @shared_task(base=KeelTask, name="test.celery_add")
 def celery_add(x: int, y: int = 0) -> int:
     """Adds: a chain's step (the previous step's result is its first argument)."""
