@@ -25,14 +25,19 @@ Three more places read a message:
 - Celery's consumer, which reads what kombu delivered as a task message:
   ``tasks.consumer`` dead-letters what it cannot take.
 
+A publish can also take other Redis commands along in its round trip
+(``riding``): an add's ``waiting`` event goes out in the pipeline of its
+message's LPUSH.
+
 Wired in ``tasks.celeryconfig`` (``broker_transport``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from queue import Empty
 from typing import Any
 
@@ -101,6 +106,23 @@ def task_of(payload: Any) -> tuple[str, str | None]:
     return (job_id if isinstance(job_id, str) else ""), (name if isinstance(name, str) else None)
 
 
+#: Commands (each adds itself to a pipeline) for this thread's next publish to take along.
+_RIDERS: ContextVar[list[Callable[[Any], None]] | None] = ContextVar("keel_riders", default=None)
+
+
+@contextmanager
+def riding(command: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
+    """In the block, the next publish through a Redis channel sends ``command(pipeline)``
+    in its own pipeline, before its LPUSH: one round trip for both. Yields whether it went
+    (not on RabbitMQ, nor when that publish failed: the caller then sends it itself)."""
+    riders = [command]
+    token = _RIDERS.set(riders)
+    try:
+        yield lambda: not riders
+    finally:
+        _RIDERS.reset(token)
+
+
 class QoS(kombu_redis.QoS):
     """kombu's Redis QoS; an unacked copy it cannot decode is moved aside, not retried forever."""
 
@@ -138,6 +160,28 @@ class Channel(kombu_redis.Channel):
         if self._shared is None or self._shared.connection_pool is not pool:
             self._shared = self._create_client()
         yield self._shared
+
+    def _put(self, queue: Any, message: Any, **kwargs: Any) -> None:
+        riders = _RIDERS.get()
+        batch = kwargs.get("_publish_batch")
+        if riders and batch is not None:  # kombu adds the LPUSH to the batch's pipeline next
+            for ride in riders:
+                ride(batch.pipeline)
+            riders.clear()
+        if not riders or batch is not None or queue in self._expires:
+            super()._put(queue, message, **kwargs)
+            return
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        with self.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for ride in riders:
+                ride(pipe)
+            pipe.lpush(key, dumps(message))
+            # A rider's error is its own (events are best effort); the LPUSH's is the publish's.
+            pushed = pipe.execute(raise_on_error=False)[-1]
+        riders.clear()
+        if isinstance(pushed, Exception):
+            raise pushed
 
     def _screen_brpop(self, response: Any, **options: Any) -> tuple | None:
         if not response:

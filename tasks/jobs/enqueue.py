@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from tasks import broker
 from tasks.celery import app
+from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
 from tasks.jobs.models import State
@@ -35,6 +37,7 @@ from tasks.jobs.store import dedup
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.tenancy import TenantLimits
+from tasks.transport import riding
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +206,11 @@ def add(
             deduplicatedJobId=replaced,
         )
     delay: dict[str, Any] = {"delay": opts.delay} if opts.delay else {}
-    events.emit(queue, job.state, job.id, name, **delay)
+    added = events.Event(queue, job.state, job.id, name, **delay)
     if job.state == State.WAITING and publish_now:
-        publish_or_park(job.id, name, queue, data, ctx, priority=priority)
+        publish_or_park(job.id, name, queue, data, ctx, priority=priority, event=added)
+    else:
+        added.send()
     return AddedJob(job_id=job.id, created=True, state=job.state)
 
 
@@ -232,16 +237,39 @@ def publish_or_park(
     ctx: dict[str, Any] | None = None,
     *,
     priority: int = 0,
+    event: events.Event | None = None,
 ) -> None:
-    """Publish a waiting job; if the broker is down or hung, park it for the promoter."""
+    """Publish a waiting job; if the broker is down or hung, park it for the promoter.
+
+    ``event`` (the job's ``waiting``) goes out with the message, in the same Redis
+    round trip (``tasks.transport.riding``), else on its own before the job is parked.
+    """
     if broker.publish_unreachable():
         log.info("broker unreachable; job %s parked for republish", job_id)
+        if event is not None:
+            event.send()
         park_for_republish([job_id])
         return
+    if event is not None and get_settings().broker_on_amqp:
+        event.send()  # before the message, which a worker may take at once
+        event = None
     started = time.monotonic()
-    try:
-        publish(job_id, name, queue, data, ctx, priority=priority)
-    except Exception as exc:  # the record is safe; the promoter publishes it later
-        broker.publish_failed(exc, started)
-        log.warning("broker unavailable; job %s parked for republish: %s", job_id, exc)
+    failed: Exception | None = None
+    with riding(event.add_to) if event is not None else nullcontext(_nothing) as rode:
+        try:
+            # On Redis, kombu's publish batch sends the message and its task-sent event in
+            # one pipeline, and the job's event rides in it too: one round trip in all.
+            with app.producer_or_acquire() as producer, producer.batch():
+                publish(job_id, name, queue, data, ctx, priority=priority, producer=producer)
+        except Exception as exc:  # the record is safe; the promoter publishes it later
+            failed = exc
+    if event is not None and (failed is not None or not rode()):
+        event.send()  # its pipeline failed, or never went out
+    if failed is not None:
+        broker.publish_failed(failed, started)
+        log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
         park_for_republish([job_id])
+
+
+def _nothing() -> bool:
+    return True

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -49,6 +51,8 @@ def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
     started = time.monotonic()
     try:
         pipe = redis_client().pipeline(transaction=False)
+        for held in _held.take():
+            held.add_to(pipe)
         for queue, event, job_id, name in entries:
             entry: dict[Any, Any] = {
                 "event": event,
@@ -67,6 +71,122 @@ def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
         log.warning("could not emit %d events", len(entries), exc_info=True)
 
 
+class Event:
+    """One event as Redis commands: its stream entry, its counter and (``observed``: a
+    ``(kind, seconds)`` histogram observation, ``tasks.jobs.metrics``) what the
+    transition measured. ``emit`` sends it; a publish can take it along (``tasks.transport``).
+    """
+
+    __slots__ = ("entry", "event", "job_id", "observed", "queue")
+
+    def __init__(
+        self,
+        queue: str,
+        event: str,
+        job_id: str,
+        name: str | None = None,
+        *,
+        observed: tuple[str, float] | None = None,
+        **fields: Any,
+    ) -> None:
+        # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
+        entry: dict[Any, Any] = {
+            "event": event,
+            "jobId": job_id,
+            "queue": queue,
+            "time": f"{time.time():.3f}",
+        }
+        if name:
+            entry["name"] = name
+        for key, value in fields.items():
+            entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
+        self.queue, self.event, self.job_id = queue, event, job_id
+        self.entry, self.observed = entry, observed
+
+    def add_to(self, pipe: Any) -> None:
+        pipe.xadd(stream_key(self.queue), self.entry, maxlen=STREAM_MAXLEN, approximate=True)
+        metrics.count_event(pipe, self.queue, self.event)
+        if self.observed is not None:
+            metrics.add_observation(pipe, self.queue, *self.observed)
+
+    def send(self) -> None:
+        """In one round trip, after whatever this process holds back (``later``)."""
+        _send([*_held.take(), self])
+
+
+def _send(batch: list[Event]) -> None:
+    if not batch:
+        return
+    last = batch[-1]
+    if broker.unreachable():
+        log.info("Redis unreachable: %d events up to %s dropped", len(batch), last.event)
+        return
+    started = time.monotonic()
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        for event in batch:
+            event.add_to(pipe)
+        pipe.execute()
+    except broker.UNREACHABLE_ERRORS as exc:
+        broker.failed(exc, started)
+        log.warning("could not emit %s for job %s: %s", last.event, last.job_id, exc)
+    except Exception:
+        log.warning("could not emit %s for job %s", last.event, last.job_id, exc_info=True)
+
+
+#: How long an event may be held back (``later``) before it goes out on its own.
+HOLD_S = 0.05
+
+
+class _Held:
+    """Events held back in this process, oldest first; a thread sends those held too long."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[float, Event]] = []
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def add(self, event: Event) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (forked) process
+                self._pid, self._events = os.getpid(), []
+                threading.Thread(
+                    target=self._flush_forever, name="keel-events", daemon=True
+                ).start()
+            self._events.append((time.monotonic() + HOLD_S, event))
+
+    def take(self) -> list[Event]:
+        # Read without the lock: an event added meanwhile waits its turn. A forked child
+        # never sends what its parent held.
+        if not self._events or self._pid != os.getpid():
+            return []
+        with self._lock:
+            taken = [event for _, event in self._events]
+            self._events = []
+        return taken
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(HOLD_S)
+            with self._lock:
+                due = bool(self._events) and self._events[0][0] <= time.monotonic()
+            if due:
+                _send(self.take())
+
+
+_held = _Held()
+
+
+def later(event: Event) -> None:
+    """Send ``event`` with this process's next event, or on its own within twice ``HOLD_S``.
+
+    A job's ``active`` goes out with its ``completed`` when the run is short (one
+    round trip instead of two), and on its own while a longer run goes on. Order is
+    kept: every event sent from this process goes after those held before it.
+    """
+    _held.add(event)
+
+
 def emit(
     queue: str,
     event: str,
@@ -76,35 +196,8 @@ def emit(
     observed: tuple[str, float] | None = None,
     **fields: Any,
 ) -> None:
-    """One event, its counter and (``observed``: a ``(kind, seconds)`` histogram observation,
-    ``tasks.jobs.metrics``) what the transition measured: one round trip."""
-    # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
-    entry: dict[Any, Any] = {
-        "event": event,
-        "jobId": job_id,
-        "queue": queue,
-        "time": f"{time.time():.3f}",
-    }
-    if name:
-        entry["name"] = name
-    for key, value in fields.items():
-        entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
-    if broker.unreachable():
-        log.info("Redis unreachable: event %s for job %s dropped", event, job_id)
-        return
-    started = time.monotonic()
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        pipe.xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
-        metrics.count_event(pipe, queue, event)
-        if observed is not None:
-            metrics.add_observation(pipe, queue, *observed)
-        pipe.execute()
-    except broker.UNREACHABLE_ERRORS as exc:
-        broker.failed(exc, started)
-        log.warning("could not emit %s for job %s: %s", event, job_id, exc)
-    except Exception:
-        log.warning("could not emit %s for job %s", event, job_id, exc_info=True)
+    """One event (``Event``), in one round trip."""
+    Event(queue, event, job_id, name, observed=observed, **fields).send()
 
 
 def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:

@@ -119,7 +119,7 @@ class KeelTask(CeleryTask):
         limits.started(admission)
         if claimed.stalled:
             events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
-        events.emit(
+        active = events.Event(
             claimed.queue,
             "active",
             claimed.id,
@@ -127,6 +127,7 @@ class KeelTask(CeleryTask):
             observed=("wait", claimed.wait_s),
             attemptsStarted=claimed.attempts_started,
         )
+        events.later(active)  # with its end's event if the run is short: one round trip
         lock_renewal.track(claimed.token)
         started = time.monotonic()
         ran: float | None = None  # how long a run that returned took (its end reports it)

@@ -183,3 +183,24 @@ def test_the_event_stream_is_described_in_openapi(client):
         "/api/v1/reports/jobs/{job_id}/events"
     ]
     assert "text/event-stream" in path["get"]["responses"]["200"]["content"]
+
+
+def test_a_long_runs_active_event_is_in_the_stream_while_it_runs():
+    # A run's `active` is held back to go out with its end when the run is short; a long
+    # run's goes out on its own meanwhile
+    from tasks.jobs import events
+    from tests.support.client import record
+    from tests.support.jobs import celery_part
+    from tests.support.stack import wait_for
+
+    job_id = celery_part.delay(0, unique("long"), ms=3000).id
+    queue = wait_state(job_id, "active")["queue"]
+
+    def active_seen() -> bool:
+        return any(e["event"] == "active" and e["jobId"] == job_id for e in events.read([queue]))
+
+    wait_for(active_seen, timeout=2, interval=0.05)
+    assert record(job_id)["state"] == "active"  # still running: its end has not been sent
+    completed = wait_state(job_id, "completed")
+    kinds = [e["event"] for e in events.read([queue]) if e["jobId"] == job_id]
+    assert kinds == ["waiting", "active", "completed"], (kinds, completed)
