@@ -263,10 +263,11 @@ def publish_or_park(
                 publish(job_id, name, queue, data, ctx, priority=priority, producer=producer)
         except Exception as exc:  # the record is safe; the promoter publishes it later
             failed = exc
+    if failed is not None:  # first: an event sent next is dropped at once if Redis hangs
+        broker.publish_failed(failed, started)
     if event is not None and (failed is not None or not rode()):
         event.send()  # its pipeline failed, or never went out
     if failed is not None:
-        broker.publish_failed(failed, started)
         log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
         park_for_republish([job_id])
 
