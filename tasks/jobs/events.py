@@ -46,29 +46,8 @@ def stream_key(queue: str) -> str:
 
 def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
     """``(queue, event, job id, name)`` of many jobs, in one round trip (a bulk add's)."""
-    if not entries or broker.unreachable():
-        return
-    started = time.monotonic()
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        for held in _held.take():
-            held.add_to(pipe)
-        for queue, event, job_id, name in entries:
-            entry: dict[Any, Any] = {
-                "event": event,
-                "jobId": job_id,
-                "queue": queue,
-                "time": f"{time.time():.3f}",
-                **({"name": name} if name else {}),
-            }
-            pipe.xadd(stream_key(queue), entry, maxlen=STREAM_MAXLEN, approximate=True)
-            metrics.count_event(pipe, queue, event)
-        pipe.execute()
-    except broker.UNREACHABLE_ERRORS as exc:
-        broker.failed(exc, started)
-        log.warning("could not emit %d events: %s", len(entries), exc)
-    except Exception:
-        log.warning("could not emit %d events", len(entries), exc_info=True)
+    if entries:
+        _send([*_held.take(), *(Event(*entry) for entry in entries)])
 
 
 class Event:
