@@ -29,6 +29,7 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
+from tasks.jobs.messages import publish
 from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
 from tasks.jobs.owner import Owner
@@ -41,7 +42,6 @@ from tasks.transport import riding
 
 log = logging.getLogger(__name__)
 
-KEEL_HEADER = "keel"
 PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
 
@@ -55,80 +55,6 @@ class AddedJob:
 def new_job_id() -> str:
     """Opaque and unguessable: 128 random bits."""
     return uuid.uuid4().hex
-
-
-def publish(
-    job_id: str,
-    name: str,
-    queue: str,
-    data: dict[str, Any],
-    ctx: dict[str, Any] | None = None,
-    *,
-    priority: int = 0,
-    producer: Any = None,
-) -> None:
-    """Send the wake-up message for a waiting job (its data rides along for Flower).
-
-    ``ctx`` carries the Celery canvas context of the job (chord callback, group
-    id and index, chain, link and link_error, parent and root ids), kept on
-    its record, so a job that is retried through the delayed set, promoted or
-    republished still counts toward its chord and still triggers its children
-    when it finally ends. The ``keel`` header marks the message as a wake-up
-    for a record (a delivery without one comes from plain Celery and is
-    recorded on arrival: ``tasks.jobs.execute``).
-
-    ``ignore_result``: results live in the job records, so the publisher
-    does not subscribe to a result channel. (Without it, every publish
-    subscribed through the result backend's pubsub, whose reconnect policy
-    blocks ~20 s when Redis is down — a POST hung that long during an outage.)
-    Chord parts still count: the worker reports them whatever this flag says.
-
-    ``priority`` places the message among the queue's priority lists (0 first;
-    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it,
-    and for what RabbitMQ makes of it).
-    """
-    ctx = ctx or {}
-    broker.publish(
-        lambda producer: app.send_task(
-            name,
-            event_dispatcher=_sent_events_for(name),
-            kwargs=data,
-            task_id=job_id,
-            queue=queue,
-            ignore_result=True,
-            retry=True,
-            retry_policy=PUBLISH_RETRY,
-            chord=ctx.get("chord"),
-            group_id=ctx.get("group"),
-            group_index=ctx.get("group_index"),
-            chain=ctx.get("chain"),
-            link=ctx.get("link"),
-            link_error=ctx.get("link_error"),
-            parent_id=ctx.get("parent_id"),
-            root_id=ctx.get("root_id"),
-            priority=tenancy.broker_priority(priority),
-            headers={KEEL_HEADER: "1"},
-            producer=producer,
-        ),
-        producer,
-    )
-
-
-class _NoSentEvent:
-    """Stands in for Celery's event dispatcher where a task keeps out of Flower: drops
-    ``task-sent`` (the worker already skips its other events, ``Task.send_events``)."""
-
-    def publish(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_NO_SENT_EVENT = _NoSentEvent()
-
-
-def _sent_events_for(name: str) -> _NoSentEvent | None:
-    """``None`` (Celery's own dispatcher) unless the task declares ``send_events = False``."""
-    task = app.tasks.get(name)
-    return _NO_SENT_EVENT if task is not None and task.send_events is False else None
 
 
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:

@@ -27,8 +27,8 @@ from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.enqueue import KEEL_HEADER
 from tasks.jobs.errors import Defer
+from tasks.jobs.messages import KEEL_HEADER
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner

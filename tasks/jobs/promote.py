@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -26,7 +27,7 @@ from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
-from tasks.jobs.enqueue import publish
+from tasks.jobs.messages import Message, send_events
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import ReadyJob
 
@@ -44,12 +45,14 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
     sent: list[ReadyJob] = []
+    events_due: list[dict[str, Any]] = []
     started = time.monotonic()
     batched = False
     try:
         # One producer (one pooled connection) for the batch, not one acquired per job; on
-        # Redis, kombu's publish batch sends the messages and their task-sent events in
-        # pipelines (up to 1,000 commands a round trip). RabbitMQ publishes each at once.
+        # Redis, kombu's publish batch sends the messages in pipelines (up to 1,000 commands
+        # a round trip), and their task-sent events as one message. RabbitMQ publishes each
+        # at once.
         with app.producer_or_acquire() as producer:
             batched = producer.supports_batch_publish
             with producer.batch():
@@ -57,16 +60,20 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                     if broker.publish_unreachable():
                         break
                     started = time.monotonic()
-                    publish(
+                    message = Message(
                         job.id,
                         job.name,
                         job.queue,
                         job.data,
                         job.celery_ctx,
                         priority=priority.get(job.id, 0),
-                        producer=producer,
                     )
+                    broker.publish(message.publish, producer)
                     sent.append(job)
+                    if message.sent is not None:
+                        events_due.append(message.sent)
+                if events_due:
+                    broker.publish(lambda p: send_events(p, events_due), producer)
     except Exception as exc:
         broker.publish_failed(exc, started)
         if batched:

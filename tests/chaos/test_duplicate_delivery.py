@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tasks.jobs.enqueue import publish
+from tasks.jobs.messages import publish
 from tasks.reports.jobs import GENERATE
 from tests.support.chaos import (
     add_reports,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tasks.celery import app
-from tasks.jobs import add
+from tasks.jobs import BulkJob, add, add_bulk
 from tasks.notifications.jobs import MONITOR, QUEUE
 from tests.support.inline import join
 from tests.support.stack import wait_for
@@ -53,6 +53,23 @@ def test_the_campaign_monitor_sends_no_task_events_while_other_jobs_do(task_even
     wait_for(lambda: {"task-sent", "task-succeeded"} <= kinds(task_events, echo), timeout=10)
     time.sleep(0.5)  # any late event of the monitor's would be in by now
     assert kinds(task_events, monitor) == set()
+
+
+def test_a_bulk_add_sends_each_job_s_task_sent_event_and_keeps_the_monitor_out(task_events):
+    # Given a bulk add of ordinary jobs with a campaign monitor among them
+    jobs = [BulkJob("test.echo", {"n": i}, "default") for i in range(30)]
+    added = add_bulk([*jobs, BulkJob(MONITOR, {}, QUEUE)])
+    ids = [a.job_id for a in added]
+    records = join(ids)
+    assert {r["state"] for r in records.values()} == {"completed"}
+    # Then Flower hears a task-sent (with the job's name and kwargs) for each ordinary job:
+    # the batch's events travel as one ``task.multi`` message that the receiver unpacks
+    for job_id in ids[:-1]:
+        wait_for(lambda: {"task-sent", "task-succeeded"} <= kinds(task_events, job_id), timeout=10)
+    sent = {e["uuid"]: e for e in task_events if e["type"] == "task-sent"}
+    assert sent[ids[0]]["name"] == "test.echo" and sent[ids[0]]["kwargs"] == "{'n': 0}"
+    time.sleep(0.5)
+    assert kinds(task_events, ids[-1]) == set()
 
 
 def kinds(events: list[dict], task_id: str) -> set[str]:
