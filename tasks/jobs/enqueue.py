@@ -42,8 +42,6 @@ from tasks.transport import riding
 
 log = logging.getLogger(__name__)
 
-PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
-
 
 @dataclass(frozen=True)
 class AddedJob:

@@ -20,6 +20,7 @@ without one comes from plain Celery and is recorded on arrival:
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import cache
 from typing import Any, NamedTuple
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 from celery import signals
 from celery.events import Event
 from celery.events.dispatcher import EventDispatcher
+from celery.events.event import get_exchange
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from celery.utils.time import utcoffset
@@ -36,7 +38,9 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.jobs import tenancy
 
+log = logging.getLogger(__name__)
 KEEL_HEADER = "keel"
+PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 SENT = "task-sent"
 
 
@@ -92,7 +96,12 @@ class Message:
         self.sent: dict[str, Any] | None = message.sent_event
 
     def publish(self, producer: Any) -> None:
-        """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides)."""
+        """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides).
+
+        ``retry`` with a policy of no retries is not the same as no ``retry``: without
+        kombu's ``ensure``, a producer with no channel yet connects with the transport's
+        own retry loop (seconds on a hung Redis), past any request's deadline.
+        """
         # The anonymous exchange routes by queue name, as ``send_task`` does for a direct
         # queue. RabbitMQ needs the queue declared first (cached per channel); a Redis queue
         # is a list that its first message creates.
@@ -113,7 +122,8 @@ class Message:
             routing_key=self.queue,
             serializer=_settings().serializer,
             compression=_settings().compression,
-            retry=False,
+            retry=True,  # kombu's ensure(): with no retries, fails at once on a dead connection
+            retry_policy=PUBLISH_RETRY,
             delivery_mode=2,
             declare=declare,
             headers=self.headers,
@@ -159,7 +169,18 @@ def publish(
     with app.producer_or_acquire(producer) as used:
         broker.publish(message.publish, used)
         if sent is not None:
-            broker.publish(lambda p: send_events(p, [sent]), used)
+            announce(used, [sent])
+
+
+def announce(producer: Any, sent: list[dict[str, Any]]) -> None:
+    """``send_events`` after the messages they announce went out (or into the producer's
+    batch): a failure here loses Flower's ``task-sent`` events, not the jobs, so it is
+    logged, not raised. In a Redis publish batch nothing is written yet; the batch's
+    flush, which fails for messages and events alike, is what the caller sees."""
+    try:
+        broker.publish(lambda p: send_events(p, sent), producer)
+    except Exception as exc:
+        log.warning("task-sent events of %d jobs not sent: %r", len(sent), exc)
 
 
 def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
@@ -176,11 +197,13 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
         )
         for fields in sent
     ]
+    # The exchange's type follows the broker (fanout on Redis, topic on RabbitMQ).
+    exchange = get_exchange(producer.connection, name=dispatcher.exchange.name)
     producer.publish(
         made[0] if len(made) == 1 else made,
-        exchange=dispatcher.exchange.name,
+        exchange=exchange.name,
         routing_key="task.sent" if len(made) == 1 else "task.multi",
-        declare=[dispatcher.exchange],
+        declare=[exchange],
         serializer=dispatcher.serializer,
         headers=dispatcher.headers,
         delivery_mode=dispatcher.delivery_mode,
@@ -191,7 +214,7 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
 class _Settings(NamedTuple):
     """What every message of this process shares (Celery's settings are slow to look up)."""
 
-    dispatcher: EventDispatcher  # Celery's event exchange, serializer and clock
+    dispatcher: EventDispatcher  # Celery's event exchange name, serializer and clock
     origin: str  # the ``origin`` header ``send_task`` would write
     serializer: str
     compression: str | None

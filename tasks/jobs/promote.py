@@ -27,7 +27,7 @@ from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
-from tasks.jobs.messages import Message, send_events
+from tasks.jobs.messages import Message, announce
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import ReadyJob
 
@@ -73,7 +73,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                     if message.sent is not None:
                         events_due.append(message.sent)
                 if events_due:
-                    broker.publish(lambda p: send_events(p, events_due), producer)
+                    announce(producer, events_due)
     except Exception as exc:
         broker.publish_failed(exc, started)
         if batched:

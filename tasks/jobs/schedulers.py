@@ -35,8 +35,9 @@ from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import registry, tenancy
-from tasks.jobs.enqueue import PUBLISH_RETRY, AddedJob, add
+from tasks.jobs.enqueue import AddedJob, add
 from tasks.jobs.errors import JobNotFound, QuotaExceeded
+from tasks.jobs.messages import PUBLISH_RETRY
 from tasks.jobs.models import JobSchedulerRecord
 from tasks.jobs.owner import Owner
 from tasks.jobs.queries import iso
