@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import Any
 
-from celery.signals import task_revoked, task_unknown, worker_process_init
+from celery.signals import task_revoked, task_unknown, worker_init, worker_process_init
 
 from tasks import db
 from tasks.db import transaction
@@ -55,6 +56,19 @@ def cancel_revoked_job(
         revocations.revoked_message(job_id, terminated=bool(terminated))
     except Exception:  # kept for the maintenance loop to try again
         log.exception("could not cancel revoked job %s yet", job_id)
+
+
+@worker_init.connect
+def freeze_before_fork(**kw: Any) -> None:
+    """Keep the worker's imported objects out of the garbage collector before the pool forks.
+
+    A prefork child shares its parent's memory until it writes to a page; the
+    collector's passes over every object write to all of them, so each child
+    would soon hold its own copy of the whole import graph. Frozen, they stay
+    shared (the PSS that P4 measures; ``gc.freeze``'s documented use).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 @worker_process_init.connect
