@@ -24,7 +24,7 @@ from bench.stats import Figure, Series, ratio
 TEMPLATE = "Hello {seq}, your Keel bench message is ready."
 BATCH = 1000
 RATIO_TARGET = 0.8
-RSS_TARGET_MB = 300
+PSS_TARGET_MB = 300  # PSS: pages the prefork children share are split between them
 
 
 def _groups(n: int, capacity: int) -> int:
@@ -148,7 +148,7 @@ def p4_campaign(run: Run) -> Figure:
     fig = Figure(
         "P4",
         f"Campaign of {n:,} recipients → provider sandbox",
-        target=f"Keel ≥ {RATIO_TARGET}x raw; peak worker RSS < {RSS_TARGET_MB} MB",
+        target=f"Keel ≥ {RATIO_TARGET}x raw; peak worker PSS < {PSS_TARGET_MB} MB",
     )
     raw_s, keel_s = Series("raw loop", "msgs/s"), Series("Keel campaign", "msgs/s")
     rss_s = Series("Keel worker peak RSS", "MB", chart=False)
@@ -183,7 +183,7 @@ def p4_campaign(run: Run) -> Figure:
     fig.series = [raw_s, keel_s, rss_s, pss_s, idle_s]
     fig.ratio = ratio(keel_s, raw_s)
     fig.ratio_text = "Keel campaign / raw loop (msgs/s)"
-    fig.met = fig.ratio >= RATIO_TARGET and max(rss_s.samples) < RSS_TARGET_MB
+    fig.met = fig.ratio >= RATIO_TARGET and max(pss_s.samples) < PSS_TARGET_MB
     fig.details = {
         "recipients": n,
         "chunk_size": run.sizes.chunk_size,
@@ -192,7 +192,7 @@ def p4_campaign(run: Run) -> Figure:
         "ledgers": ledgers,
     }
     fig.notes.append(
-        "RSS is summed over the worker's process tree (main + prefork children), "
-        "so pages they share are counted more than once"
+        "memory is summed over the worker's process tree (main + prefork children): RSS "
+        "counts the pages they share once per process, PSS (the target) splits them"
     )
     return fig

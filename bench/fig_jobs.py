@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from statistics import median
+from typing import Any
 
 import redis
 from sqlalchemy import text
@@ -26,6 +27,10 @@ from bench.procs import CeleryWorker, Child
 from bench.stats import Figure, Series, ratio
 
 POLL_S = 0.1
+DRAIN_TARGET = 0.7
+#: Lets a paused worker at what was enqueued; returns when (epoch seconds) it did.
+Release = Callable[[], float]
+DrainBatch = Callable[[int, Release | None], Batch]
 
 
 def _parse_done(value: str) -> float:
@@ -33,12 +38,15 @@ def _parse_done(value: str) -> float:
     return (done if done.tzinfo else done.replace(tzinfo=UTC)).timestamp()
 
 
-def bare_batch(run: Run, task: Callable, n: int) -> Batch:
-    """Enqueue ``n`` bare tasks; wait for every result; jobs/s from first send to last done."""
+def bare_batch(run: Run, task: Callable, n: int, release: Release | None = None) -> Batch:
+    """Enqueue ``n`` bare tasks; wait for every result; jobs/s from first send to last done
+    (or, with ``release``, from when it let the worker at the enqueued tasks)."""
     client = redis.Redis.from_url(run.env.child_env()["KEEL_REDIS_URL"])
     started = time.time()
     ids = [task.apply_async(queue=bare.QUEUE).id for _ in range(n)]
     enqueued = time.time() - started
+    if release is not None:
+        started = release()
     pending, done, failed = set(ids), [], 0
     deadline = time.monotonic() + batch_timeout(n)
     while pending and time.monotonic() < deadline:
@@ -67,8 +75,11 @@ _KEEL_PROGRESS = text(
 )
 
 
-def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
-    """Add ``n`` Keel jobs with ``tasks.jobs.add``; finished when the records say so."""
+def keel_batch(
+    run: Run, name: str, n: int, opts: object | None, release: Release | None = None
+) -> Batch:
+    """Add ``n`` Keel jobs with ``tasks.jobs.add``; finished when the records say so
+    (timed from the first add, or from ``release`` as in ``bare_batch``)."""
     from tasks.db import transaction
     from tasks.jobs import add
     from tasks.jobs.store import counts
@@ -76,6 +87,8 @@ def keel_batch(run: Run, name: str, n: int, opts: object | None) -> Batch:
     started = time.time()
     ids = [add(name, {"i": i}, queue=jobs.QUEUE, opts=opts).job_id for i in range(n)]
     enqueued = time.time() - started
+    if release is not None:
+        started = release()
     deadline = time.monotonic() + batch_timeout(n)
     while True:
         with transaction() as session:
@@ -111,6 +124,67 @@ def _measured(run: Run, worker: Child, n: int, batch: Callable[[int], Batch]) ->
     result["cpu_ms_per_job"] = {group: 1000 * s / n for group, s in spent.items()}
     result["cpu_ms_per_job_total"] = sum(result["cpu_ms_per_job"].values())
     return result
+
+
+def _drained(run: Run, worker: Child, queue: str, n: int, batch: DrainBatch) -> dict:
+    """Drain: ``n`` jobs enqueued while the warmed-up worker does not consume ``queue``
+    (Celery's ``cancel_consumer``), then timed from ``add_consumer`` to the last one done,
+    with the CPU the drain cost (worker and servers; the producer has finished)."""
+    from tasks.celery import app
+
+    with worker:
+        batch(run.sizes.warmup_jobs, None)[1]()
+        meter = CpuMeter({"worker": worker.pid, **run.env.server_pids()})
+        marks: dict[str, Any] = {}
+
+        def release() -> float:
+            marks["cpu"], began = meter.read(), time.time()
+            app.control.add_consumer(queue, reply=True, timeout=5)
+            return began
+
+        app.control.cancel_consumer(queue, reply=True, timeout=5)
+        result, cleanup = batch(n, release)
+        spent = CpuMeter.spent(marks["cpu"], meter.read())
+        cleanup()
+    result["cpu_ms_per_job_total"] = sum(1000 * s / n for s in spent.values())
+    return result
+
+
+def drain(run: Run, fig: Figure, n: int) -> None:
+    """P1's drain (worker only), bare Celery and Keel alternating; the figure's ``drain`` detail."""
+    conc = run.sizes.worker_concurrency
+    systems: dict[str, tuple[Callable[[], Child], str, DrainBatch]] = {
+        "bare Celery": (
+            lambda: CeleryWorker(run.env, "bare-drain", "bench.bare", conc, ["-Q", bare.QUEUE]),
+            bare.QUEUE,
+            lambda k, release: bare_batch(run, bare.noop, k, release),
+        ),
+        "Keel": (
+            lambda: CeleryWorker(run.env, "keel-drain", "tasks", conc, ["-I", "bench.jobs"]),
+            jobs.QUEUE,
+            lambda k, release: keel_batch(run, jobs.NOOP, k, None, release),
+        ),
+    }
+    rates = {name: Series(f"{name} drain", "jobs/s") for name in systems}
+    cpu = {name: Series(f"{name} drain CPU per job", "ms", chart=False) for name in systems}
+    for rep in range(run.repeat):
+        for name, (worker, queue, batch) in systems.items():
+            run.log(f"{fig.key} drain rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
+            result = _drained(run, worker(), queue, n, batch)
+            rates[name].samples.append(result["rate"])
+            cpu[name].samples.append(result["cpu_ms_per_job_total"])
+            run.log(f"  {name} drain: {result['rate']:.0f} jobs/s")
+    fig.series.extend([*rates.values(), *cpu.values()])
+    drained = ratio(rates["Keel"], rates["bare Celery"])
+    fig.details["drain_ratio"] = drained
+    fig.details["drain_cpu_ratio"] = ratio(cpu["Keel"], cpu["bare Celery"])
+    fig.notes.append(
+        f"drain (worker only: {n} jobs enqueued while the worker did not consume its queue, "
+        "timed from Celery's add_consumer to the last one done): "
+        + ", ".join(f"{name} {rates[name].median:.0f}/s" for name in systems)
+        + f"; Keel/bare = {drained:.2f}x (target >= {DRAIN_TARGET}x), CPU per job Keel/bare = "
+        f"{fig.details['drain_cpu_ratio']:.1f}x"
+    )
 
 
 def _pair(
@@ -244,14 +318,17 @@ def p1_noop(run: Run) -> Figure:
     fig = Figure(
         "P1",
         "No-op jobs, enqueue → all finished",
-        target="Keel ≥ 0.5x bare Celery and ≥ 1.2x procrastinate, CPU per job ≤ 2x bare",
+        target="Keel ≥ 0.5x bare Celery and ≥ 1.2x procrastinate, CPU per job ≤ 2x bare, "
+        f"drain ≥ {DRAIN_TARGET}x bare",
     )
     _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None, flaky=False)
+    drain(run, fig, run.sizes.noop_jobs)
     vs_procrastinate = fig.details["vs_procrastinate"]
     fig.met = (
         fig.ratio is not None
         and fig.ratio >= 0.5
         and fig.details["cpu_ratio"] <= 2.0
+        and fig.details["drain_ratio"] >= DRAIN_TARGET
         and (vs_procrastinate is None or vs_procrastinate >= 1.2)
     )
     if vs_procrastinate is None:
