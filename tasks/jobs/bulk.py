@@ -2,11 +2,16 @@
 
 One statement records them all, in one transaction with the tenant's quota
 check (the whole batch fits, or nothing is added); their events go to Redis
-in one pipeline; the waiting ones are published inside that transaction,
-like promoted jobs (``tasks.jobs.promote``): a worker that receives one
-first waits for the commit on the job's row, and a broker that fails parks
-the rest in the same transaction. Jobs with a deduplication rule are added
-one by one (``add``), since each takes its own claim.
+in one pipeline. The waiting ones are published once that transaction has
+committed, as a single ``add`` does (``tasks.jobs.enqueue``): published
+inside it, a message could reach a worker before its record was visible
+there (the claim finds no row, the delivery is dropped, and the job waited
+for the reconciler, up to ~25 s). Their messages go out in kombu's publish
+batches (``tasks.jobs.promote.publish_ready``); a broker that fails parks
+the rest for the promoter, and a producer killed between the commit and the
+publish leaves waiting jobs without messages, which the reconciler
+republishes (``tasks.jobs.reconcile``). Jobs with a deduplication rule are
+added one by one (``add``), since each takes its own claim.
 """
 
 from __future__ import annotations
@@ -62,9 +67,13 @@ def add_bulk(
         with transaction() as session:
             _admit(session, owner, records, limits)
             created = store.insert_many(session, records)
-            ready = [ready_job(job, state=job.state) for job in records if job.id in created]
-            waiting = [job for job in ready if job.state == State.WAITING]
-            if waiting:
+        waiting = [
+            ready_job(job, state=job.state)
+            for job in records
+            if job.id in created and job.state == State.WAITING
+        ]
+        if waiting:  # after the commit: a worker that takes a message finds its record
+            with transaction() as session:
                 publish_ready(session, waiting)
         events.emit_many(
             [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
