@@ -39,9 +39,21 @@ def p8_bulk(run: Run) -> Figure:
     finally:
         with transaction() as session:
             session.execute(text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+        _vacuum()  # the next figure starts from a table without 60,000 dead rows
     fig.series = [single, bulk]
     fig.ratio = bulk.median / single.median
     fig.ratio_text = "add_bulk / single adds (jobs/s)"
     fig.met = fig.ratio >= TARGET
     fig.notes.append(f"{count} jobs each way per repetition, alternating, same servers")
     return fig
+
+
+def _vacuum() -> None:
+    from tasks.db import engine
+    from tasks.jobs.store import counts
+
+    while counts.compact():
+        pass
+    with engine().connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE jobs"))
+        conn.execute(text("VACUUM ANALYZE job_count_deltas"))
