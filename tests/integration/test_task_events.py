@@ -14,9 +14,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import func, select
 
 from tasks.celery import app
+from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
+from tasks.jobs.models import JobRecord
 from tasks.notifications.jobs import MONITOR, QUEUE
 from tests.support.inline import join
 from tests.support.stack import wait_for
@@ -73,6 +76,28 @@ def test_a_bulk_add_sends_each_job_s_task_sent_event_and_keeps_the_monitor_out(t
     assert sent[ids[0]]["name"] == "test.echo" and sent[ids[0]]["kwargs"] == "{'n': 0}"
     time.sleep(0.5)
     assert kinds(task_events, ids[-1]) == set()
+
+
+def test_a_bulk_add_s_messages_never_reach_a_worker_before_their_records(task_events):
+    # Given a bulk add large enough that its messages leave in several pipelines (kombu
+    # flushes a publish batch every 1,000 commands) while a worker consumes the queue
+    added = add_bulk([BulkJob("test.echo", {"i": i}, "default") for i in range(BULK_RACE)])
+    ids = [a.job_id for a in added]
+    # Then every job completes...
+    wait_for(lambda: completed(ids) == BULK_RACE, timeout=120)
+    # ...and no delivery found its record missing: one that did is ignored, and its job
+    # waits for the reconciler (``KEEL_RECONCILE_INTERVAL_S``) to be published again
+    assert [e for e in task_events if e["type"] == "task-ignored" and e["uuid"] in ids] == []
+
+
+BULK_RACE = 1100  # one pipeline of 1,000 goes out while the rest are built
+
+
+def completed(ids: list[str]) -> int:
+    with transaction() as session:
+        query = select(func.count()).select_from(JobRecord)
+        query = query.where(JobRecord.id.in_(ids), JobRecord.state == "completed")
+        return int(session.execute(query).scalar_one())
 
 
 def kinds(events: list[dict], task_id: str) -> set[str]:
