@@ -29,7 +29,7 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
-from tasks.jobs.messages import publish
+from tasks.jobs.messages import Message, publish
 from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
 from tasks.jobs.owner import Owner
@@ -184,7 +184,7 @@ def publish_or_park(
             # On Redis, kombu's publish batch sends the message and its task-sent event in
             # one pipeline, and the job's event rides in it too: one round trip in all.
             with app.producer_or_acquire() as producer, producer.batch():
-                publish(job_id, name, queue, data, ctx, priority=priority, producer=producer)
+                publish(Message(job_id, name, queue, data, ctx, priority=priority), producer)
         except Exception as exc:  # the record is safe; the promoter publishes it later
             failed = exc
     if failed is not None:  # first: an event sent next is dropped at once if Redis hangs

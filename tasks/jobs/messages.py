@@ -45,7 +45,22 @@ SENT = "task-sent"
 
 
 class Message:
-    """One job's task message, ready for a producer."""
+    """One waiting job's task message, ready for a producer.
+
+    ``ctx`` carries the Celery canvas context of the job (chord callback, group
+    id and index, chain, link and link_error, parent and root ids), kept on
+    its record, so a job that is retried through the delayed set, promoted or
+    republished still counts toward its chord and still triggers its children
+    when it finally ends.
+
+    The message asks for no result (``ignore_result``): results live in the job
+    records, so nothing subscribes to a result channel. Chord parts still count:
+    the worker reports them whatever this flag says.
+
+    ``priority`` places the message among the queue's priority lists (0 first;
+    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it,
+    and for what RabbitMQ makes of it).
+    """
 
     __slots__ = ("body", "headers", "name", "properties", "queue", "sent")
 
@@ -138,33 +153,8 @@ class Message:
         )
 
 
-def publish(
-    job_id: str,
-    name: str,
-    queue: str,
-    data: dict[str, Any],
-    ctx: dict[str, Any] | None = None,
-    *,
-    priority: int = 0,
-    producer: Any = None,
-) -> None:
-    """Send the wake-up message of one waiting job, and its ``task-sent`` event.
-
-    ``ctx`` carries the Celery canvas context of the job (chord callback, group
-    id and index, chain, link and link_error, parent and root ids), kept on
-    its record, so a job that is retried through the delayed set, promoted or
-    republished still counts toward its chord and still triggers its children
-    when it finally ends.
-
-    The message asks for no result (``ignore_result``): results live in the job
-    records, so nothing subscribes to a result channel. Chord parts still count:
-    the worker reports them whatever this flag says.
-
-    ``priority`` places the message among the queue's priority lists (0 first;
-    see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it,
-    and for what RabbitMQ makes of it).
-    """
-    message = Message(job_id, name, queue, data, ctx, priority=priority)
+def publish(message: Message, producer: Any = None) -> None:
+    """Send one waiting job's ``message``, and its ``task-sent`` event."""
     sent = message.sent
     with app.producer_or_acquire(producer) as used:
         broker.publish(message.publish, used)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tasks.jobs.messages import publish
+from tasks.jobs.messages import Message, publish
 from tasks.reports.jobs import GENERATE
 from tests.support.chaos import (
     add_reports,
@@ -52,7 +52,7 @@ def deliver_each_three_times(spawn, count: int) -> None:
     # by side in the queue, so different processes take them at the same moment)
     for job_id in jobs:
         for _ in range(COPIES):
-            publish(job_id, GENERATE, queue, data[job_id])
+            publish(Message(job_id, GENERATE, queue, data[job_id]))
     # Then every job completes with exactly one run, and one artifact per operation key
     result = settle(jobs, timeout=120)
     assert result.clean, (result.figure(), stragglers(result))

@@ -139,7 +139,7 @@ def chunk_jobs(campaign_id: str, count: int) -> list[tuple[str, dict]]:
 
 
 def run_under_faults(client, stack, sandbox, seed: int) -> None:
-    from tasks.jobs.messages import publish
+    from tasks.jobs.messages import Message, publish
     from tasks.notifications.jobs import LOAD, QUEUE
 
     # Given a flaky provider: 10% 503s, 5% lost responses after commit, jittery latency
@@ -159,7 +159,7 @@ def run_under_faults(client, stack, sandbox, seed: int) -> None:
         campaign_id = start(client, recipientCount=100_000, chunkSize=5_000)
         wait_for(lambda: wait_state(f"campaign.plan:{campaign_id}", "completed"), timeout=60)
         for job_id, data in chunk_jobs(campaign_id, 20)[::4]:
-            publish(job_id, LOAD, QUEUE, data)
+            publish(Message(job_id, LOAD, QUEUE, data))
         # and a worker is SIGKILLed mid-campaign
         wait_for(
             lambda: (
