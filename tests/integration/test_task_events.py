@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from celery import signals
 from sqlalchemy import func, select
 
 from tasks.celery import app
@@ -98,6 +99,35 @@ def completed(ids: list[str]) -> int:
         query = select(func.count()).select_from(JobRecord)
         query = query.where(JobRecord.id.in_(ids), JobRecord.state == "completed")
         return int(session.execute(query).scalar_one())
+
+
+def test_celery_s_publish_signals_fire_for_each_job_s_message(inline_worker):
+    # Given receivers of Celery's before/after_task_publish (tracing, header stamping)
+    seen: list[tuple[str, str, str]] = []
+
+    def before(sender: str, headers: dict, routing_key: str, **kw: object) -> None:
+        seen.append(("before", headers["id"], routing_key))
+
+    def after(sender: str, headers: dict, routing_key: str, **kw: object) -> None:
+        seen.append(("after", headers["id"], routing_key))
+
+    signals.before_task_publish.connect(before, weak=False)
+    signals.after_task_publish.connect(after, weak=False)
+    try:
+        # When a job is added, and two more in bulk
+        one = add("test.echo", {"n": 1}, queue="default").job_id
+        bulk = [
+            a.job_id for a in add_bulk([BulkJob("test.echo", {"n": i}, "default") for i in (2, 3)])
+        ]
+    finally:
+        signals.before_task_publish.disconnect(before)
+        signals.after_task_publish.disconnect(after)
+    # Then each message was announced before and after it went out, with its queue
+    for job_id in (one, *bulk):
+        assert [s for s in seen if s[1] == job_id] == [
+            ("before", job_id, "default"),
+            ("after", job_id, "default"),
+        ]
 
 
 def kinds(events: list[dict], task_id: str) -> set[str]:
