@@ -1,4 +1,5 @@
-"""Keel's worker consumer: Celery's, except that a message it cannot take is dead-lettered.
+"""Keel's worker consumer: Celery's, except that a message it cannot take is dead-lettered
+(and that its task events leave in batches: ``tasks.celery_events``).
 
 kombu has delivered a message (on Redis, ``tasks.transport`` saw to it
 that it is readable; RabbitMQ delivers any body with its properties, and
@@ -38,6 +39,7 @@ from kombu.utils.json import dumps
 
 from tasks import deadletters
 from tasks.broker import redis_client
+from tasks.celery_events import BatchedTaskEvents
 from tasks.deadletters import DeadLetter
 from tasks.transport import Channel, Poison, announce
 
@@ -121,7 +123,7 @@ def header_problem(headers: Any) -> str | None:
     return None
 
 
-class Consumer(CeleryConsumer):
+class Consumer(BatchedTaskEvents, CeleryConsumer):
     """Celery's consumer with each task message handled inside its own guard."""
 
     def create_task_handler(self, *args: Any, **kwargs: Any) -> Any:

@@ -18,6 +18,7 @@ from celery import signals
 from sqlalchemy import func, select
 
 from tasks.celery import app
+from tasks.celery_events import EVENT_FLUSH_S
 from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.models import JobRecord
@@ -128,6 +129,63 @@ def test_celery_s_publish_signals_fire_for_each_job_s_message(inline_worker):
             ("before", job_id, "default"),
             ("after", job_id, "default"),
         ]
+
+
+WORKER_TASK_EVENTS = {"task-received", "task-started", "task-succeeded"}
+
+
+def test_a_worker_s_task_events_leave_in_batches_and_each_is_heard(inline_worker):
+    # Given a receiver that notes how many events each broker message carried
+    messages: list[list[dict]] = []
+
+    class Counting(app.events.Receiver):  # type: ignore[name-defined,misc]
+        def _receive(self, body: object, message: object, *rest: object) -> None:
+            messages.append(body if isinstance(body, list) else [body])
+            super()._receive(body, message, *rest)
+
+    with app.connection_for_read() as connection:
+        receiver = Counting(connection, handlers={"*": lambda event: None})
+        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
+        listening.start()
+        try:
+            probe = f"probe-{uuid.uuid4().hex}"
+
+            def hears_a_probe() -> bool:
+                with app.events.default_dispatcher() as dispatcher:
+                    dispatcher.send("worker-probe", probe=probe)
+                return any(e.get("probe") == probe for batch in messages for e in batch)
+
+            wait_for(hears_a_probe, timeout=20, interval=0.2)
+            # When a burst of jobs runs on the worker
+            added = add_bulk([BulkJob("test.echo", {"n": i}, "default") for i in range(BURST)])
+            ids = [a.job_id for a in added]
+            assert {r["state"] for r in join(ids).values()} == {"completed"}
+
+            # Then Flower hears each job received, started and succeeded...
+            def worker_events() -> list[list[dict]]:
+                return [
+                    [e for e in batch if e["type"] in WORKER_TASK_EVENTS and e["uuid"] in ids]
+                    for batch in list(messages)
+                ]
+
+            def heard_all() -> bool:
+                heard = {(e["uuid"], e["type"]) for batch in worker_events() for e in batch}
+                return len(heard) == BURST * len(WORKER_TASK_EVENTS)
+
+            wait_for(heard_all, timeout=10)
+        finally:
+            receiver.should_stop = True
+            listening.join(timeout=5)
+    # ...in batches: the worker flushes its buffer every EVENT_FLUSH_S (or when Celery's
+    # buffer of 24 fills), not on every turn of its loop (a PUBLISH and a wait per event)
+    carrying = [batch for batch in worker_events() if batch]
+    stamps = [e["timestamp"] for batch in carrying for e in batch]
+    span = max(stamps) - min(stamps)
+    most = int(span / EVENT_FLUSH_S) + 2 + len(stamps) // 24
+    assert len(carrying) <= most, (span, [len(b) for b in carrying])
+
+
+BURST = 30
 
 
 def kinds(events: list[dict], task_id: str) -> set[str]:
