@@ -9,7 +9,7 @@ from flask import Blueprint, g
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from tasks import quotas
-from tasks.notifications import campaigns, service
+from tasks.notifications import campaigns, service, templates
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.schemas import Open, Strict, configured_bound
@@ -19,8 +19,8 @@ MAX_LISTED_RECIPIENTS = 10_000
 MAX_SYNTHETIC_RECIPIENTS = 1_000_000
 # Only ``{name}`` placeholders: str.format's attribute/index access ("{to.__class__}"),
 # positional fields and format specs ("{to:>2000000000}" makes a 2 GB string in the
-# worker) are not part of the contract and are refused here.
-TEMPLATE = r"^(?:[^{}]|\{\{|\}\}|\{[A-Za-z_][A-Za-z0-9_]*\})*$"
+# worker) are not part of the contract and are refused here (and never rendered).
+TEMPLATE = templates.PLACEHOLDERS
 
 
 class Recipient(Strict):

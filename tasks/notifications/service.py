@@ -40,7 +40,15 @@ def _longest_message(spec: NewCampaign, count: int) -> int:
 
 
 def _check_shape(spec: NewCampaign, count: int, quota: TenantQuotas) -> None:
-    """Shape limits (400): the provider's message length, and chunks that are not too small."""
+    """Shape limits (400): plain placeholders, the provider's message length, and chunks
+    that are not too small."""
+    try:
+        templates.plain(spec.template)
+    except ValueError as exc:
+        raise LimitExceeded(
+            f"template placeholders: {exc}",
+            details=[{"field": "template", "limit": "placeholders"}],
+        ) from None
     longest = _longest_message(spec, count)
     if longest > templates.MAX_TEXT_LENGTH:
         raise LimitExceeded(

@@ -10,10 +10,12 @@ at a time (``TEXT_PER_REQUEST``), however long the messages are.
 
 from __future__ import annotations
 
+import re
 import string
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from tasks.notifications.provider import MAX_MESSAGES_PER_REQUEST, MAX_TEXT_LENGTH
@@ -24,9 +26,40 @@ TEXT_PER_REQUEST = 1_000_000
 __all__ = ["MAX_TEXT_LENGTH", "Shape", "batches", "longest", "render"]
 
 
+class _Blank(dict[str, Any]):
+    """The values of one message; a placeholder without one renders empty."""
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
 def render(template: str, values: dict[str, Any]) -> str:
-    """``{name}`` placeholders; missing values render empty rather than failing a send."""
-    return string.Formatter().vformat(template, (), defaultdict(str, values))
+    """``{name}`` placeholders; missing values render empty rather than failing a send.
+
+    Only plain names (``PLACEHOLDERS``: what the API accepts): attribute or index
+    access, positional fields and format specs are refused, not rendered. ``str.format_map``
+    renders in C, several times faster than ``string.Formatter`` (a million messages per
+    campaign).
+    """
+    return plain(template).format_map(_Blank(values))
+
+
+#: A template of ``{name}`` placeholders only (and ``{{``/``}}`` for literal braces).
+PLACEHOLDERS = r"^(?:[^{}]|\{\{|\}\}|\{[A-Za-z_][A-Za-z0-9_]*\})*$"
+_PLAIN = re.compile(PLACEHOLDERS)
+
+
+@lru_cache(maxsize=256)
+def plain(template: str) -> str:
+    """``template`` itself, if its placeholders are plain names; else ``ValueError``.
+
+    ``str.format``'s attribute access (``{to.__class__}``), positional fields and
+    format specs (``{to:>2000000000}`` makes a 2 GB string) are not part of the
+    contract: the API refuses them, and a worker never renders one.
+    """
+    if not _PLAIN.fullmatch(template):
+        raise ValueError("only {name} placeholders (letters, digits and _) may be used")
+    return template
 
 
 @dataclass(frozen=True)

@@ -63,3 +63,18 @@ def test_quotas_default_and_refuse_malformed_values():
     for bad in ('{"liveJobs": "7"}', '{"unknown": 1}', "[1]", "not json", '{"schedulers": -1}'):
         with pytest.raises(ValueError, match="KEEL_TENANT_QUOTAS"):
             parse(bad)
+
+
+@pytest.mark.parametrize(
+    "template", ["{to.__class__}", "{seq:>2000000000}", "{0}", "{}", "{seq!r}", "{a[0]}"]
+)
+def test_a_template_beyond_plain_names_is_never_rendered(template):
+    # Given a template the API refuses (attribute access, a format spec, positional fields)
+    # When a worker would render it (a campaign recorded some other way) it refuses too
+    with pytest.raises(ValueError, match="placeholders"):
+        render(template, {"seq": 1, "to": "x", "a": [1]})
+
+
+def test_rendering_fills_names_and_leaves_missing_ones_empty():
+    assert render("{{hi}} {name}, {missing}!", {"name": "Ada"}) == "{hi} Ada, !"
+    assert render("{n}{flag}{none}", {"n": 2.5, "flag": True, "none": None}) == "2.5TrueNone"
