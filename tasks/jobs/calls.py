@@ -44,7 +44,7 @@ from pydantic import BaseModel
 
 from tasks import quotas
 from tasks.db import transaction
-from tasks.jobs import registry
+from tasks.jobs import registry, tenancy
 from tasks.jobs.enqueue import AddedJob, add, publish_or_park
 from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
@@ -183,12 +183,26 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     Recording a job first and sending it through a canvas later (a chord over
     jobs added with ``publish_now=False``) is such a call; so is sending a
     ``task_id`` again, as Celery would. A job that already has a message gets
-    a second one, which its claim refuses.
+    a second one, which its claim refuses. The message goes behind what the
+    job's party has on its queue, as an add's would (``tasks.jobs.tenancy``):
+    a campaign's hundreds of chunks queue behind their tenant's load, and a
+    control job (``handler(control=True)``) goes to the front.
     """
     with transaction() as session:
         job = store.get(session, job_id)
-    if job is not None and job.state == State.WAITING:
-        publish_or_park(job.id, job.name, job.queue, job.data, {**(job.celery_ctx or {}), **ctx})
+        if job is None or job.state != State.WAITING:
+            return
+        priority = tenancy.priorities(session, [(job.id, job.tenant_id, job.queue)])[job.id]
+    if registry.is_control(job.name):
+        priority = 0
+    publish_or_park(
+        job.id,
+        job.name,
+        job.queue,
+        job.data,
+        {**(job.celery_ctx or {}), **ctx},
+        priority=priority,
+    )
 
 
 # ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
@@ -234,6 +248,8 @@ class CeleryTask(Task):
     schedulable: registry.Schedulable = "system"
     data_model: type[BaseModel] | None = None
     submittable = False
+    #: A control job goes to the front of its queue (``tasks.jobs.registry``).
+    control = False
     #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
     default_job_options: dict[str, Any] | None = None
 
@@ -243,7 +259,7 @@ class CeleryTask(Task):
         if cls.name:
             queue = getattr(cls, "queue", None) or routed_queue(app, cls.name)
             job_type = registry.JobType(
-                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable
+                cls.name, queue, cls.schedulable, cls.data_model, cls.submittable, cls.control
             )
             registry.declare(job_type)
 

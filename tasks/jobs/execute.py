@@ -346,6 +346,7 @@ def handler(
     submittable: bool = False,
     options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
     events: bool = True,
+    control: bool = False,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -356,10 +357,12 @@ def handler(
     (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
     ``events=False``: no Celery task events (``send_events``), so a periodic system job
     does not fill Flower's task list; its records and Keel's own events stay.
+    ``control=True``: a control job, published at the front of its queue (the top broker
+    priority) whatever its party's load, so it never waits behind the bulk jobs it unblocks.
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
-    registry.declare(registry.JobType(name, queue, schedulable, data, submittable))
+    registry.declare(registry.JobType(name, queue, schedulable, data, submittable, control))
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
         attributes: dict[str, Any] = {
@@ -368,6 +371,7 @@ def handler(
             "data_model": data,
             "submittable": submittable,
             "send_events": events,
+            "control": control,
         }
         if options is not None:
             attributes["default_options"] = lambda _task, d, o: options(d, o)

@@ -44,6 +44,9 @@ class JobType:
     schedulable: Schedulable = "system"
     data: type[BaseModel] | None = None
     submittable: bool = False
+    # A control job (a campaign's group creation, send, finalize): published at the
+    # front of its queue, so it never waits behind the bulk work it unblocks.
+    control: bool = False
 
 
 _TYPES: dict[str, JobType] = {}
@@ -55,6 +58,12 @@ def declare(job_type: JobType) -> None:
 
 def get(name: str) -> JobType | None:
     return _TYPES.get(name)
+
+
+def is_control(name: str) -> bool:
+    """Whether jobs called ``name`` go to the front of their queue (``handler(control=True)``)."""
+    found = _TYPES.get(name)
+    return found is not None and found.control
 
 
 def names() -> list[str]:

@@ -12,8 +12,7 @@ from typing import NoReturn
 from celery import chord, current_app
 
 from tasks.config import get_settings
-from tasks.db import transaction
-from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler, tenancy
+from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler
 from tasks.jobs.errors import Defer, KeelError
 from tasks.jobs.queries import get as get_job
 from tasks.notifications import campaigns, generations
@@ -73,27 +72,20 @@ def plan_campaign(job: JobContext) -> dict:
     """Split the campaign into chunks and fan them in with a chord.
 
     The chunks queue behind what their tenant already has on the queue, like any
-    burst of adds (``tasks.jobs.tenancy``): a big campaign does not hold others up.
+    burst of adds (``tasks.jobs.tenancy``; the chord's wake-up messages take their
+    party's load, ``tasks.jobs.calls.wake_if_waiting``): a big campaign does not hold
+    others up, and the campaign's control jobs (group creation, sends, the finalizer)
+    go ahead of its own chunks.
     """
     campaign = campaigns.get(job.data["campaignId"])
     campaigns.create_chunks(campaign)
     owner = campaigns.owner(campaign)
-    with transaction() as session:
-        ahead = tenancy.load(session, owner.tenant_id, QUEUE).on_queue
     header = []
     for chunk_no in range(campaign.chunk_count):
         data = {"campaignId": campaign.id, "chunk": chunk_no}
         job_id = chunk_job_id(campaign.id, chunk_no)
         add(LOAD, data, queue=QUEUE, opts=provider_options(job_id), owner=owner, publish_now=False)
-        header.append(
-            current_app.signature(
-                LOAD,
-                kwargs=data,
-                task_id=job_id,
-                queue=QUEUE,
-                priority=tenancy.priority_for(ahead + chunk_no),
-            )
-        )
+        header.append(current_app.signature(LOAD, kwargs=data, task_id=job_id, queue=QUEUE))
     finalize_id = f"{FINALIZE}:{campaign.id}:plan-{job.attempts_started}"
     add(
         FINALIZE,
@@ -144,8 +136,9 @@ def create_job_id(campaign_id: str, generation: int) -> str:
 def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn:
     """Make sure the generation's creator exists, then wait for its group without an attempt.
 
-    The wait grows with each look (up to ``GROUP_WAIT_MAX_MS``), so chunks waiting out a
-    provider outage cost little. A creator that failed for good fails this run instead:
+    The creator is a control job: it goes ahead of the queue's chunks. The wait grows
+    with each look (up to ``GROUP_WAIT_MAX_MS``), so chunks waiting out a provider
+    outage cost little. A creator that failed for good fails this run instead:
     the chunk then fails closed once its attempts are spent, and a resume restarts both.
     """
     created = add(
@@ -213,13 +206,13 @@ def finalize(campaign_id: str) -> dict:
     return {"finalized": True, "generations": len(numbers)}
 
 
-@handler(FINALIZE, queue=QUEUE)
+@handler(FINALIZE, queue=QUEUE, control=True)
 def finalize_campaign(job: JobContext) -> dict:
     """The chord's callback; harmless if it never fires, or fires twice."""
     return finalize(job.data["campaignId"])
 
 
-@handler(CREATE, queue=QUEUE)
+@handler(CREATE, queue=QUEUE, control=True)
 def create_group(job: JobContext) -> dict:
     """Create the generation's group; concurrent creators settle on the first recorded."""
     campaign_id, generation = job.data["campaignId"], job.data["generation"]
@@ -267,7 +260,7 @@ def _delete_empty(provider: ProviderClient, group_id: str) -> None:
             raise
 
 
-@handler(SEND, queue=QUEUE)
+@handler(SEND, queue=QUEUE, control=True)
 def send_group(job: JobContext) -> dict:
     """Send a complete generation exactly once: durable marker, then provider status."""
     campaign_id, generation, group_id = (
