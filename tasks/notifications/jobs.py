@@ -7,6 +7,8 @@ the queue's global limits apply to all of them.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from typing import NoReturn
 
 from celery import chord, current_app
@@ -59,8 +61,18 @@ class GroupUnavailable(KeelError):
     code = "group_unavailable"
 
 
+_clients = threading.local()
+
+
 def _provider() -> ProviderClient:
-    return ProviderClient.from_settings()
+    """This thread's client of the configured provider: its connections are reused from
+    one job to the next (a campaign's chunk makes several requests, and there are hundreds).
+    A process forked from this one, or a changed provider URL, gets a new one."""
+    key = (os.getpid(), get_settings().provider_url)
+    if getattr(_clients, "key", None) != key:
+        _clients.key, _clients.client = key, ProviderClient.from_settings()
+    client: ProviderClient = _clients.client
+    return client
 
 
 def chunk_job_id(campaign_id: str, chunk_no: int) -> str:
