@@ -14,8 +14,8 @@ A worker sends three task events per job (received, started, and how it
 ended). Celery buffers them and flushes the buffer on the event loop's next
 turn, so under load nearly every event is a ``PUBLISH`` and a wait for its
 reply in the worker's main process — the one process every delivery goes
-through. ``BatchedTaskEvents`` flushes at most every ``EVENT_FLUSH_S``
-instead (or at once when Celery's buffer of 24 is full), as one ``task.multi``
+through. ``BatchedTaskEvents`` flushes at most every ``KEEL_EVENT_FLUSH_S``
+(50 ms) instead (or at once when Celery's buffer of 24 is full), as one ``task.multi``
 message that Flower and ``celery events`` read like single events. Events are
 at most that much later; at shutdown the buffer is flushed before the
 connection closes.
@@ -30,10 +30,9 @@ from typing import Any
 from celery.app.events import Events
 from celery.events.dispatcher import EventDispatcher
 
-log = logging.getLogger(__name__)
+from tasks.config import get_settings
 
-#: How long a worker's task event may wait for others to leave with it.
-EVENT_FLUSH_S = 0.05
+log = logging.getLogger(__name__)
 
 RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 
@@ -61,7 +60,7 @@ class KeelEvents(Events):
 
 
 class BatchedTaskEvents:
-    """Worker consumer mixin: the buffered task events leave every ``EVENT_FLUSH_S``."""
+    """Worker consumer mixin: the buffered task events leave every ``KEEL_EVENT_FLUSH_S``."""
 
     hub: Any
     _events_flush_at: float | None = None
@@ -70,13 +69,14 @@ class BatchedTaskEvents:
         """Celery's hook for a buffered event: schedule one flush, not one per event."""
         if self.hub is None:
             return
+        wait_s = get_settings().event_flush_s
         now = time.monotonic()
         # A flush scheduled long ago and never run (its timer went with a reset hub) is
         # scheduled again rather than waited for.
-        if self._events_flush_at is not None and now < self._events_flush_at + 10 * EVENT_FLUSH_S:
+        if self._events_flush_at is not None and now < self._events_flush_at + 10 * wait_s:
             return
-        self._events_flush_at = now + EVENT_FLUSH_S
-        self.hub.call_later(EVENT_FLUSH_S, self._flush_batched_events)
+        self._events_flush_at = now + wait_s
+        self.hub.call_later(wait_s, self._flush_batched_events)
 
     def _flush_batched_events(self) -> None:
         self._events_flush_at = None

@@ -121,6 +121,8 @@ class Settings(BaseSettings):
     stalled_interval_s: float = 5
     max_stalled_count: int = 1
     visibility_timeout_s: int = 60
+    # How long a worker's task event waits for others to leave with it (tasks.celery_events).
+    event_flush_s: float = Field(default=0.05, ge=0, le=60)
     # Waiting jobs whose message left the broker (a purge) are republished (tasks.jobs.reconcile).
     reconcile_interval_s: float = 15
     reconcile_grace_s: float = 10

@@ -18,7 +18,7 @@ from celery import signals
 from sqlalchemy import func, select
 
 from tasks.celery import app
-from tasks.celery_events import EVENT_FLUSH_S
+from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.models import JobRecord
@@ -176,14 +176,14 @@ def test_a_worker_s_task_events_leave_in_batches_and_each_is_heard(inline_worker
         finally:
             receiver.should_stop = True
             listening.join(timeout=5)
-    # ...in batches: the worker flushes its buffer every EVENT_FLUSH_S (or when Celery's
+    # ...in batches: the worker flushes its buffer every KEEL_EVENT_FLUSH_S (or when Celery's
     # buffer of 24 fills), not on every turn of its loop (a PUBLISH and a wait per event:
     # 37 messages for this burst). A timer's flush may fall just after a full buffer's,
     # and a loaded host delays timers: up to twice the flushes the span allows is fine.
     carrying = [batch for batch in worker_events() if batch]
     stamps = [e["timestamp"] for batch in carrying for e in batch]
     span = max(stamps) - min(stamps)
-    most = 2 * (int(span / EVENT_FLUSH_S) + 2) + len(stamps) // 24
+    most = 2 * (int(span / get_settings().event_flush_s) + 2) + len(stamps) // 24
     assert len(carrying) <= most, (span, [len(b) for b in carrying])
 
 
