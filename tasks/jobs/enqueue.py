@@ -102,9 +102,9 @@ def add(
         kept, replaced = _deduplicate(session, queue, rule, job.id) if rule else (None, None)
         if kept is None:
             if limits is not None:
-                load = tenancy.admit(session, job.tenant_id, queue, opts.delay, limits)
-                priority = tenancy.priority_for(load.on_queue)
-                created = store.insert(session, job)
+                load = tenancy.admit_insert(session, job, limits)
+                created = load is not None
+                priority = tenancy.priority_for(load.on_queue if load else 0)
             elif publish_now and job.state == State.WAITING:
                 created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
                 priority = tenancy.priority_for(on_queue)

@@ -41,6 +41,7 @@ from sqlalchemy.orm import Session
 from tasks.config import get_settings
 from tasks.jobs.errors import LimitExceeded, QuotaExceeded
 from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import NewJob
 
 # kombu's Redis priority lists (``priority_steps``); 0 is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)
@@ -108,28 +109,32 @@ def delay_too_long(limits: TenantLimits) -> LimitExceeded:
     )
 
 
-def admit(
-    session: Session, tenant_id: str | None, queue: str, delay_ms: int, limits: TenantLimits | None
-) -> TenantLoad:
-    """Check ``limits`` for one more job of the tenant (locking first); its load for priority.
+def admit_insert(session: Session, job: NewJob, limits: TenantLimits | None) -> TenantLoad | None:
+    """Check ``limits`` for one more job of the tenant and record ``job`` if they allow.
 
-    Jobs without an owner (``tenant_id`` None) are the system's: no quota, a load all the same.
+    The tenant's quota lock first; then one statement counts the party's live jobs (from
+    a snapshot taken after the lock, so concurrent adds cannot overshoot) and records the
+    job if the quota allows. Jobs without an owner (``tenant_id`` None) are the system's:
+    no quota, a load all the same (for the priority). ``None``: a job with its id exists
+    (nothing recorded); ``QuotaExceeded`` when the tenant is at its quota.
     """
+    tenant_id = job.tenant_id
     if tenant_id is None:
         limits = None
     if limits is not None and tenant_id is not None:
-        if delay_ms > limits.max_delay_ms:
+        if job.opts.delay > limits.max_delay_ms:
             raise delay_too_long(limits)
         lock(session, tenant_id, "jobs")
-    found = load(session, tenant_id, queue)
-    if limits is not None and found.live >= limits.live_jobs:
+    maximum = limits.live_jobs if limits is not None else None
+    created, live, on_queue = store.insert_within(session, job, maximum)
+    if limits is not None and live >= limits.live_jobs:
         raise exceeded(
             "liveJobs",
             limits.live_jobs,
-            found.live,
-            f"the tenant has {found.live} live jobs, its quota is {limits.live_jobs}",
+            live,
+            f"the tenant has {live} live jobs, its quota is {limits.live_jobs}",
         )
-    return found
+    return TenantLoad(live, on_queue) if created else None
 
 
 def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:

@@ -238,6 +238,45 @@ _LOAD = """
 """
 
 
+# The insert if the party has fewer than ``max_live`` live jobs, with the party's load, in
+# one statement (its snapshot is taken after the caller's quota lock: ``tenancy.admit_insert``).
+_INSERT_WITHIN = """
+    WITH load AS ({load}),
+         added AS (
+            INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state,
+                              celery_ctx, run_at)
+            SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+                   :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
+                   CASE WHEN CAST(:delay_ms AS bigint) > 0
+                        THEN clock_timestamp()
+                             + make_interval(secs => CAST(:delay_ms AS float) / 1000)
+                        END
+            FROM load WHERE CAST(:max_live AS bigint) IS NULL
+                         OR load.live < CAST(:max_live AS bigint)
+            ON CONFLICT (id) DO NOTHING
+            RETURNING id)
+    SELECT (SELECT id FROM added) AS id, load.live, load.on_queue FROM load
+"""
+_INSERT_WITHIN_BY_PARTY = {
+    system: text(
+        _INSERT_WITHIN.format(
+            load=_LOAD.format(party="tenant_id IS NULL" if system else "tenant_id = :tenant")
+        )
+    )
+    for system in (True, False)
+}
+
+
+def insert_within(session: Session, job: NewJob, max_live: int | None) -> tuple[bool, int, int]:
+    """``insert`` unless the job's party already has ``max_live`` live jobs (``None``: no
+    bound), and the party's load before it, in one statement: ``(created, live, on_queue)``."""
+    statement = _INSERT_WITHIN_BY_PARTY[job.tenant_id is None]
+    row = session.execute(
+        statement, {**_row(job), "tenant": job.tenant_id, "max_live": max_live}
+    ).one()
+    return row.id is not None, int(row.live), int(row.on_queue)
+
+
 def party_load(session: Session, tenant_id: str | None, queue: str) -> tuple[int, int]:
     """A tenant's (``None``: the system's) live jobs, and those running or waiting on ``queue``."""
     party = "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
