@@ -98,11 +98,17 @@ def add(
     # Without a dedup rule, a quota to check or a chord to count, the add is one statement
     # (no BEGIN/COMMIT).
     one_statement = rule is None and limits is None and body_id is None
+    # A tenant's quota lock goes with its dedup claim: one round trip for both.
+    quota_lock = None
+    if rule is not None and limits is not None and job.tenant_id is not None:
+        quota_lock = tenancy.lock_key(job.tenant_id, "jobs")
     with transaction(one_statement=one_statement) as session:
-        kept, replaced = _deduplicate(session, queue, rule, job.id) if rule else (None, None)
+        kept, replaced = (
+            _deduplicate(session, queue, rule, job.id, quota_lock) if rule else (None, None)
+        )
         if kept is None:
             if limits is not None:
-                load = tenancy.admit_insert(session, job, limits)
+                load = tenancy.admit_insert(session, job, limits, locked=quota_lock is not None)
                 created = load is not None
                 priority = tenancy.priority_for(load.on_queue if load else 0)
             elif publish_now and job.state == State.WAITING:
@@ -141,10 +147,11 @@ def add(
 
 
 def _deduplicate(
-    session: Session, queue: str, rule: Deduplication, job_id: str
+    session: Session, queue: str, rule: Deduplication, job_id: str, lock_key: str | None = None
 ) -> tuple[str | None, str | None]:
-    """``(kept, replaced)``: the live job that absorbs this add, or the one this add replaces."""
-    held = dedup.claim(session, queue, rule, job_id)
+    """``(kept, replaced)``: the live job that absorbs this add, or the one this add replaces
+    (``lock_key``: an advisory lock the claim takes first, in its statement)."""
+    held = dedup.claim(session, queue, rule, job_id, lock_key)
     if held is None:
         return None, None
     if rule.extend and rule.ttl:

@@ -88,11 +88,16 @@ def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:
     return TenantLoad(live, on_queue)
 
 
+def lock_key(tenant_id: str, what: str) -> str:
+    """The advisory lock that serialises a tenant's quota checks of kind ``what``."""
+    return f"keel:quota:{what}:{tenant_id}"
+
+
 def lock(session: Session, tenant_id: str, what: str) -> None:
     """Serialise this tenant's quota checks of kind ``what`` until the transaction ends."""
     session.execute(
         text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-        {"key": f"keel:quota:{what}:{tenant_id}"},
+        {"key": lock_key(tenant_id, what)},
     )
 
 
@@ -109,14 +114,17 @@ def delay_too_long(limits: TenantLimits) -> LimitExceeded:
     )
 
 
-def admit_insert(session: Session, job: NewJob, limits: TenantLimits | None) -> TenantLoad | None:
+def admit_insert(
+    session: Session, job: NewJob, limits: TenantLimits | None, *, locked: bool = False
+) -> TenantLoad | None:
     """Check ``limits`` for one more job of the tenant and record ``job`` if they allow.
 
     The tenant's quota lock first; then one statement counts the party's live jobs (from
     a snapshot taken after the lock, so concurrent adds cannot overshoot) and records the
     job if the quota allows. Jobs without an owner (``tenant_id`` None) are the system's:
     no quota, a load all the same (for the priority). ``None``: a job with its id exists
-    (nothing recorded); ``QuotaExceeded`` when the tenant is at its quota.
+    (nothing recorded); ``QuotaExceeded`` when the tenant is at its quota. ``locked``: the
+    caller took the quota lock in this transaction already (with its dedup claim).
     """
     tenant_id = job.tenant_id
     if tenant_id is None:
@@ -124,7 +132,8 @@ def admit_insert(session: Session, job: NewJob, limits: TenantLimits | None) -> 
     if limits is not None and tenant_id is not None:
         if job.opts.delay > limits.max_delay_ms:
             raise delay_too_long(limits)
-        lock(session, tenant_id, "jobs")
+        if not locked:
+            lock(session, tenant_id, "jobs")
     maximum = limits.live_jobs if limits is not None else None
     created, live, on_queue = store.insert_within(session, job, maximum)
     if limits is not None and live >= limits.live_jobs:

@@ -19,20 +19,26 @@ from sqlalchemy.orm import Session
 
 from tasks.jobs.options import Deduplication
 
-_CLAIM = text(
-    """
+_CLAIM_INTO = """
     INSERT INTO dedup_claims (queue, dedup_id, job_id, expires_at)
-    VALUES (:queue, :dedup_id, :job_id,
-            CASE WHEN CAST(:ttl_ms AS bigint) IS NULL THEN NULL
-                 ELSE clock_timestamp() + make_interval(secs => CAST(:ttl_ms AS float) / 1000)
-            END)
+    SELECT :queue, :dedup_id, :job_id,
+           CASE WHEN CAST(:ttl_ms AS bigint) IS NULL THEN NULL
+                ELSE clock_timestamp() + make_interval(secs => CAST(:ttl_ms AS float) / 1000)
+           END
+    {source}
     ON CONFLICT (queue, dedup_id) DO UPDATE
         SET job_id = EXCLUDED.job_id, expires_at = EXCLUDED.expires_at,
             created_at = clock_timestamp()
         WHERE dedup_claims.expires_at IS NOT NULL
           AND dedup_claims.expires_at <= clock_timestamp()
     RETURNING job_id
-    """
+"""
+_CLAIM = text(_CLAIM_INTO.format(source=""))
+# The same claim, first taking an advisory transaction lock (``lock_key``): a tenant's
+# quota lock and its dedup claim in one round trip (``tasks.jobs.enqueue``).
+_CLAIM_LOCKED = text(
+    "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0)))"
+    + _CLAIM_INTO.format(source="FROM locked")
 )
 
 
@@ -43,12 +49,18 @@ class Held:
     job_id: str
 
 
-def claim(session: Session, queue: str, dedup: Deduplication, job_id: str) -> Held | None:
-    """Take ``dedup.id`` for ``job_id``; ``Held`` with the live holder if it is taken."""
-    ours = session.execute(
-        _CLAIM,
-        {"queue": queue, "dedup_id": dedup.id, "job_id": job_id, "ttl_ms": dedup.ttl},
-    ).first()
+def claim(
+    session: Session, queue: str, dedup: Deduplication, job_id: str, lock_key: str | None = None
+) -> Held | None:
+    """Take ``dedup.id`` for ``job_id``; ``Held`` with the live holder if it is taken.
+
+    ``lock_key``: take that advisory transaction lock first, in the same statement.
+    """
+    params = {"queue": queue, "dedup_id": dedup.id, "job_id": job_id, "ttl_ms": dedup.ttl}
+    if lock_key is None:
+        ours = session.execute(_CLAIM, params).first()
+    else:
+        ours = session.execute(_CLAIM_LOCKED, {**params, "lock_key": lock_key}).first()
     if ours is not None:
         return None
     holder = holder_of(session, queue, dedup.id, lock=True)
