@@ -11,6 +11,11 @@ generous: the limit is a guard against floods, not a quota. Within a tenant,
 one user may take only a share of it (``KEEL_USER_RATE_LIMIT``, half of the
 tenant's by default), so one user's runaway script leaves room for the others.
 
+Both windows are read and counted by one Redis script, in one round trip: a
+request refused by either limit is counted in neither, and the windows are
+moving windows (the Nth most recent request within the period refuses the next),
+timed by Redis's clock, so every API host agrees.
+
 The limiter fails open: if Redis cannot be reached the request goes through and
 the problem is logged (at most once per back-off period), because refusing all
 traffic whenever Redis blips would turn a cache outage into an API outage. When
@@ -26,11 +31,11 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import redis
 from flask import Flask, current_app
 from limits import RateLimitItem, parse
-from limits.storage import storage_from_string
-from limits.strategies import MovingWindowRateLimiter
 
 from tasks import broker
 from tasks.config import get_settings
@@ -47,6 +52,29 @@ BACKOFF_S = 5.0
 REDIS_TIMEOUT_S = 0.5
 
 
+# KEYS: one list of request times per window; ARGV: each window's limit and seconds.
+# Refused by a window: {its index, seconds until it has room}; else every window counts
+# the request: {0, "0"}.
+_HIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+for i = 1, #KEYS do
+    local limit, window = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+    local oldest = redis.call('LINDEX', KEYS[i], limit - 1)
+    if oldest and tonumber(oldest) > now - window then
+        return {i, tostring(tonumber(oldest) + window - now)}
+    end
+end
+for i = 1, #KEYS do
+    local limit, window = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+    redis.call('LPUSH', KEYS[i], string.format('%.6f', now))
+    redis.call('LTRIM', KEYS[i], 0, limit - 1)
+    redis.call('EXPIRE', KEYS[i], math.ceil(window))
+end
+return {0, '0'}
+"""
+
+
 @dataclass
 class TenantRateLimiter:
     """Moving-window limits per tenant and per user in Redis, failing open when Redis is down."""
@@ -54,21 +82,21 @@ class TenantRateLimiter:
     item: RateLimitItem | None
     storage_url: str | None = None  # None: the stack's Redis (KEEL_REDIS_URL), read on first use
     user_item: RateLimitItem | None = None
-    _limiter: MovingWindowRateLimiter | None = None
+    _script: Any = None
     _down_until: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def _strategy(self) -> MovingWindowRateLimiter:
+    def _hit(self) -> Any:
+        """The windows script, registered on this limiter's Redis client."""
         with self._lock:
-            if self._limiter is None:
-                storage = storage_from_string(
+            if self._script is None:
+                client = redis.Redis.from_url(
                     self.storage_url or get_settings().redis,
-                    key_prefix=KEY_PREFIX,
                     socket_connect_timeout=REDIS_TIMEOUT_S,
                     socket_timeout=REDIS_TIMEOUT_S,
                 )
-                self._limiter = MovingWindowRateLimiter(storage)
-            return self._limiter
+                self._script = client.register_script(_HIT)
+            return self._script
 
     def check(self, tenant_id: str, user_id: str | None = None) -> None:
         """Count one request for the user, then its tenant; raise 429 past either limit.
@@ -81,29 +109,32 @@ class TenantRateLimiter:
             return
         if shared and broker.unreachable():
             return
-        checks: list[tuple[str, RateLimitItem, tuple[str, ...]]] = [
-            ("tenant", self.item, (tenant_id,))
+        checks: list[tuple[str, RateLimitItem, str]] = [
+            ("tenant", self.item, _key("tenant", self.item, tenant_id))
         ]
         if self.user_item is not None and user_id is not None:
-            checks.insert(0, ("user", self.user_item, (tenant_id, user_id)))
-        for who, item, keys in checks:
-            started = time.monotonic()
-            try:
-                limiter = self._strategy()
-                if limiter.hit(item, *keys):
-                    continue
-                reset_at = limiter.get_window_stats(item, *keys).reset_time
-            except Exception as exc:  # any storage failure: fail open, never 500
-                if shared:
-                    broker.failed(exc, started)
-                self._down_until = time.monotonic() + BACKOFF_S
-                log.warning("request rate limit unavailable, letting requests through: %s", exc)
-                return
-            raise self._refusal(who, item, reset_at)
+            checks.insert(
+                0, ("user", self.user_item, _key("user", self.user_item, tenant_id, user_id))
+            )
+        windows: list[Any] = []
+        for _, item, _key_name in checks:
+            windows += [item.amount, item.get_expiry()]
+        started = time.monotonic()
+        try:
+            refused, wait_s = self._hit()(keys=[key for _, _, key in checks], args=windows)
+        except Exception as exc:  # any storage failure: fail open, never 500
+            if shared:
+                broker.failed(exc, started)
+            self._down_until = time.monotonic() + BACKOFF_S
+            log.warning("request rate limit unavailable, letting requests through: %s", exc)
+            return
+        if int(refused):
+            who, item, _ = checks[int(refused) - 1]
+            raise self._refusal(who, item, float(wait_s))
 
     @staticmethod
-    def _refusal(who: str, item: RateLimitItem, reset_at: float) -> ApiError:
-        retry_after = max(1, math.ceil(reset_at - time.time()))
+    def _refusal(who: str, item: RateLimitItem, wait_s: float) -> ApiError:
+        retry_after = max(1, math.ceil(wait_s))
         return ApiError(
             429,
             f"{who} request rate limit exceeded ({item}); retry after {retry_after}s",
@@ -112,6 +143,11 @@ class TenantRateLimiter:
             ],
             headers={"Retry-After": str(retry_after)},
         )
+
+
+def _key(who: str, item: RateLimitItem, *names: str) -> str:
+    """One window's list of request times: whose, which rate (a changed limit starts afresh)."""
+    return ":".join((KEY_PREFIX, who, f"{item.amount}-{item.get_expiry()}", *names))
 
 
 def _parse(limit: str, name: str = "KEEL_TENANT_RATE_LIMIT") -> RateLimitItem | None:
