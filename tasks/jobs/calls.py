@@ -193,8 +193,6 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
         if job is None or job.state != State.WAITING:
             return
         priority = tenancy.priorities(session, [(job.id, job.tenant_id, job.queue)])[job.id]
-    if registry.is_control(job.name):
-        priority = 0
     publish_or_park(
         job.id,
         job.name,

@@ -28,7 +28,7 @@ from tasks import broker
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import events, registry, tenancy
+from tasks.jobs import events, tenancy
 from tasks.jobs.messages import Message, publish
 from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
@@ -118,8 +118,6 @@ def add(
                 created = store.insert(session, job)
         if body_id is not None and not created:  # a chord part counts the job it names
             canvas_store.bind_part(session, body_id, job.id, kept or job.id)
-    if registry.is_control(name):
-        priority = 0  # ahead of its queue's bulk jobs, whatever its party's load
     dedup_id = rule.id if rule else None
     if kept is not None:
         events.emit(

@@ -36,7 +36,7 @@ from celery.utils.time import utcoffset
 from tasks import broker
 from tasks.celery import app
 from tasks.config import get_settings
-from tasks.jobs import tenancy
+from tasks.jobs import registry, tenancy
 
 log = logging.getLogger(__name__)
 KEEL_HEADER = "keel"
@@ -59,7 +59,9 @@ class Message:
 
     ``priority`` places the message among the queue's priority lists (0 first;
     see ``tasks.jobs.tenancy`` for how a tenant's load on the queue sets it,
-    and for what RabbitMQ makes of it).
+    and for what RabbitMQ makes of it). A control job (``handler(control=True)``)
+    goes first whatever it is given: every way a job is published (add, bulk add,
+    promotion, a canvas's wake-up, a republish) builds its message here.
     """
 
     __slots__ = ("body", "headers", "name", "properties", "queue", "sent")
@@ -105,6 +107,8 @@ class Message:
             kwargsrepr=kwargsrepr,
         )
         message.headers[KEEL_HEADER] = "1"
+        if registry.is_control(name):
+            priority = 0  # ahead of its queue's bulk jobs, whatever its party's load
         message.properties["priority"] = tenancy.broker_priority(priority)
         self.name, self.queue = name, queue
         self.headers, self.properties, self.body = message.headers, message.properties, message.body

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
-from tasks.jobs import events, registry, tenancy
+from tasks.jobs import events, tenancy
 from tasks.jobs.messages import Message, announce
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import ReadyJob
@@ -66,7 +66,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                         job.queue,
                         job.data,
                         job.celery_ctx,
-                        priority=0 if registry.is_control(job.name) else priority.get(job.id, 0),
+                        priority=priority.get(job.id, 0),
                     )
                     broker.publish(message.publish, producer)
                     sent.append(job)

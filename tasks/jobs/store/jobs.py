@@ -260,7 +260,7 @@ _INSERT_WITHIN = """
 _INSERT_WITHIN_BY_PARTY = {
     system: text(
         _INSERT_WITHIN.format(
-            load=_LOAD.format(party="tenant_id IS NULL" if system else "tenant_id = :tenant")
+            load=_LOAD.format(party="tenant_id IS NULL" if system else "tenant_id = :tenant_id")
         )
     )
     for system in (True, False)
@@ -271,9 +271,7 @@ def insert_within(session: Session, job: NewJob, max_live: int | None) -> tuple[
     """``insert`` unless the job's party already has ``max_live`` live jobs (``None``: no
     bound), and the party's load before it, in one statement: ``(created, live, on_queue)``."""
     statement = _INSERT_WITHIN_BY_PARTY[job.tenant_id is None]
-    row = session.execute(
-        statement, {**_row(job), "tenant": job.tenant_id, "max_live": max_live}
-    ).one()
+    row = session.execute(statement, {**_row(job), "max_live": max_live}).one()
     return row.id is not None, int(row.live), int(row.on_queue)
 
 
