@@ -4,14 +4,12 @@ events on its way out, even when their timer (``KEEL_EVENT_FLUSH_S``) has not fi
 from __future__ import annotations
 
 import signal
-import threading
-import uuid
 
 import pytest
 
-from tasks.celery import app
 from tests.integration.test_shutdown import SLOW_STEPS, add_reports, states
 from tests.support.client import unique
+from tests.support.events import celery_events
 from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.stack  # starts processes of its own
@@ -20,19 +18,7 @@ pytestmark = pytest.mark.stack  # starts processes of its own
 def test_sigterm_still_sends_the_task_succeeded_of_the_jobs_it_finishes(stack):
     # Given Flower's view of the events, and a worker running a 3 s report job, whose
     # task events would wait 30 s to leave together
-    seen: list[dict] = []
-    with app.connection_for_read() as connection:
-        receiver = app.events.Receiver(connection, handlers={"*": seen.append})
-        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
-        listening.start()
-        probe = f"probe-{uuid.uuid4().hex}"
-
-        def hears_a_probe() -> bool:
-            with app.events.default_dispatcher() as dispatcher:
-                dispatcher.send("worker-probe", probe=probe)
-            return any(e.get("probe") == probe for e in seen)
-
-        wait_for(hears_a_probe, timeout=20, interval=0.2)
+    with celery_events() as heard:
         queue = unique("last-events")
         worker = WorkerProcess(
             stack.home,
@@ -51,14 +37,10 @@ def test_sigterm_still_sends_the_task_succeeded_of_the_jobs_it_finishes(stack):
             worker.kill()
         (job_id,) = jobs
         # Then the job it finished on its way out is seen to succeed, not left "started"
-        try:
-            wait_for(
-                lambda: any(
-                    e["type"] == "task-succeeded" and e.get("uuid") == job_id for e in seen
-                ),
-                timeout=5,
-            )
-        finally:
-            receiver.should_stop = True
-            listening.join(timeout=5)
+        wait_for(
+            lambda: any(
+                e["type"] == "task-succeeded" and e.get("uuid") == job_id for e in heard.events
+            ),
+            timeout=5,
+        )
     assert states(jobs) == ["completed"]

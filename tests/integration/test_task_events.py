@@ -8,21 +8,19 @@ Flower's task list. It is declared ``handler(..., events=False)``: no
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from celery import signals
 from sqlalchemy import func, select
 
-from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.models import JobRecord
 from tasks.notifications.jobs import MONITOR, QUEUE
+from tests.support.events import celery_events
 from tests.support.inline import join
 from tests.support.stack import wait_for
 
@@ -30,22 +28,8 @@ from tests.support.stack import wait_for
 @pytest.fixture
 def task_events(inline_worker) -> Iterator[list[dict]]:
     """Every Celery event on the broker while the test runs (as Flower receives them)."""
-    seen: list[dict] = []
-    with app.connection_for_read() as connection:
-        receiver = app.events.Receiver(connection, handlers={"*": seen.append})
-        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
-        listening.start()
-        probe = f"probe-{uuid.uuid4().hex}"
-
-        def hears_a_probe() -> bool:
-            with app.events.default_dispatcher() as dispatcher:
-                dispatcher.send("worker-probe", probe=probe)
-            return any(e.get("probe") == probe for e in seen)
-
-        wait_for(hears_a_probe, timeout=20, interval=0.2)
-        yield seen
-        receiver.should_stop = True
-        listening.join(timeout=5)
+    with celery_events() as heard:
+        yield heard.events
 
 
 def test_the_campaign_monitor_sends_no_task_events_while_other_jobs_do(task_events):
@@ -136,46 +120,24 @@ WORKER_TASK_EVENTS = {"task-received", "task-started", "task-succeeded"}
 
 def test_a_worker_s_task_events_leave_in_batches_and_each_is_heard(inline_worker):
     # Given a receiver that notes how many events each broker message carried
-    messages: list[list[dict]] = []
+    with celery_events() as heard:
+        # When a burst of jobs runs on the worker
+        added = add_bulk([BulkJob("test.echo", {"n": i}, "default") for i in range(BURST)])
+        ids = [a.job_id for a in added]
+        assert {r["state"] for r in join(ids).values()} == {"completed"}
 
-    class Counting(app.events.Receiver):  # type: ignore[name-defined,misc]
-        def _receive(self, body: object, message: object, *rest: object) -> None:
-            messages.append(body if isinstance(body, list) else [body])
-            super()._receive(body, message, *rest)
+        # Then Flower hears each job received, started and succeeded...
+        def worker_events() -> list[list[dict]]:
+            return [
+                [e for e in batch if e["type"] in WORKER_TASK_EVENTS and e["uuid"] in ids]
+                for batch in list(heard.messages)
+            ]
 
-    with app.connection_for_read() as connection:
-        receiver = Counting(connection, handlers={"*": lambda event: None})
-        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
-        listening.start()
-        try:
-            probe = f"probe-{uuid.uuid4().hex}"
+        def heard_all() -> bool:
+            seen = {(e["uuid"], e["type"]) for batch in worker_events() for e in batch}
+            return len(seen) == BURST * len(WORKER_TASK_EVENTS)
 
-            def hears_a_probe() -> bool:
-                with app.events.default_dispatcher() as dispatcher:
-                    dispatcher.send("worker-probe", probe=probe)
-                return any(e.get("probe") == probe for batch in messages for e in batch)
-
-            wait_for(hears_a_probe, timeout=20, interval=0.2)
-            # When a burst of jobs runs on the worker
-            added = add_bulk([BulkJob("test.echo", {"n": i}, "default") for i in range(BURST)])
-            ids = [a.job_id for a in added]
-            assert {r["state"] for r in join(ids).values()} == {"completed"}
-
-            # Then Flower hears each job received, started and succeeded...
-            def worker_events() -> list[list[dict]]:
-                return [
-                    [e for e in batch if e["type"] in WORKER_TASK_EVENTS and e["uuid"] in ids]
-                    for batch in list(messages)
-                ]
-
-            def heard_all() -> bool:
-                heard = {(e["uuid"], e["type"]) for batch in worker_events() for e in batch}
-                return len(heard) == BURST * len(WORKER_TASK_EVENTS)
-
-            wait_for(heard_all, timeout=10)
-        finally:
-            receiver.should_stop = True
-            listening.join(timeout=5)
+        wait_for(heard_all, timeout=10)
     # ...in batches: the worker flushes its buffer every KEEL_EVENT_FLUSH_S (or when Celery's
     # buffer of 24 fills), not on every turn of its loop (a PUBLISH and a wait per event:
     # 37 messages for this burst). A timer's flush may fall just after a full buffer's,

@@ -1,4 +1,5 @@
-"""Reading the queue event streams from the test process (another process than the worker)."""
+"""Reading the queue event streams, and Celery's events, from the test process (another
+process than the worker)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tasks.celery import app
 from tasks.jobs import events
 from tests.support.stack import wait_for
 
@@ -65,3 +71,40 @@ class EventFollower:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(timeout=10)
+
+
+@dataclass
+class Heard:
+    """Celery's events as Flower receives them: each event, and each broker message's batch."""
+
+    events: list[dict] = field(default_factory=list)
+    messages: list[list[dict]] = field(default_factory=list)
+
+
+@contextmanager
+def celery_events() -> Iterator[Heard]:
+    """Every Celery event on the broker while the block runs, from once a probe came back."""
+    heard = Heard()
+
+    class Recording(app.events.Receiver):  # type: ignore[name-defined,misc]
+        def _receive(self, body: object, message: object, *rest: object) -> None:
+            heard.messages.append(body if isinstance(body, list) else [body])
+            super()._receive(body, message, *rest)
+
+    with app.connection_for_read() as connection:
+        receiver = Recording(connection, handlers={"*": heard.events.append})
+        listening = threading.Thread(target=receiver.capture, kwargs={"limit": None}, daemon=True)
+        listening.start()
+        try:
+            probe = f"probe-{uuid.uuid4().hex}"
+
+            def hears_a_probe() -> bool:
+                with app.events.default_dispatcher() as dispatcher:
+                    dispatcher.send("worker-probe", probe=probe)
+                return any(e.get("probe") == probe for e in heard.events)
+
+            wait_for(hears_a_probe, timeout=20, interval=0.2)
+            yield heard
+        finally:
+            receiver.should_stop = True
+            listening.join(timeout=5)
