@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tasks.jobs.bulk import BulkJob, add_bulk
-    from tasks.jobs.calls import acting_as
+    from tasks.jobs.calls import acting_as, recorded_together
     from tasks.jobs.enqueue import AddedJob, add
     from tasks.jobs.errors import (
         InvalidJobState,
@@ -38,7 +38,7 @@ _HOMES = {
     ),
     "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
     "tasks.jobs.enqueue": ("AddedJob", "add"),
-    "tasks.jobs.calls": ("acting_as",),
+    "tasks.jobs.calls": ("acting_as", "recorded_together"),
     "tasks.jobs.bulk": ("BulkJob", "add_bulk"),
     "tasks.jobs.owner": ("Owner",),
     "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
@@ -64,6 +64,7 @@ __all__ = [
     "add",
     "add_bulk",
     "handler",
+    "recorded_together",
 ]
 assert sorted(__all__) == sorted(_WHERE)
 

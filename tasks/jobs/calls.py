@@ -45,7 +45,8 @@ from pydantic import BaseModel
 from tasks import quotas
 from tasks.db import transaction
 from tasks.jobs import registry, tenancy
-from tasks.jobs.enqueue import AddedJob, add, publish_or_park
+from tasks.jobs.bulk import BulkJob, add_bulk
+from tasks.jobs.enqueue import AddedJob, add, new_job_id, publish_or_park
 from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
@@ -53,6 +54,7 @@ from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
 
 _OWNER: ContextVar[Owner | None] = ContextVar("keel_owner", default=None)
+_TOGETHER: ContextVar[_Together | None] = ContextVar("keel_together", default=None)
 
 # Canvas options kept on the record (Celery's option name → the context's key).
 CANVAS_OPTIONS = {
@@ -169,12 +171,81 @@ def record(
     owner = options.get("owner") or _OWNER.get()
     opts = job_options(task, data, owner, options)
     queue = _queue_name(options.get("queue")) or task.job_queue()
-    limits = quotas.current().jobs if owner is not None else None
     ctx = canvas_context(options)
+    together = _TOGETHER.get()
+    if together is not None and opts.deduplication is None:
+        return together.hold(BulkJob(task.name, data, queue, opts, ctx or None), owner)
+    limits = quotas.current().jobs if owner is not None else None
     added = add(task.name, data, queue=queue, opts=opts, owner=owner, limits=limits, ctx=ctx)
     if added.state == "existing":
         wake_if_waiting(added.job_id, ctx)
     return added
+
+
+class _Together:
+    """The calls held by ``recorded_together``, added when its block ends."""
+
+    def __init__(self, quota: bool) -> None:
+        self.quota = quota
+        self.held: list[tuple[BulkJob, Owner | None]] = []
+
+    def hold(self, job: BulkJob, owner: Owner | None) -> AddedJob:
+        if job.opts.job_id is None:
+            job = BulkJob(
+                job.name,
+                job.data,
+                job.queue,
+                job.opts.model_copy(update={"job_id": new_job_id()}),
+                job.ctx,
+            )
+        self.held.append((job, owner))
+        state = State.DELAYED if job.opts.delay else State.WAITING
+        return AddedJob(str(job.opts.job_id), True, str(state))
+
+    def add(self) -> None:
+        """One ``add_bulk`` per owner, in call order. A call naming a job that exists already
+        is then made again on its own, so it is counted by its chord and woken as ``record``
+        would (a re-run of a block that was interrupted)."""
+        owners: dict[tuple[str, str] | None, Owner | None] = {}
+        jobs: dict[tuple[str, str] | None, list[BulkJob]] = {}
+        for job, owner in self.held:
+            key = (owner.tenant_id, owner.user_id) if owner is not None else None
+            owners[key] = owner
+            jobs.setdefault(key, []).append(job)
+        for key, batch in jobs.items():
+            owner = owners[key]
+            limits = quotas.current().jobs if owner is not None and self.quota else None
+            added = add_bulk(batch, owner=owner, limits=limits)
+            for job, result in zip(batch, added, strict=True):
+                if result.state != "existing":
+                    continue
+                again = add(
+                    job.name, job.data, queue=job.queue, opts=job.opts, owner=owner, ctx=job.ctx
+                )
+                if again.state == "existing":
+                    wake_if_waiting(again.job_id, job.ctx or {})
+
+
+@contextmanager
+def recorded_together(*, quota: bool = True) -> Iterator[None]:
+    """Keel task calls made in this block (``.delay()``, ``apply_async``, the parts of a
+    group or a chord) are recorded in one statement and published in one pipeline when it
+    ends (BullMQ's ``addBulk``; ``tasks.jobs.bulk``). Inside, a call returns its result at
+    once; the jobs exist only after the block, and not at all if it raises. Calls with a
+    deduplication rule are added on their own, at once. ``quota=False``: the owner's
+    live-jobs quota is not checked (a campaign's chunks, admitted with the campaign).
+    Nested blocks add with the outermost.
+    """
+    if _TOGETHER.get() is not None:
+        yield
+        return
+    together = _Together(quota)
+    token = _TOGETHER.set(together)
+    try:
+        yield
+    finally:
+        _TOGETHER.reset(token)
+    together.add()
 
 
 def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:

@@ -74,3 +74,69 @@ def test_a_bulk_add_past_the_tenant_quota_adds_nothing():
     assert owned_by(tenant) == 0
     add_bulk(jobs[:5], owner=Owner(tenant, "alice"), limits=limits)
     assert owned_by(tenant) == 5
+
+
+class Statements:
+    """The INSERTs into ``jobs`` this process sends while counting."""
+
+    def __init__(self) -> None:
+        self.inserts = 0
+
+    def __call__(self, conn, cursor, statement, parameters, context, executemany) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO JOBS"):
+            self.inserts += 1
+
+
+def test_calls_recorded_together_are_one_insert_and_each_runs_once():
+    from sqlalchemy import event
+
+    from tasks.db import engine
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_part
+
+    label = unique("together")
+    counted = Statements()
+    event.listen(engine(), "before_cursor_execute", counted)
+    try:
+        with recorded_together():
+            results = [celery_part.delay(i, label) for i in range(40)]
+            # Inside the block the calls have their ids, and nothing is recorded yet
+            assert all(record(r.id) is None for r in results)
+    finally:
+        event.remove(engine(), "before_cursor_execute", counted)
+    assert counted.inserts == 1
+    done = join([r.id for r in results], timeout=120)
+    assert all(job["state"] == "completed" for job in done.values())
+    assert all(job["attemptsStarted"] == 1 for job in done.values())
+    assert sorted(job["result"]["index"] for job in done.values()) == list(range(40))
+
+
+def test_a_block_that_raises_records_none_of_its_calls():
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_part
+
+    label = unique("raises")
+    ids: list[str] = []
+    with pytest.raises(RuntimeError), recorded_together():
+        ids.extend(celery_part.delay(i, label).id for i in range(3))
+        raise RuntimeError("the caller changed its mind")
+    assert len(ids) == 3 and all(record(job_id) is None for job_id in ids)
+
+
+def test_a_chord_recorded_together_fans_in_once_and_an_existing_part_is_not_added_twice():
+    from celery import chord
+
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_collect, celery_part
+
+    label = unique("chord")
+    existing = celery_part.apply_async((0, label), task_id=f"{label}-0").id
+    join([existing])
+    parts = [celery_part.si(i, label).set(task_id=f"{label}-{i}") for i in range(1, 8)]
+    again = celery_part.si(0, label).set(task_id=existing)
+    with recorded_together():
+        result = chord([again, *parts])(celery_collect.s())
+    body = join([result.id], timeout=120)[result.id]
+    assert body["state"] == "completed", body
+    assert [r["index"] for r in body["result"]["results"]] == list(range(8))
+    assert record(existing)["attemptsStarted"] == 1  # not run again for the chord
