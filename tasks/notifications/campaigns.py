@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, text
@@ -16,7 +17,6 @@ from tasks.jobs.queries import iso
 from tasks.notifications import templates
 from tasks.notifications.models import (
     Campaign,
-    CampaignChunk,
     CampaignGeneration,
     CampaignRecipient,
 )
@@ -62,16 +62,69 @@ def list_owned(who: Owner, *, tenant_wide: bool = False, limit: int = 50) -> lis
         return list(session.scalars(query))
 
 
-def chunk(campaign_id: str, chunk_no: int) -> CampaignChunk:
-    with transaction() as session:
-        found = session.get(CampaignChunk, (campaign_id, chunk_no))
-    if found is None:
+@dataclass(frozen=True)
+class ChunkState:
+    """A chunk as its loader sees it: the campaign's fields that make its messages, its
+    size, its generation (if assigned), that generation's group (if made), and whether
+    its load is recorded."""
+
+    campaign: Campaign
+    size: int
+    generation: int | None
+    group_id: str | None
+    loaded: bool
+
+
+_CHUNK_CAMPAIGN_FIELDS = (
+    "id",
+    "tenant_id",
+    "user_id",
+    "name",
+    "category",
+    "template",
+    "recipient_count",
+    "synthetic",
+    "chunk_size",
+    "chunk_count",
+    "capacity",
+)
+
+
+def chunk_state(campaign_id: str, chunk_no: int) -> ChunkState:
+    """One statement: what ``get`` and ``chunk`` read, and the generation's group."""
+    with transaction(one_statement=True) as session:
+        row = session.execute(
+            text(
+                """
+                SELECT c.id, c.tenant_id, c.user_id, c.name, c.category, c.template,
+                       c.recipient_count, c.synthetic, c.chunk_size, c.chunk_count, c.capacity,
+                       k.size, k.generation, g.group_id, k.loaded_at IS NOT NULL AS loaded
+                FROM campaign_chunks k
+                JOIN campaigns c ON c.id = k.campaign_id
+                LEFT JOIN campaign_generations g
+                       ON g.campaign_id = k.campaign_id AND g.generation = k.generation
+                WHERE k.campaign_id = :c AND k.chunk_no = :k
+                """
+            ),
+            {"c": campaign_id, "k": chunk_no},
+        ).first()
+    if row is None:
         raise JobNotFound(f"chunk {chunk_no} of campaign {campaign_id} not planned")
-    return found
+    fields = _CHUNK_CAMPAIGN_FIELDS
+    campaign = Campaign(**{name: getattr(row, name) for name in fields})
+    return ChunkState(campaign, row.size, row.generation, row.group_id, row.loaded)
 
 
 def create_chunks(campaign: Campaign) -> None:
+    """The campaign's chunk rows, and its first generation's (approvals count there)."""
     with transaction() as session:
+        session.execute(
+            text(
+                "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, 0) "
+                "ON CONFLICT DO NOTHING"
+            ),
+            {"c": campaign.id},
+        )
         session.execute(
             text(
                 """

@@ -47,44 +47,85 @@ class Readiness:
         return self.closed and self.group_id is not None and self.assigned == self.loaded
 
 
-def assigned_generation(campaign_id: str, chunk_no: int) -> int | None:
-    with transaction() as session:
-        return session.execute(
-            text("SELECT generation FROM campaign_chunks WHERE campaign_id = :c AND chunk_no = :k"),
-            {"c": campaign_id, "k": chunk_no},
-        ).scalar()
+@dataclass(frozen=True)
+class Approval:
+    """One approval try on the campaign's current generation."""
+
+    generation: int
+    assigned: bool
+    group_id: str | None
 
 
-def _approve(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[int, bool]:
-    """One approval try on the current generation: ``(generation, assigned)``."""
-    with transaction() as session:
-        current = session.execute(
-            text("SELECT current_generation FROM campaigns WHERE id = :c"), {"c": campaign_id}
-        ).scalar_one()
+# One statement: read the current generation, count the chunk into it (``HINCRBY``)
+# and, if it still fits and the generation is open, record the assignment. The
+# approval's row lock orders concurrent approvals; the assignment needs the
+# approval's answer, so both are one statement rather than a transaction of four.
+_APPROVE = text(
+    """
+    WITH approval AS (
+        UPDATE campaign_generations SET approved = approved + :n
+        WHERE campaign_id = :c
+          AND generation = (SELECT current_generation FROM campaigns WHERE id = :c)
+        RETURNING generation, approved, closed, group_id
+    ), assignment AS (
+        UPDATE campaign_chunks k SET generation = a.generation, assigned_at = clock_timestamp()
+        FROM approval a
+        WHERE k.campaign_id = :c AND k.chunk_no = :k AND k.generation IS NULL
+          AND NOT a.closed AND a.approved <= :cap
+        RETURNING k.generation
+    )
+    SELECT generation, NOT closed AND approved <= :cap AS assigned, group_id,
+           (SELECT count(*) FROM assignment) AS recorded
+    FROM approval
+    """
+)
+
+
+def open_generation(campaign_id: str, generation: int) -> None:
+    """The generation's row, where its approvals are counted (no-op if it exists)."""
+    with transaction(one_statement=True) as session:
         session.execute(
             text(
                 "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, :g) "
                 "ON CONFLICT DO NOTHING"
             ),
-            {"c": campaign_id, "g": current},
+            {"c": campaign_id, "g": generation},
         )
-        approved, closed = session.execute(
+
+
+def _assignment_of(campaign_id: str, chunk_no: int) -> Approval:
+    with transaction(one_statement=True) as session:
+        row = session.execute(
             text(
-                "UPDATE campaign_generations SET approved = approved + :n "
-                "WHERE campaign_id = :c AND generation = :g RETURNING approved, closed"
+                "SELECT k.generation, g.group_id FROM campaign_chunks k "
+                "JOIN campaign_generations g "
+                "ON g.campaign_id = k.campaign_id AND g.generation = k.generation "
+                "WHERE k.campaign_id = :c AND k.chunk_no = :k"
             ),
-            {"c": campaign_id, "g": current, "n": size},
+            {"c": campaign_id, "k": chunk_no},
         ).one()
-        if closed or approved > capacity:
-            return current, False
-        session.execute(
-            text(
-                "UPDATE campaign_chunks SET generation = :g, assigned_at = clock_timestamp() "
-                "WHERE campaign_id = :c AND chunk_no = :k AND generation IS NULL"
-            ),
-            {"c": campaign_id, "g": current, "k": chunk_no},
-        )
-        return current, True
+    return Approval(row.generation, True, row.group_id)
+
+
+def _approve(campaign_id: str, chunk_no: int, size: int, capacity: int) -> Approval:
+    """One approval try on the current generation."""
+    params = {"c": campaign_id, "k": chunk_no, "n": size, "cap": capacity}
+    for _ in range(2):
+        with transaction(one_statement=True) as session:
+            row = session.execute(_APPROVE, params).first()
+        if row is not None and row.assigned and not row.recorded:
+            # Assigned meanwhile by another run of this chunk: that assignment stands.
+            return _assignment_of(campaign_id, chunk_no)
+        if row is not None:
+            return Approval(row.generation, row.assigned, row.group_id)
+        # The current generation has no row yet (a campaign planned before rows were
+        # opened with the generation): open it, then try once more.
+        with transaction(one_statement=True) as session:
+            current = session.execute(
+                text("SELECT current_generation FROM campaigns WHERE id = :c"), {"c": campaign_id}
+            ).scalar_one()
+        open_generation(campaign_id, current)
+    raise RuntimeError(f"campaign {campaign_id}: its current generation has no row")
 
 
 def close(campaign_id: str, generation: int, *, open_next: bool) -> bool:
@@ -115,21 +156,19 @@ def close(campaign_id: str, generation: int, *, open_next: bool) -> bool:
     return won is not None
 
 
-def assign(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[int, list[int]]:
-    """The chunk's generation, and the generations this call closed on overflow."""
-    existing = assigned_generation(campaign_id, chunk_no)
-    if existing is not None:
-        return existing, []
+def assign(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[Approval, list[int]]:
+    """Assign an unassigned chunk: its generation (and group, if made), and the generations
+    this call closed on overflow."""
     closed_here: list[int] = []
     while True:
-        generation, assigned = _approve(campaign_id, chunk_no, size, capacity)
-        if assigned:
-            return generation, closed_here
-        if readiness(campaign_id, generation).closed:
+        approval = _approve(campaign_id, chunk_no, size, capacity)
+        if approval.assigned:
+            return approval, closed_here
+        if readiness(campaign_id, approval.generation).closed:
             continue  # someone already rolled over: try the new current generation
-        if not close(campaign_id, generation, open_next=True):
-            raise Rollover(f"generation {generation} is being closed by another chunk")
-        closed_here.append(generation)
+        if not close(campaign_id, approval.generation, open_next=True):
+            raise Rollover(f"generation {approval.generation} is being closed by another chunk")
+        closed_here.append(approval.generation)
 
 
 def attach_group(campaign_id: str, generation: int, group_id: str) -> str:
@@ -154,43 +193,59 @@ def attach_group(campaign_id: str, generation: int, group_id: str) -> str:
 
 
 def record_load(campaign_id: str, chunk_no: int) -> bool:
-    """The chunk's load record, written only after every message was accepted."""
-    with transaction() as session:
+    """The chunk's load record, written only after every message was accepted; the
+    monitor's last sign of progress goes with it (one statement)."""
+    with transaction(one_statement=True) as session:
         recorded = session.execute(
             text(
-                "UPDATE campaign_chunks SET loaded_at = clock_timestamp() "
-                "WHERE campaign_id = :c AND chunk_no = :k AND loaded_at IS NULL RETURNING 1"
+                """
+                WITH loaded AS (
+                    UPDATE campaign_chunks SET loaded_at = clock_timestamp()
+                    WHERE campaign_id = :c AND chunk_no = :k AND loaded_at IS NULL RETURNING 1
+                ), watched AS (
+                    INSERT INTO campaign_watch (campaign_id, last_load_at)
+                    VALUES (:c, clock_timestamp()) ON CONFLICT (campaign_id)
+                    DO UPDATE SET last_load_at = EXCLUDED.last_load_at
+                )
+                SELECT count(*) FROM loaded
+                """
             ),
             {"c": campaign_id, "k": chunk_no},
-        ).first()
-        session.execute(
-            text(
-                "INSERT INTO campaign_watch (campaign_id, last_load_at) "
-                "VALUES (:c, clock_timestamp()) ON CONFLICT (campaign_id) "
-                "DO UPDATE SET last_load_at = EXCLUDED.last_load_at"
-            ),
-            {"c": campaign_id},
-        )
-    return recorded is not None
+        ).scalar_one()
+    return recorded > 0
+
+
+_READINESS = """
+    SELECT g.closed, g.group_id, g.sent_at IS NOT NULL AS sent,
+           count(c.chunk_no) AS assigned, count(c.loaded_at) AS loaded{extra}
+    FROM campaign_generations g
+    LEFT JOIN campaign_chunks c
+           ON c.campaign_id = g.campaign_id AND c.generation = g.generation
+    WHERE g.campaign_id = :c AND g.generation = :g
+    GROUP BY g.closed, g.group_id, g.sent_at
+"""
+_UNLOADED = "SELECT count(*) FROM campaign_chunks WHERE campaign_id = :c AND loaded_at IS NULL"
 
 
 def readiness(campaign_id: str, generation: int) -> Readiness:
-    with transaction() as session:
+    with transaction(one_statement=True) as session:
         row = session.execute(
-            text(
-                """
-                SELECT g.closed, g.group_id, g.sent_at IS NOT NULL AS sent,
-                       count(c.chunk_no) AS assigned, count(c.loaded_at) AS loaded
-                FROM campaign_generations g
-                LEFT JOIN campaign_chunks c
-                       ON c.campaign_id = g.campaign_id AND c.generation = g.generation
-                WHERE g.campaign_id = :c AND g.generation = :g
-                GROUP BY g.closed, g.group_id, g.sent_at
-                """
-            ),
-            {"c": campaign_id, "g": generation},
+            text(_READINESS.format(extra="")), {"c": campaign_id, "g": generation}
         ).one()
     return Readiness(row.closed, row.assigned, row.loaded, row.group_id, row.sent)
+
+
+def progress(campaign_id: str, generation: int) -> tuple[Readiness, bool]:
+    """The generation's readiness and whether every chunk of the campaign is loaded, read
+    in one statement (after the caller's load record is committed, so of two chunks
+    finishing at once, the later reader sees both loads)."""
+    with transaction(one_statement=True) as session:
+        row = session.execute(
+            text(_READINESS.format(extra=f", ({_UNLOADED}) AS unloaded")),
+            {"c": campaign_id, "g": generation},
+        ).one()
+    ready = Readiness(row.closed, row.assigned, row.loaded, row.group_id, row.sent)
+    return ready, row.unloaded == 0
 
 
 def mark_sent(campaign_id: str, generation: int) -> bool:
@@ -209,13 +264,8 @@ def mark_sent(campaign_id: str, generation: int) -> bool:
 
 
 def all_loaded(campaign_id: str) -> bool:
-    with transaction() as session:
-        missing = session.execute(
-            text(
-                "SELECT count(*) FROM campaign_chunks WHERE campaign_id = :c AND loaded_at IS NULL"
-            ),
-            {"c": campaign_id},
-        ).scalar_one()
+    with transaction(one_statement=True) as session:
+        missing = session.execute(text(_UNLOADED), {"c": campaign_id}).scalar_one()
     return missing == 0
 
 

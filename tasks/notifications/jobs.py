@@ -14,7 +14,16 @@ from typing import NoReturn
 from celery import chord, current_app
 
 from tasks.config import get_settings
-from tasks.jobs import Backoff, JobContext, JobOptions, UnrecoverableError, add, handler
+from tasks.jobs import (
+    Backoff,
+    JobContext,
+    JobOptions,
+    UnrecoverableError,
+    acting_as,
+    add,
+    handler,
+    recorded_together,
+)
 from tasks.jobs.errors import Defer, KeelError
 from tasks.jobs.queries import get as get_job
 from tasks.notifications import campaigns, generations
@@ -83,11 +92,14 @@ def chunk_job_id(campaign_id: str, chunk_no: int) -> str:
 def plan_campaign(job: JobContext) -> dict:
     """Split the campaign into chunks and fan them in with a chord.
 
-    The chunks queue behind what their tenant already has on the queue, like any
-    burst of adds (``tasks.jobs.tenancy``; the chord's wake-up messages take their
-    party's load, ``tasks.jobs.calls.wake_if_waiting``): a big campaign does not hold
-    others up, and the campaign's control jobs (group creation, sends, the finalizer)
-    go ahead of its own chunks.
+    The chord's chunk jobs are recorded in one statement and published in one
+    pipeline (``recorded_together``), owned by the campaign's owner. They queue
+    behind what their tenant already has on the queue, like any burst of adds
+    (``tasks.jobs.tenancy``): a big campaign does not hold others up, and the
+    campaign's control jobs (group creation, sends, the finalizer) go ahead of its
+    own chunks. They were admitted with the campaign (its recipients quota), so the
+    live-jobs quota does not refuse them here. A re-run of the plan names the same
+    chunk jobs: those already recorded are only woken if still waiting.
     """
     campaign = campaigns.get(job.data["campaignId"])
     campaigns.create_chunks(campaign)
@@ -96,21 +108,24 @@ def plan_campaign(job: JobContext) -> dict:
     for chunk_no in range(campaign.chunk_count):
         data = {"campaignId": campaign.id, "chunk": chunk_no}
         job_id = chunk_job_id(campaign.id, chunk_no)
-        add(LOAD, data, queue=QUEUE, opts=provider_options(job_id), owner=owner, publish_now=False)
-        header.append(current_app.signature(LOAD, kwargs=data, task_id=job_id, queue=QUEUE))
+        options = {"job_options": provider_options(job_id).stored()}
+        header.append(
+            current_app.signature(LOAD, kwargs=data, task_id=job_id, queue=QUEUE, **options)
+        )
     finalize_id = f"{FINALIZE}:{campaign.id}:plan-{job.attempts_started}"
     add(
         FINALIZE,
         {"campaignId": campaign.id},
         queue=QUEUE,
-        owner=campaigns.owner(campaign),
+        owner=owner,
         opts=JobOptions(job_id=finalize_id),
         publish_now=False,
     )
     body = current_app.signature(
         FINALIZE, kwargs={"campaignId": campaign.id}, task_id=finalize_id, queue=QUEUE
     )
-    chord(header)(body)
+    with acting_as(owner), recorded_together(quota=False):
+        chord(header)(body)
     return {"chunks": campaign.chunk_count}
 
 
@@ -118,23 +133,24 @@ def plan_campaign(job: JobContext) -> dict:
 def load_chunk(job: JobContext) -> dict:
     """Load one chunk into its generation's group, then see what became sendable."""
     campaign_id, chunk_no = job.data["campaignId"], job.data["chunk"]
-    campaign = campaigns.get(campaign_id)
-    chunk = campaigns.chunk(campaign_id, chunk_no)
-    if chunk.loaded_at is not None:  # a duplicate delivery or a resumed chunk
-        after_load(campaign_id, chunk.generation)
-        return {"generation": chunk.generation, "alreadyLoaded": True}
-    try:
-        generation, closed = generations.assign(
-            campaign_id, chunk_no, chunk.size, campaign.capacity
-        )
-    except Rollover:
-        raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
-    for full in closed:
-        maybe_send(campaign_id, full)
-    group_id = generations.readiness(campaign_id, generation).group_id
+    state = campaigns.chunk_state(campaign_id, chunk_no)
+    if state.loaded:  # a duplicate delivery or a resumed chunk
+        after_load(campaign_id, state.generation)
+        return {"generation": state.generation, "alreadyLoaded": True}
+    generation, group_id = state.generation, state.group_id
+    if generation is None:
+        try:
+            approval, closed = generations.assign(
+                campaign_id, chunk_no, state.size, state.campaign.capacity
+            )
+        except Rollover:
+            raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
+        for full in closed:
+            maybe_send(campaign_id, full)
+        generation, group_id = approval.generation, approval.group_id
     if group_id is None:
         _await_group(job, campaign_id, generation)
-    loaded = _load_messages(campaign, chunk_no, group_id)
+    loaded = _load_messages(state.campaign, chunk_no, group_id)
     generations.record_load(campaign_id, chunk_no)
     after_load(campaign_id, generation)
     return {"generation": generation, "groupId": group_id, "messages": loaded}
@@ -186,15 +202,24 @@ def _load_messages(campaign: campaigns.Campaign, chunk_no: int, group_id: str) -
 
 
 def after_load(campaign_id: str, generation: int | None) -> None:
-    if generation is not None:
-        maybe_send(campaign_id, generation)
-    if generations.all_loaded(campaign_id):
+    """After a load record: send the chunk's generation if it is complete, and finalize the
+    campaign if every chunk is loaded (both read in one statement)."""
+    if generation is None:
+        if generations.all_loaded(campaign_id):
+            finalize(campaign_id)
+        return
+    ready, everything = generations.progress(campaign_id, generation)
+    _send_if_complete(campaign_id, generation, ready)
+    if everything:
         finalize(campaign_id)
 
 
 def maybe_send(campaign_id: str, generation: int) -> None:
     """Queue the generation's send if the count equation holds (the job id dedups)."""
-    ready = generations.readiness(campaign_id, generation)
+    _send_if_complete(campaign_id, generation, generations.readiness(campaign_id, generation))
+
+
+def _send_if_complete(campaign_id: str, generation: int, ready: generations.Readiness) -> None:
     if ready.complete and not ready.sent:
         data = {"campaignId": campaign_id, "generation": generation, "groupId": ready.group_id}
         add(
