@@ -219,7 +219,7 @@ def _summary(campaign_id: str) -> dict[str, Any]:
 def maybe_report(campaign_id: str) -> bool:
     """Emit the campaign report once: when every chunk is loaded and every generation sent."""
     summary = _summary(campaign_id)
-    gens = summary["generations"]
+    gens = [g for g in summary["generations"] if g["chunks"]]  # none prepared but unused
     chunks = summary["chunks"]
     if not gens or chunks["loaded"] != chunks["planned"] or not all(g["sent"] for g in gens):
         return False

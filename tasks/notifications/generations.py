@@ -44,7 +44,15 @@ class Readiness:
 
     @property
     def complete(self) -> bool:
-        return self.closed and self.group_id is not None and self.assigned == self.loaded
+        """Closed, with a group, and every chunk assigned to it loaded. A generation no
+        chunk joined (one prepared ahead that a failed chunk never reached) has nothing
+        to send."""
+        return (
+            self.closed
+            and self.group_id is not None
+            and self.assigned > 0
+            and self.assigned == self.loaded
+        )
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ def provider_options(job_id: str) -> JobOptions:
 
 SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
 GROUP_WAIT_MS = 200
+GROUPS_AHEAD = 2  # generations whose groups are made before their first chunk arrives
 GROUP_WAIT_MAX_MS = 5000
 ROLLOVER_WAIT_MS = 100
 
@@ -103,6 +104,8 @@ def plan_campaign(job: JobContext) -> dict:
     """
     campaign = campaigns.get(job.data["campaignId"])
     campaigns.create_chunks(campaign)
+    for generation in range(GROUPS_AHEAD):
+        prepare_group(campaign, generation)
     owner = campaigns.owner(campaign)
     header = []
     for chunk_no in range(campaign.chunk_count):
@@ -147,6 +150,7 @@ def load_chunk(job: JobContext) -> dict:
             raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
         for full in closed:
             maybe_send(campaign_id, full)
+            prepare_group(state.campaign, full + GROUPS_AHEAD)
         generation, group_id = approval.generation, approval.group_id
     if group_id is None:
         _await_group(job, campaign_id, generation)
@@ -154,6 +158,28 @@ def load_chunk(job: JobContext) -> dict:
     generations.record_load(campaign_id, chunk_no)
     after_load(campaign_id, generation)
     return {"generation": generation, "groupId": group_id, "messages": loaded}
+
+
+def prepare_group(campaign: campaigns.Campaign, generation: int) -> None:
+    """Queue the creator of a generation's group before any chunk is assigned to it, if
+    the campaign is sure to reach that generation.
+
+    Each generation holds at most ``capacity`` messages, so one numbered ``g`` is reached
+    whenever the campaign has more than ``g * capacity`` recipients. The plan prepares the
+    first ``GROUPS_AHEAD``; a chunk that closes generation ``g`` prepares ``g +
+    GROUPS_AHEAD``. Its chunks then find the group made, instead of each generation's
+    first chunk adding the creator and waiting for it (``_await_group``, still the way
+    for a generation the count did not foresee). The creator is a control job: it runs
+    ahead of the queue's chunks.
+    """
+    if generation * campaign.capacity >= campaign.recipient_count:
+        return
+    add(
+        CREATE,
+        {"campaignId": campaign.id, "generation": generation},
+        queue=QUEUE,
+        opts=provider_options(create_job_id(campaign.id, generation)),
+    )
 
 
 def create_job_id(campaign_id: str, generation: int) -> str:
@@ -253,6 +279,7 @@ def finalize_campaign(job: JobContext) -> dict:
 def create_group(job: JobContext) -> dict:
     """Create the generation's group; concurrent creators settle on the first recorded."""
     campaign_id, generation = job.data["campaignId"], job.data["generation"]
+    generations.open_generation(campaign_id, generation)  # prepared ahead: not opened yet
     existing = generations.readiness(campaign_id, generation).group_id
     if existing is not None and job.attempts_started == 1:
         return {"groupId": existing, "created": False}

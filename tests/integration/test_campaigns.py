@@ -92,7 +92,30 @@ def test_100k_recipients_roll_over_ten_generations(client, sandbox):
     assert all(g["sent"] and g["messages"] == 10_000 for g in status["generations"])
     checks = assert_invariants(campaign_id)
     assert checks[2].figures["landed"] == 100_000
+    # Each generation's group creator was queued before any chunk joined it (prepared
+    # ahead), so no chunk had to add it and wait for its group
+    assert creators_queued_before_first_assignment(campaign_id) == [True] * 10
     print(f"100k campaign: {time.monotonic() - started:.1f}s")
+
+
+def creators_queued_before_first_assignment(campaign_id: str) -> list[bool]:
+    """Per generation: was its ``group.create`` job recorded before its first chunk's assignment?"""
+    from sqlalchemy import text
+
+    with transaction() as session:
+        rows = session.execute(
+            text(
+                """
+                SELECT k.generation, min(k.assigned_at) > j.created_at AS ahead
+                FROM campaign_chunks k
+                JOIN jobs j ON j.id = 'group.create:' || k.campaign_id || ':' || k.generation
+                WHERE k.campaign_id = :c GROUP BY k.generation, j.created_at
+                ORDER BY k.generation
+                """
+            ),
+            {"c": campaign_id},
+        ).all()
+    return [row.ahead for row in rows]
 
 
 def test_campaigns_are_tenant_scoped_and_validated(client):
