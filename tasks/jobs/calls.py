@@ -34,6 +34,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,10 +52,12 @@ from tasks.jobs.errors import UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
+from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import jobs as store
 
 _OWNER: ContextVar[Owner | None] = ContextVar("keel_owner", default=None)
-_TOGETHER: ContextVar[_Together | None] = ContextVar("keel_together", default=None)
+# The open ``recorded_together`` blocks' calls, and the innermost block's quota rule.
+_TOGETHER: ContextVar[tuple[_Together, bool] | None] = ContextVar("keel_together", default=None)
 
 # Canvas options kept on the record (Celery's option name → the context's key).
 CANVAS_OPTIONS = {
@@ -174,7 +177,8 @@ def record(
     ctx = canvas_context(options)
     together = _TOGETHER.get()
     if together is not None and opts.deduplication is None:
-        return together.hold(BulkJob(task.name, data, queue, opts, ctx or None), owner)
+        held, quota = together
+        return held.hold(BulkJob(task.name, data, queue, opts, ctx or None), owner, quota)
     limits = quotas.current().jobs if owner is not None else None
     added = add(task.name, data, queue=queue, opts=opts, owner=owner, limits=limits, ctx=ctx)
     if added.state == "existing":
@@ -183,69 +187,113 @@ def record(
 
 
 class _Together:
-    """The calls held by ``recorded_together``, added when its block ends."""
+    """The calls held by ``recorded_together`` blocks, added when the outermost one ends."""
 
-    def __init__(self, quota: bool) -> None:
-        self.quota = quota
-        self.held: list[tuple[BulkJob, Owner | None]] = []
+    def __init__(self) -> None:
+        self.held: list[_Held] = []  # the first call naming each job id
+        self.again: list[_Held] = []  # later calls naming a job held before them
+        self.ids: set[str] = set()
 
-    def hold(self, job: BulkJob, owner: Owner | None) -> AddedJob:
+    def hold(self, job: BulkJob, owner: Owner | None, quota: bool) -> AddedJob:
         if job.opts.job_id is None:
-            job = BulkJob(
-                job.name,
-                job.data,
-                job.queue,
-                job.opts.model_copy(update={"job_id": new_job_id()}),
-                job.ctx,
-            )
-        self.held.append((job, owner))
+            opts = job.opts.model_copy(update={"job_id": new_job_id()})
+            job = BulkJob(job.name, job.data, job.queue, opts, job.ctx)
+        job_id = str(job.opts.job_id)
+        if job_id in self.ids:  # as a second call would find it: existing, added again
+            self.again.append(_Held(job, owner, quota))
+        else:
+            self.held.append(_Held(job, owner, quota))
+            self.ids.add(job_id)
         state = State.DELAYED if job.opts.delay else State.WAITING
-        return AddedJob(str(job.opts.job_id), True, str(state))
+        return AddedJob(job_id, True, str(state))
+
+    def mark(self) -> tuple[int, int]:
+        return len(self.held), len(self.again)
+
+    def drop_since(self, mark: tuple[int, int]) -> None:
+        """Forget the calls held since ``mark`` (a block that raised); cancel the chord
+        bodies that Celery recorded for them (``apply_chord`` runs before a chord's parts
+        are sent), so no body waits for parts that never come."""
+        dropped = self.held[mark[0] :] + self.again[mark[1] :]
+        del self.held[mark[0] :], self.again[mark[1] :]
+        self.ids = {str(item.job.opts.job_id) for item in self.held}
+        _cancel_orphan_bodies(dropped, self.held + self.again)
 
     def add(self) -> None:
-        """One ``add_bulk`` per owner, in call order. A call naming a job that exists already
-        is then made again on its own, so it is counted by its chord and woken as ``record``
-        would (a re-run of a block that was interrupted)."""
-        owners: dict[tuple[str, str] | None, Owner | None] = {}
-        jobs: dict[tuple[str, str] | None, list[BulkJob]] = {}
-        for job, owner in self.held:
-            key = (owner.tenant_id, owner.user_id) if owner is not None else None
-            owners[key] = owner
-            jobs.setdefault(key, []).append(job)
-        for key, batch in jobs.items():
-            owner = owners[key]
-            limits = quotas.current().jobs if owner is not None and self.quota else None
-            added = add_bulk(batch, owner=owner, limits=limits)
-            for job, result in zip(batch, added, strict=True):
-                if result.state != "existing":
-                    continue
-                again = add(
-                    job.name, job.data, queue=job.queue, opts=job.opts, owner=owner, ctx=job.ctx
-                )
-                if again.state == "existing":
-                    wake_if_waiting(again.job_id, job.ctx or {})
+        """One ``add_bulk`` per owner (and quota rule), in call order. A call naming a job
+        that exists already, or one held earlier in the block, is then made again on its
+        own, so it is counted by its chord and woken as ``record`` would."""
+        batches: dict[tuple[Any, bool], list[_Held]] = {}
+        for item in self.held:
+            key = (item.owner.tenant_id, item.owner.user_id) if item.owner else None
+            batches.setdefault((key, item.quota), []).append(item)
+        again = list(self.again)
+        done: list[_Held] = []
+        try:
+            for items in batches.values():
+                owner, quota = items[0].owner, items[0].quota
+                limits = quotas.current().jobs if owner is not None and quota else None
+                added = add_bulk([item.job for item in items], owner=owner, limits=limits)
+                done += items
+                again += [i for i, r in zip(items, added, strict=True) if r.state == "existing"]
+        except BaseException:
+            recorded = {id(item) for item in done}
+            _cancel_orphan_bodies([i for i in self.held if id(i) not in recorded], done)
+            raise
+        for item in again:
+            job = item.job
+            once = add(
+                job.name, job.data, queue=job.queue, opts=job.opts, owner=item.owner, ctx=job.ctx
+            )
+            if once.state == "existing":
+                wake_if_waiting(once.job_id, job.ctx or {})
+
+
+@dataclass(frozen=True)
+class _Held:
+    job: BulkJob
+    owner: Owner | None
+    quota: bool
+
+
+def _cancel_orphan_bodies(dropped: list[_Held], kept: list[_Held]) -> None:
+    """Cancel the Keel chord bodies that only ``dropped`` calls were parts of."""
+    from tasks.jobs.cancel import cancel_many  # cancel → canvas → calls
+
+    bodies = {canvas_store.chord_body_id(item.job.ctx) for item in dropped}
+    bodies -= {canvas_store.chord_body_id(item.job.ctx) for item in kept}
+    bodies.discard(None)
+    if bodies:
+        cancel_many(
+            sorted(b for b in bodies if b), [State.WAITING_CHILDREN], by="recorded_together"
+        )
 
 
 @contextmanager
 def recorded_together(*, quota: bool = True) -> Iterator[None]:
     """Keel task calls made in this block (``.delay()``, ``apply_async``, the parts of a
-    group or a chord) are recorded in one statement and published in one pipeline when it
-    ends (BullMQ's ``addBulk``; ``tasks.jobs.bulk``). Inside, a call returns its result at
-    once; the jobs exist only after the block, and not at all if it raises. Calls with a
-    deduplication rule are added on their own, at once. ``quota=False``: the owner's
-    live-jobs quota is not checked (a campaign's chunks, admitted with the campaign).
-    Nested blocks add with the outermost.
+    group or a chord) are recorded in one statement per owner and published in one pipeline
+    when it ends (BullMQ's ``addBulk``; ``tasks.jobs.bulk``). Inside, a call returns its
+    result at once; the jobs exist only after the block. If the block raises, none of its
+    calls is recorded, and the body of a chord sent in it (Celery records it when the chord
+    is sent) is cancelled; a call with a deduplication rule is added at once, on its own,
+    and stays. ``quota=False``: the owner's live-jobs quota is not checked (a campaign's
+    chunks, admitted with the campaign). A nested block adds with the outermost one, but a
+    nested block that raises drops its own calls.
     """
-    if _TOGETHER.get() is not None:
-        yield
-        return
-    together = _Together(quota)
-    token = _TOGETHER.set(together)
+    outer = _TOGETHER.get()
+    together = outer[0] if outer is not None else _Together()
+    mark = together.mark()
+    token = _TOGETHER.set((together, quota))
     try:
         yield
+    except BaseException:
+        together.drop_since(mark)
+        raise
     finally:
         _TOGETHER.reset(token)
-    together.add()
+    if outer is None:
+        together.add()
 
 
 def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:

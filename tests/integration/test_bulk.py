@@ -77,14 +77,16 @@ def test_a_bulk_add_past_the_tenant_quota_adds_nothing():
 
 
 class Statements:
-    """The INSERTs into ``jobs`` this process sends while counting."""
+    """The INSERTs into ``jobs`` naming ``label`` that this process sends while counting
+    (the inline worker's threads send statements of their own meanwhile)."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str) -> None:
+        self.label = label
         self.inserts = 0
 
     def __call__(self, conn, cursor, statement, parameters, context, executemany) -> None:
         if statement.lstrip().upper().startswith("INSERT INTO JOBS"):
-            self.inserts += 1
+            self.inserts += self.label in str(parameters)
 
 
 def test_calls_recorded_together_are_one_insert_and_each_runs_once():
@@ -95,7 +97,7 @@ def test_calls_recorded_together_are_one_insert_and_each_runs_once():
     from tests.support.jobs import celery_part
 
     label = unique("together")
-    counted = Statements()
+    counted = Statements(label)
     event.listen(engine(), "before_cursor_execute", counted)
     try:
         with recorded_together():
@@ -140,3 +142,55 @@ def test_a_chord_recorded_together_fans_in_once_and_an_existing_part_is_not_adde
     assert body["state"] == "completed", body
     assert [r["index"] for r in body["result"]["results"]] == list(range(8))
     assert record(existing)["attemptsStarted"] == 1  # not run again for the chord
+
+
+def test_a_chord_in_a_block_that_raises_leaves_no_parts_and_its_body_cancelled():
+    from celery import chord
+
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_collect, celery_part
+
+    label = unique("chord-raises")
+    parts = [celery_part.si(i, label).set(task_id=f"{label}-{i}") for i in range(3)]
+    with pytest.raises(RuntimeError), recorded_together():
+        result = chord(parts)(celery_collect.s())
+        raise RuntimeError("the caller changed its mind")
+    assert all(record(f"{label}-{i}") is None for i in range(3))
+    # Celery recorded the body when the chord was sent: it is cancelled, not left waiting
+    assert record(result.id)["state"] == "cancelled"
+
+
+def test_a_nested_block_that_raises_drops_only_its_own_calls():
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_part
+
+    label = unique("nested")
+    with recorded_together():
+        kept = celery_part.delay(0, label).id
+        try:
+            with recorded_together():
+                dropped = celery_part.delay(1, label).id
+                raise RuntimeError("the inner step failed")
+        except RuntimeError:
+            pass
+        also_kept = celery_part.delay(2, label).id
+    done = join([kept, also_kept])
+    assert all(job["state"] == "completed" for job in done.values())
+    assert record(dropped) is None
+
+
+def test_a_job_id_called_twice_in_a_block_is_one_job_and_its_chord_counts_it():
+    from celery import chord
+
+    from tasks.jobs import recorded_together
+    from tests.support.jobs import celery_collect, celery_part
+
+    label = unique("twice")
+    with recorded_together():
+        first = celery_part.apply_async((0, label), task_id=f"{label}-0").id
+        parts = [celery_part.si(i, label).set(task_id=f"{label}-{i}") for i in range(3)]
+        result = chord(parts)(celery_collect.s())  # its part 0 names the job just called
+    body = join([result.id], timeout=120)[result.id]
+    assert body["state"] == "completed", body
+    assert [r["index"] for r in body["result"]["results"]] == [0, 1, 2]
+    assert record(first)["attemptsStarted"] == 1
