@@ -262,11 +262,9 @@ def _cancel_orphan_bodies(dropped: list[_Held], kept: list[_Held]) -> None:
 
     bodies = {canvas_store.chord_body_id(item.job.ctx) for item in dropped}
     bodies -= {canvas_store.chord_body_id(item.job.ctx) for item in kept}
-    bodies.discard(None)
-    if bodies:
-        cancel_many(
-            sorted(b for b in bodies if b), [State.WAITING_CHILDREN], by="recorded_together"
-        )
+    named = sorted(body for body in bodies if body is not None)
+    if named:
+        cancel_many(named, [State.WAITING_CHILDREN], by="recorded_together")
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import JobNotFound, Owner, events
 from tasks.jobs.queries import iso
-from tasks.notifications import templates
+from tasks.notifications import generations, templates
 from tasks.notifications.models import (
     Campaign,
     CampaignGeneration,
@@ -90,41 +90,33 @@ _CHUNK_CAMPAIGN_FIELDS = (
 )
 
 
+_CHUNK_STATE = text(
+    f"""
+    SELECT {", ".join(f"c.{name}" for name in _CHUNK_CAMPAIGN_FIELDS)},
+           k.size, k.generation, g.group_id, k.loaded_at IS NOT NULL AS loaded
+    FROM campaign_chunks k
+    JOIN campaigns c ON c.id = k.campaign_id
+    LEFT JOIN campaign_generations g
+           ON g.campaign_id = k.campaign_id AND g.generation = k.generation
+    WHERE k.campaign_id = :c AND k.chunk_no = :k
+    """
+)
+
+
 def chunk_state(campaign_id: str, chunk_no: int) -> ChunkState:
-    """One statement: what ``get`` and ``chunk`` read, and the generation's group."""
+    """One statement: the campaign's fields, the chunk, and its generation's group."""
     with transaction(one_statement=True) as session:
-        row = session.execute(
-            text(
-                """
-                SELECT c.id, c.tenant_id, c.user_id, c.name, c.category, c.template,
-                       c.recipient_count, c.synthetic, c.chunk_size, c.chunk_count, c.capacity,
-                       k.size, k.generation, g.group_id, k.loaded_at IS NOT NULL AS loaded
-                FROM campaign_chunks k
-                JOIN campaigns c ON c.id = k.campaign_id
-                LEFT JOIN campaign_generations g
-                       ON g.campaign_id = k.campaign_id AND g.generation = k.generation
-                WHERE k.campaign_id = :c AND k.chunk_no = :k
-                """
-            ),
-            {"c": campaign_id, "k": chunk_no},
-        ).first()
+        row = session.execute(_CHUNK_STATE, {"c": campaign_id, "k": chunk_no}).first()
     if row is None:
         raise JobNotFound(f"chunk {chunk_no} of campaign {campaign_id} not planned")
-    fields = _CHUNK_CAMPAIGN_FIELDS
-    campaign = Campaign(**{name: getattr(row, name) for name in fields})
+    campaign = Campaign(**{name: getattr(row, name) for name in _CHUNK_CAMPAIGN_FIELDS})
     return ChunkState(campaign, row.size, row.generation, row.group_id, row.loaded)
 
 
 def create_chunks(campaign: Campaign) -> None:
     """The campaign's chunk rows, and its first generation's (approvals count there)."""
     with transaction() as session:
-        session.execute(
-            text(
-                "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, 0) "
-                "ON CONFLICT DO NOTHING"
-            ),
-            {"c": campaign.id},
-        )
+        generations.open_in(session, campaign.id, 0)
         session.execute(
             text(
                 """

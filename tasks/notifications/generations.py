@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs.errors import KeelError
@@ -61,6 +62,7 @@ class Approval:
 
     generation: int
     assigned: bool
+    closed: bool
     group_id: str | None
 
 
@@ -82,23 +84,28 @@ _APPROVE = text(
           AND NOT a.closed AND a.approved <= :cap
         RETURNING k.generation
     )
-    SELECT generation, NOT closed AND approved <= :cap AS assigned, group_id,
+    SELECT generation, NOT closed AND approved <= :cap AS assigned, closed, group_id,
            (SELECT count(*) FROM assignment) AS recorded
     FROM approval
     """
 )
 
 
-def open_generation(campaign_id: str, generation: int) -> None:
+_OPEN = text(
+    "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, :g) "
+    "ON CONFLICT DO NOTHING"
+)
+
+
+def open_in(session: Session, campaign_id: str, generation: int) -> None:
     """The generation's row, where its approvals are counted (no-op if it exists)."""
+    session.execute(_OPEN, {"c": campaign_id, "g": generation})
+
+
+def open_generation(campaign_id: str, generation: int) -> None:
+    """``open_in``, on its own."""
     with transaction(one_statement=True) as session:
-        session.execute(
-            text(
-                "INSERT INTO campaign_generations (campaign_id, generation) VALUES (:c, :g) "
-                "ON CONFLICT DO NOTHING"
-            ),
-            {"c": campaign_id, "g": generation},
-        )
+        open_in(session, campaign_id, generation)
 
 
 def _assignment_of(campaign_id: str, chunk_no: int) -> Approval:
@@ -112,7 +119,7 @@ def _assignment_of(campaign_id: str, chunk_no: int) -> Approval:
             ),
             {"c": campaign_id, "k": chunk_no},
         ).one()
-    return Approval(row.generation, True, row.group_id)
+    return Approval(row.generation, True, False, row.group_id)
 
 
 def _approve(campaign_id: str, chunk_no: int, size: int, capacity: int) -> Approval:
@@ -125,7 +132,7 @@ def _approve(campaign_id: str, chunk_no: int, size: int, capacity: int) -> Appro
             # Assigned meanwhile by another run of this chunk: that assignment stands.
             return _assignment_of(campaign_id, chunk_no)
         if row is not None:
-            return Approval(row.generation, row.assigned, row.group_id)
+            return Approval(row.generation, row.assigned, row.closed, row.group_id)
         # The current generation has no row yet (a campaign planned before rows were
         # opened with the generation): open it, then try once more.
         with transaction(one_statement=True) as session:
@@ -147,13 +154,7 @@ def close(campaign_id: str, generation: int, *, open_next: bool) -> bool:
             {"c": campaign_id, "g": generation},
         ).first()
         if won and open_next:
-            session.execute(
-                text(
-                    "INSERT INTO campaign_generations (campaign_id, generation) "
-                    "VALUES (:c, :g) ON CONFLICT DO NOTHING"
-                ),
-                {"c": campaign_id, "g": generation + 1},
-            )
+            open_in(session, campaign_id, generation + 1)
             session.execute(
                 text(
                     "UPDATE campaigns SET current_generation = :next "
@@ -172,7 +173,7 @@ def assign(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[A
         approval = _approve(campaign_id, chunk_no, size, capacity)
         if approval.assigned:
             return approval, closed_here
-        if readiness(campaign_id, approval.generation).closed:
+        if approval.closed or readiness(campaign_id, approval.generation).closed:
             continue  # someone already rolled over: try the new current generation
         if not close(campaign_id, approval.generation, open_next=True):
             raise Rollover(f"generation {approval.generation} is being closed by another chunk")
