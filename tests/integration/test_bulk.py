@@ -194,3 +194,30 @@ def test_a_job_id_called_twice_in_a_block_is_one_job_and_its_chord_counts_it():
     assert body["state"] == "completed", body
     assert [r["index"] for r in body["result"]["results"]] == [0, 1, 2]
     assert record(first)["attemptsStarted"] == 1
+
+
+def test_a_tenants_calls_recorded_together_past_its_quota_add_nothing(monkeypatch):
+    import json
+
+    from celery import group
+
+    from tasks.config import reload_settings
+    from tasks.jobs import acting_as, recorded_together
+    from tests.support.jobs import celery_part
+
+    monkeypatch.setenv("KEEL_TENANT_QUOTAS", json.dumps({"liveJobs": 5}))
+    reload_settings()
+    try:
+        tenant, label = unique("t"), unique("quota")
+        # A group of six delayed calls for a tenant allowed five live jobs: refused whole
+        six = group(celery_part.si(i, label).set(countdown=60) for i in range(6))
+        with pytest.raises(QuotaExceeded), acting_as(Owner(tenant, "alice")), recorded_together():
+            six.apply_async()
+        assert owned_by(tenant) == 0
+        five = group(celery_part.si(i, label).set(countdown=60) for i in range(5))
+        with acting_as(Owner(tenant, "alice")), recorded_together():
+            five.apply_async()
+        assert owned_by(tenant) == 5
+    finally:
+        monkeypatch.undo()  # the quotas as they were, before the settings are read again
+        reload_settings()
