@@ -16,8 +16,8 @@ broker is known to be unreachable the job is parked without trying.
 from __future__ import annotations
 
 import logging
+import os
 import time
-import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -51,8 +51,8 @@ class AddedJob:
 
 
 def new_job_id() -> str:
-    """Opaque and unguessable: 128 random bits."""
-    return uuid.uuid4().hex
+    """Opaque and unguessable: 128 random bits, as 32 hex digits."""
+    return os.urandom(16).hex()
 
 
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
@@ -94,27 +94,33 @@ def add(
     rule = opts.deduplication
     priority = 0
     created = False
+    kept: str | None = None
+    replaced: str | None = None
     body_id = canvas_store.chord_body_id(ctx)
-    # Without a dedup rule, a quota to check or a chord to count, the add is one statement
-    # (no BEGIN/COMMIT).
-    one_statement = rule is None and limits is None and body_id is None
-    # A tenant's quota lock goes with its dedup claim: one round trip for both.
-    quota_lock = None
-    if rule is not None and limits is not None and job.tenant_id is not None:
-        quota_lock = tenancy.lock_key(job.tenant_id, "jobs")
+    # Unless a debounce rule touches the held job or a chord counts its part, the add is
+    # one statement (no BEGIN/COMMIT), its dedup claim and quota check included.
+    debounce = rule is not None and (rule.extend or rule.replace)
+    one_statement = body_id is None and not debounce
     with transaction(one_statement=one_statement) as session:
-        kept, replaced = (
-            _deduplicate(session, queue, rule, job.id, quota_lock) if rule else (None, None)
-        )
-        if kept is None:
-            if limits is not None:
+        if one_statement and (rule is not None or limits is not None):
+            admitted = tenancy.admit(session, job, limits, rule)
+            kept, created = admitted.kept, admitted.created
+            priority = tenancy.priority_for(admitted.on_queue)
+        else:
+            # A tenant's quota lock goes with its dedup claim: one round trip for both.
+            quota_lock = None
+            if rule is not None and limits is not None and job.tenant_id is not None:
+                quota_lock = tenancy.lock_key(job.tenant_id, "jobs")
+            if rule is not None:
+                kept, replaced = _deduplicate(session, queue, rule, job.id, quota_lock)
+            if kept is None and limits is not None:
                 load = tenancy.admit_insert(session, job, limits, locked=quota_lock is not None)
                 created = load is not None
                 priority = tenancy.priority_for(load.on_queue if load else 0)
-            elif publish_now and job.state == State.WAITING:
+            elif kept is None and publish_now and job.state == State.WAITING:
                 created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
                 priority = tenancy.priority_for(on_queue)
-            else:
+            elif kept is None:
                 created = store.insert(session, job)
         if body_id is not None and not created:  # a chord part counts the job it names
             canvas_store.bind_part(session, body_id, job.id, kept or job.id)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import cache
 from typing import Any, NamedTuple
 
 from celery import signals
@@ -42,6 +41,9 @@ log = logging.getLogger(__name__)
 KEEL_HEADER = "keel"
 PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 SENT = "task-sent"
+# ``Message(parent=...)`` not given: the running task, if any, is looked up (a batch looks
+# it up once for all its messages).
+_LOOK_UP: Any = object()
 
 
 class Message:
@@ -75,14 +77,17 @@ class Message:
         ctx: dict[str, Any] | None = None,
         *,
         priority: int = 0,
+        parent: Any = _LOOK_UP,
     ) -> None:
         ctx = ctx or {}
         root_id, parent_id = ctx.get("root_id"), ctx.get("parent_id")
         if not root_id or not parent_id:  # as ``send_task`` does, inside a running task
-            parent = app.current_worker_task
+            if parent is _LOOK_UP:
+                parent = app.current_worker_task
             if parent is not None:
                 root_id = root_id or parent.request.root_id or parent.request.id
                 parent_id = parent_id or parent.request.id
+        settings = _settings()
         kwargsrepr = repr(data)
         if len(kwargsrepr) > app.amqp.kwargsrepr_maxsize:  # Celery's bounded repr
             kwargsrepr = saferepr(data, app.amqp.kwargsrepr_maxsize)
@@ -98,10 +103,10 @@ class Message:
             errbacks=ctx.get("link_error"),
             chain=ctx.get("chain"),
             reply_to=app.thread_oid,
-            create_sent_event=_sends_events(name),
+            create_sent_event=_sends_events(name, settings),
             root_id=root_id,
             parent_id=parent_id,
-            origin=_settings().origin,
+            origin=settings.origin,
             ignore_result=True,
             argsrepr="()",
             kwargsrepr=kwargsrepr,
@@ -124,6 +129,7 @@ class Message:
         # The anonymous exchange routes by queue name, as ``send_task`` does for a direct
         # queue. RabbitMQ needs the queue declared first (cached per channel); a Redis queue
         # is a list that its first message creates.
+        settings = _settings()
         declare = [app.amqp.queues[self.queue]] if get_settings().broker_on_amqp else None
         signals.before_task_publish.send(
             sender=self.name,
@@ -139,8 +145,8 @@ class Message:
             self.body,
             exchange="",
             routing_key=self.queue,
-            serializer=_settings().serializer,
-            compression=_settings().compression,
+            serializer=settings.serializer,
+            compression=settings.compression,
             retry=True,  # kombu's ensure(): with no retries, fails at once on a dead connection
             retry_policy=PUBLISH_RETRY,
             delivery_mode=2,
@@ -191,8 +197,7 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
         )
         for fields in sent
     ]
-    # The exchange's type follows the broker (fanout on Redis, topic on RabbitMQ).
-    exchange = get_exchange(producer.connection, name=dispatcher.exchange.name)
+    exchange = _events_exchange(producer, dispatcher.exchange.name)
     producer.publish(
         made[0] if len(made) == 1 else made,
         exchange=exchange.name,
@@ -205,6 +210,20 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
     )
 
 
+def _events_exchange(producer: Any, name: str) -> Any:
+    """Celery's event exchange, bound to the producer's channel once per channel.
+
+    Its type follows the broker (fanout on Redis, topic on RabbitMQ). Made and bound
+    anew for every publish, it is copied three times (a tenth of a single add's publish).
+    """
+    channel = producer.channel
+    bound = getattr(channel, "_keel_events_exchange", None)
+    if bound is None or bound.name != name:
+        bound = get_exchange(producer.connection, name=name).bind(channel)
+        channel._keel_events_exchange = bound
+    return bound
+
+
 class _Settings(NamedTuple):
     """What every message of this process shares (Celery's settings are slow to look up)."""
 
@@ -215,23 +234,33 @@ class _Settings(NamedTuple):
     send_sent_event: bool
 
 
+_process_settings: _Settings | None = None
+
+
 def _settings() -> _Settings:
-    return _for_process(os.getpid())
+    """This process's; a forked child makes its own (its pid is in ``origin`` and events)."""
+    global _process_settings
+    if _process_settings is None:
+        conf = app.conf
+        _process_settings = _Settings(
+            app.events.Dispatcher(enabled=False),
+            anon_nodename(),
+            conf.task_serializer,
+            conf.task_compression,
+            bool(conf.task_send_sent_event),
+        )
+    return _process_settings
 
 
-@cache
-def _for_process(pid: int) -> _Settings:
-    conf = app.conf
-    return _Settings(
-        app.events.Dispatcher(enabled=False),
-        anon_nodename(),
-        conf.task_serializer,
-        conf.task_compression,
-        bool(conf.task_send_sent_event),
-    )
+def _forget_settings() -> None:
+    global _process_settings
+    _process_settings = None
 
 
-def _sends_events(name: str) -> bool:
+os.register_at_fork(after_in_child=_forget_settings)
+
+
+def _sends_events(name: str, settings: _Settings) -> bool:
     """Celery's ``task_send_sent_event``, unless the task declares ``send_events = False``."""
     task = app.tasks.get(name)
-    return _settings().send_sent_event and not (task is not None and task.send_events is False)
+    return settings.send_sent_event and not (task is not None and task.send_events is False)

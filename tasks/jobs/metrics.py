@@ -31,9 +31,9 @@ def bucket_of(seconds: float) -> str:
     return next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
 
 
-def count_event(pipe: Any, queue: str, event: str) -> None:
-    """Add to a pipeline (the event's own XADD): one more ``event`` on ``queue``."""
-    pipe.hincrby(events_key(queue), event, 1)
+def count_event(pipe: Any, queue: str, event: str, n: int = 1) -> None:
+    """Add to a pipeline (the event's own XADD): ``n`` more ``event`` on ``queue``."""
+    pipe.hincrby(events_key(queue), event, n)
 
 
 def add_observation(pipe: Any, queue: str, kind: str, seconds: float) -> None:

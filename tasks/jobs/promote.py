@@ -53,6 +53,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
         # Redis, kombu's publish batch sends the messages in pipelines (up to 1,000 commands
         # a round trip), and their task-sent events as one message. RabbitMQ publishes each
         # at once.
+        parent = app.current_worker_task  # the same for every message of the batch
         with app.producer_or_acquire() as producer:
             batched = producer.supports_batch_publish
             with producer.batch():
@@ -67,6 +68,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                         job.data,
                         job.celery_ctx,
                         priority=priority.get(job.id, 0),
+                        parent=parent,
                     )
                     broker.publish(message.publish, producer)
                     sent.append(job)

@@ -40,6 +40,8 @@ from sqlalchemy.orm import Session
 
 from tasks.config import get_settings
 from tasks.jobs.errors import LimitExceeded, QuotaExceeded
+from tasks.jobs.options import Deduplication
+from tasks.jobs.store import admission
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
 
@@ -144,6 +146,40 @@ def admit_insert(
             f"the tenant has {live} live jobs, its quota is {limits.live_jobs}",
         )
     return TenantLoad(live, on_queue) if created else None
+
+
+def admit(
+    session: Session, job: NewJob, limits: TenantLimits | None, dedup: Deduplication | None
+) -> admission.Admitted:
+    """Claim ``dedup`` (simple or throttle), check ``limits`` and record ``job``: one statement.
+
+    ``QuotaExceeded`` when the tenant is at its live-jobs quota (nothing recorded, the
+    claim included); ``LimitExceeded`` for a delay past its bound, checked first (an add
+    that asks for it is refused whether or not its dedup id is held). Jobs without an owner
+    are the system's: no quota.
+    """
+    tenant_id = job.tenant_id
+    if tenant_id is None:
+        limits = None
+    if limits is not None and job.opts.delay > limits.max_delay_ms:
+        raise delay_too_long(limits)
+    try:
+        return admission.admit(
+            session,
+            job,
+            lock_key=lock_key(tenant_id, "jobs") if limits is not None and tenant_id else None,
+            dedup=dedup,
+            max_live=limits.live_jobs if limits is not None else None,
+            up_to=LOAD_STEPS[-1],
+        )
+    except admission.OverQuota as over:
+        assert limits is not None  # raised only against a quota
+        raise exceeded(
+            "liveJobs",
+            limits.live_jobs,
+            over.live,
+            f"the tenant has {over.live} live jobs, its quota is {limits.live_jobs}",
+        ) from None
 
 
 def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:

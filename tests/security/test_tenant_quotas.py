@@ -170,6 +170,29 @@ def test_the_live_job_quota_holds_under_concurrent_requests(app, small_quotas):
     assert statuses == [202] * 5 + [429] * 5
 
 
+def test_a_report_refused_at_the_quota_leaves_no_claim_on_its_operation_key(client, small_quotas):
+    """The dedup claim and the quota check are one statement: refused, neither is kept."""
+    tenant = unique("full")
+    held = [schedule_report(client, tenant) for _ in range(5)]
+    assert [r.status_code for r in held] == [202] * 5
+    # When a report is submitted past the quota, it is refused with the count it met
+    body = {"reportId": unique(), "rows": 7}
+    refused_once = client.post("/api/v1/reports", json=body, headers=operator(tenant))
+    refused(refused_once, 429, "liveJobs")
+    assert refused_once.get_json()["details"][0]["current"] == 5
+    # Then, a slot freed, the same request is a new job: nothing held its operation key
+    first = held[0].get_json()["jobId"]
+    assert client.delete(f"/api/v1/jobs/{first}", headers=operator(tenant)).status_code == 200
+    accepted = client.post("/api/v1/reports", json=body, headers=operator(tenant))
+    assert accepted.status_code == 202, accepted.get_json()
+    assert accepted.get_json()["deduplicated"] is False
+    # And a second identical request now is deduplicated against it
+    again = client.post("/api/v1/reports", json=body, headers=operator(tenant)).get_json()
+    assert again["deduplicated"] is True and again["jobId"] == accepted.get_json()["jobId"]
+    for job in client.get("/api/v1/jobs", headers=operator(tenant)).get_json()["jobs"]:
+        client.delete(f"/api/v1/jobs/{job['jobId']}", headers=operator(tenant))
+
+
 @pytest.mark.usefixtures("worker")
 def test_another_tenants_traffic_never_trims_my_finished_records(client):
     # Given tenant A's finished report

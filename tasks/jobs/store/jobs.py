@@ -129,7 +129,8 @@ _INSERT_COUNTING = """
 """
 
 
-def _row(job: NewJob) -> dict[str, Any]:
+def row_of(job: NewJob) -> dict[str, Any]:
+    """The parameters of ``job``'s insert."""
     return {
         "id": job.id,
         "queue": job.queue,
@@ -146,7 +147,7 @@ def _row(job: NewJob) -> dict[str, Any]:
 
 def insert(session: Session, job: NewJob) -> bool:
     """Record ``job``; ``False`` if a job with its id exists (nothing is changed)."""
-    return session.execute(_INSERT, _row(job)).first() is not None
+    return session.execute(_INSERT, row_of(job)).first() is not None
 
 
 # Built once (an add is the hot path): the system's jobs' party, and a tenant's.
@@ -165,7 +166,7 @@ def insert_counting(session: Session, job: NewJob, up_to: int) -> tuple[bool, in
     jobs) has waiting or active on its queue, up to ``up_to`` (a count that stops there
     costs the same with a million waiting): ``(created, on_queue)``."""
     statement = _INSERT_COUNTING_BY_PARTY[job.tenant_id is None]
-    row = session.execute(statement, {**_row(job), "up_to": up_to}).one()
+    row = session.execute(statement, {**row_of(job), "up_to": up_to}).one()
     return row.id is not None, int(row.on_queue)
 
 
@@ -240,27 +241,33 @@ _LOAD = """
 
 # The insert if the party has fewer than ``max_live`` live jobs, with the party's load, in
 # one statement (its snapshot is taken after the caller's quota lock: ``tenancy.admit_insert``).
+# The insert of ``row_of(job)``'s job, one row selected ``FROM {source} WHERE {condition}``
+# (inside a statement that decides whether it may be added).
+INSERT_IF = """
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+           :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
+           CASE WHEN CAST(:delay_ms AS bigint) > 0
+                THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
+                END
+    FROM {source} WHERE {condition}
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+"""
 _INSERT_WITHIN = """
     WITH load AS ({load}),
-         added AS (
-            INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state,
-                              celery_ctx, run_at)
-            SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
-                   :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
-                   CASE WHEN CAST(:delay_ms AS bigint) > 0
-                        THEN clock_timestamp()
-                             + make_interval(secs => CAST(:delay_ms AS float) / 1000)
-                        END
-            FROM load WHERE CAST(:max_live AS bigint) IS NULL
-                         OR load.live < CAST(:max_live AS bigint)
-            ON CONFLICT (id) DO NOTHING
-            RETURNING id)
+         added AS ({insert})
     SELECT (SELECT id FROM added) AS id, load.live, load.on_queue FROM load
 """
 _INSERT_WITHIN_BY_PARTY = {
     system: text(
         _INSERT_WITHIN.format(
-            load=_LOAD.format(party="tenant_id IS NULL" if system else "tenant_id = :tenant_id")
+            load=_LOAD.format(party="tenant_id IS NULL" if system else "tenant_id = :tenant_id"),
+            insert=INSERT_IF.format(
+                source="load",
+                condition="CAST(:max_live AS bigint) IS NULL "
+                "OR load.live < CAST(:max_live AS bigint)",
+            ),
         )
     )
     for system in (True, False)
@@ -271,7 +278,7 @@ def insert_within(session: Session, job: NewJob, max_live: int | None) -> tuple[
     """``insert`` unless the job's party already has ``max_live`` live jobs (``None``: no
     bound), and the party's load before it, in one statement: ``(created, live, on_queue)``."""
     statement = _INSERT_WITHIN_BY_PARTY[job.tenant_id is None]
-    row = session.execute(statement, {**_row(job), "max_live": max_live}).one()
+    row = session.execute(statement, {**row_of(job), "max_live": max_live}).one()
     return row.id is not None, int(row.live), int(row.on_queue)
 
 
