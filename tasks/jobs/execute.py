@@ -231,19 +231,14 @@ class KeelTask(CeleryTask):
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
         recorded = bool(getattr(self.request, KEEL_HEADER, None))
+        claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
         try:
-            # A Keel message's record exists: its claim is one statement (no BEGIN/COMMIT).
-            with transaction(one_statement=recorded) as session:
-                if not recorded:
+            if recorded:  # a Keel message's record exists: its claim is one statement
+                claimed = store.claim_alone(*claim, self._canvas_context())
+            else:
+                with transaction() as session:
                     self._record_on_arrival(session, args, kwargs)
-                claimed = store.claim(
-                    session,
-                    self.request.id,
-                    uuid.uuid4().hex,
-                    settings.lock_duration_s,
-                    worker,
-                    self._canvas_context(),
-                )
+                    claimed = store.claim(session, *claim, self._canvas_context())
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
         if claimed is None:

@@ -17,6 +17,7 @@ never push another tenant's finished records out.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -66,11 +67,18 @@ def _one_statement(claimed: ClaimedJob) -> bool:
 def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
     """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
     try:
-        with transaction(one_statement=_one_statement(claimed)) as session:
-            if not store.complete(session, claimed, result):
+        if _one_statement(claimed):  # nothing else in its transaction: the statement alone
+            if not store.complete_alone(claimed, result):
                 raise NotOurs(claimed.id)
-            finished(session, claimed, State.COMPLETED)
-            canvas.completed(session, claimed, result)
+            trim = retention(claimed, State.COMPLETED)
+            if trim is not None:
+                trim()
+        else:
+            with transaction() as session:
+                if not store.complete(session, claimed, result):
+                    raise NotOurs(claimed.id)
+                finished(session, claimed, State.COMPLETED)
+                canvas.completed(session, claimed, result)
     except BaseException:
         if duration_s is not None:  # the run happened: its duration counts all the same
             metrics.observe(claimed.queue, "duration", duration_s)
@@ -140,19 +148,31 @@ def finished(session: Session, job: Any, state: State) -> None:
     each leave one record too many. After the commit every finish is visible.
     ``job`` is anything with the record's ``id, queue, name, tenant_id, opts``.
     """
-    opts = job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+    opts = _options(job)
     if opts.deduplication is not None:  # only a job with a rule ever holds a claim
         dedup.release(session, job.id)
-    keep = opts.retention(completed=state == State.COMPLETED)
+    trim = retention(job, state)
+    if trim is not None:
+        event.listen(session, "after_commit", lambda _session: trim(), once=True)
+
+
+def _options(job: Any) -> JobOptions:
+    return job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+
+
+def retention(job: Any, state: State) -> Callable[[], None] | None:
+    """What trims the finished records of ``job``'s kind once its end has committed
+    (``removeOnComplete`` / ``removeOnFail``); ``None`` if it keeps them all."""
+    keep = _options(job).retention(completed=state == State.COMPLETED)
     if keep is None:
-        return
+        return None
     partition = Partition(job.queue, job.tenant_id, job.name)
 
-    def trim_committed(_session: Session) -> None:
+    def trim() -> None:
         try:
             with transaction() as fresh:
                 store.trim(fresh, partition, state, keep.count, keep.age_s)
         except Exception:  # retention is best effort; the next finish trims again
             log.warning("could not trim %s records of %s", state, partition, exc_info=True)
 
-    event.listen(session, "after_commit", trim_committed, once=True)
+    return trim

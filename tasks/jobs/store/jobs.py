@@ -3,7 +3,9 @@
 Every transition a worker makes is guarded by the lock token it got when it
 claimed the job, so a worker that lost its job (stalled, then picked up
 elsewhere) cannot overwrite what the new owner records. Callers own the
-transaction (``with transaction() as session``) and pass the session in.
+transaction (``with transaction() as session``) and pass the session in;
+the ``*_alone`` forms of a worker's claim and completion are their own
+statement, sent without a Session (``tasks.db.run_alone``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
+from tasks.db import run_alone
 from tasks.jobs.models import JobRecord, RetryAudit, State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.store import affected
@@ -337,14 +340,31 @@ def claim(
     ctx: dict[str, Any] | None = None,
 ) -> ClaimedJob | None:
     """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
-    params = {
+    row = session.execute(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx))
+    return _claimed(row.mappings().first(), token)
+
+
+def claim_alone(
+    job_id: str, token: str, lock_s: float, worker: str, ctx: dict[str, Any] | None = None
+) -> ClaimedJob | None:
+    """``claim`` as its own statement, without a Session (``tasks.db.run_alone``): a
+    recorded job's delivery, the hot path."""
+    return _claimed(run_alone(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx)), token)
+
+
+def _claim_params(
+    job_id: str, token: str, lock_s: float, worker: str, ctx: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
         "id": job_id,
         "token": token,
         "lock_s": lock_s,
         "worker": worker,
         "ctx": json.dumps(ctx) if ctx else None,
     }
-    row = session.execute(_CLAIM, params).mappings().first()
+
+
+def _claimed(row: Any, token: str) -> ClaimedJob | None:
     if row is None:
         return None
     return ClaimedJob(
@@ -392,26 +412,35 @@ def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
 # --- finishing ------------------------------------------------------------------------------
 
 
+_COMPLETE = text(
+    f"""
+    UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
+        finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
+        {_FINISH_RUN}
+    WHERE id = :id AND lock_token = :token
+    RETURNING id
+    """
+)
+_COMPLETED_RUN = json.dumps({"outcome": "completed"})
+
+
+def _complete_params(job: ClaimedJob, result: Any) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "token": job.token,
+        "result": json.dumps(result),
+        "run_patch": _COMPLETED_RUN,
+    }
+
+
 def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
     """Record success; ``False`` if the job is no longer ours."""
-    row = session.execute(
-        text(
-            f"""
-            UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
-                finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
-                {_FINISH_RUN}
-            WHERE id = :id AND lock_token = :token
-            RETURNING id
-            """
-        ),
-        {
-            "id": job.id,
-            "token": job.token,
-            "result": json.dumps(result),
-            "run_patch": json.dumps({"outcome": "completed"}),
-        },
-    ).first()
-    return row is not None
+    return session.execute(_COMPLETE, _complete_params(job, result)).first() is not None
+
+
+def complete_alone(job: ClaimedJob, result: Any) -> bool:
+    """``complete`` as its own statement, without a Session (``tasks.db.run_alone``)."""
+    return run_alone(_COMPLETE, _complete_params(job, result)) is not None
 
 
 def fail(
