@@ -101,12 +101,12 @@ def add(
     # one statement (no BEGIN/COMMIT), its dedup claim and quota check included.
     debounce = rule is not None and (rule.extend or rule.replace)
     one_statement = body_id is None and not debounce
-    with transaction(one_statement=one_statement) as session:
-        if one_statement and (rule is not None or limits is not None):
-            admitted = tenancy.admit(session, job, limits, rule)
-            kept, created = admitted.kept, admitted.created
-            priority = tenancy.priority_for(admitted.on_queue)
-        else:
+    if one_statement and (rule is not None or limits is not None):
+        admitted = tenancy.admit(None, job, limits, rule)  # the statement alone, no Session
+        kept, created = admitted.kept, admitted.created
+        priority = tenancy.priority_for(admitted.on_queue)
+    else:
+        with transaction(one_statement=one_statement) as session:
             # A tenant's quota lock goes with its dedup claim: one round trip for both.
             quota_lock = None
             if rule is not None and limits is not None and job.tenant_id is not None:
@@ -122,8 +122,8 @@ def add(
                 priority = tenancy.priority_for(on_queue)
             elif kept is None:
                 created = store.insert(session, job)
-        if body_id is not None and not created:  # a chord part counts the job it names
-            canvas_store.bind_part(session, body_id, job.id, kept or job.id)
+            if body_id is not None and not created:  # a chord part counts the job it names
+                canvas_store.bind_part(session, body_id, job.id, kept or job.id)
     dedup_id = rule.id if rule else None
     if kept is not None:
         events.emit(

@@ -149,9 +149,13 @@ def admit_insert(
 
 
 def admit(
-    session: Session, job: NewJob, limits: TenantLimits | None, dedup: Deduplication | None
+    session: Session | None,
+    job: NewJob,
+    limits: TenantLimits | None,
+    dedup: Deduplication | None,
 ) -> admission.Admitted:
-    """Claim ``dedup`` (simple or throttle), check ``limits`` and record ``job``: one statement.
+    """Claim ``dedup`` (simple or throttle), check ``limits`` and record ``job``: one statement
+    (``session`` None: on its own, ``admission.admit``).
 
     ``QuotaExceeded`` when the tenant is at its live-jobs quota (nothing recorded, the
     claim included); ``LimitExceeded`` for a delay past its bound, checked first (an add

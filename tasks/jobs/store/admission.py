@@ -14,12 +14,15 @@ the transaction (``tasks.jobs.enqueue``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from tasks.db import run_alone
 from tasks.jobs.options import Deduplication
 from tasks.jobs.store.jobs import INSERT_IF, NewJob, row_of
 
@@ -59,7 +62,7 @@ class OverQuota(Exception):
 
 
 def admit(
-    session: Session,
+    session: Session | None,
     job: NewJob,
     *,
     lock_key: str | None,
@@ -69,7 +72,8 @@ def admit(
 ) -> Admitted:
     """Claim ``dedup`` (simple or throttle) and check ``max_live`` (under ``lock_key``), then
     record ``job``, in one statement. Without ``max_live`` the queue load is counted up to
-    ``up_to`` (what places the job among the priorities)."""
+    ``up_to`` (what places the job among the priorities). ``session`` None: the statement
+    alone, in autocommit without a Session (``tasks.db.run_alone``)."""
     params = {
         **row_of(job),
         "lock_key": lock_key,
@@ -79,14 +83,19 @@ def admit(
         "up_to": up_to,
     }
     try:
-        row = session.execute(_ADMIT, params).one()
+        row: Mapping[Any, Any] | None
+        if session is None:
+            row = run_alone(_ADMIT, params)
+        else:
+            row = session.execute(_ADMIT, params).mappings().one()
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) != OVER_QUOTA:
             raise
         raise OverQuota(int(exc.orig.diag.message_detail or 0)) from None  # type: ignore[union-attr]
+    assert row is not None  # the statement returns one row
     return Admitted(
-        kept=row.kept,
-        created=row.id is not None,
-        live=None if row.live is None else int(row.live),
-        on_queue=int(row.on_queue or 0),  # not counted when a held id kept the add
+        kept=row["kept"],
+        created=row["id"] is not None,
+        live=None if row["live"] is None else int(row["live"]),
+        on_queue=int(row["on_queue"] or 0),  # not counted when a held id kept the add
     )
