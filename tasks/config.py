@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -192,7 +192,7 @@ class Settings(BaseSettings):
         """Where Celery's messages go: ``KEEL_BROKER_URL``, else Keel's Redis."""
         return self.broker_url or self.redis
 
-    @property
+    @cached_property  # read for every message published
     def broker_on_amqp(self) -> bool:
         """Whether the broker is RabbitMQ (an ``amqp``/``pyamqp`` URL) rather than Redis."""
         return is_amqp(self.broker_url or "")
