@@ -110,8 +110,14 @@ def test_a_chord_part_that_stalled_too_often_fails_the_body():
 def test_a_chord_whose_part_is_deduplicated_onto_another_job_still_ends():
     # Two parts deduplicated onto one job: the chord counts the part ids Celery froze, and
     # the second never gets a record of its own. It stands for the job that absorbed it.
+    # The first waits a second before it may run: a simple-mode id is free again once its
+    # job completes, and a worker that finished the first before the second was sent
+    # would rightly run the second as a job of its own.
     dedup = {"deduplication": {"id": unique("dd")}}
-    parts = [celery_add.si(1, 1).set(job_options=dedup), celery_add.si(2, 2).set(job_options=dedup)]
+    parts = [
+        celery_add.si(1, 1).set(job_options=dedup, countdown=1),
+        celery_add.si(2, 2).set(job_options=dedup),
+    ]
     body = chord(parts)(celery_collect.s())
     job = wait_state(body.id, "completed", "failed", timeout=15)
     assert job["state"] == "completed", job
