@@ -102,7 +102,7 @@ def add(
     debounce = rule is not None and (rule.extend or rule.replace)
     one_statement = body_id is None and not debounce
     if one_statement and (rule is not None or limits is not None):
-        admitted = tenancy.admit(None, job, limits, rule)  # the statement alone, no Session
+        admitted = tenancy.admit(job, limits, rule)  # the statement alone, no Session
         kept, created = admitted.kept, admitted.created
         priority = tenancy.priority_for(admitted.on_queue)
     else:

@@ -128,62 +128,57 @@ def admit_insert(
     (nothing recorded); ``QuotaExceeded`` when the tenant is at its quota. ``locked``: the
     caller took the quota lock in this transaction already (with its dedup claim).
     """
-    tenant_id = job.tenant_id
-    if tenant_id is None:
-        limits = None
-    if limits is not None and tenant_id is not None:
-        if job.opts.delay > limits.max_delay_ms:
-            raise delay_too_long(limits)
-        if not locked:
-            lock(session, tenant_id, "jobs")
+    limits = _applying(job, limits)
+    if limits is not None and not locked:
+        lock(session, str(job.tenant_id), "jobs")
     maximum = limits.live_jobs if limits is not None else None
     created, live, on_queue = store.insert_within(session, job, maximum)
     if limits is not None and live >= limits.live_jobs:
-        raise exceeded(
-            "liveJobs",
-            limits.live_jobs,
-            live,
-            f"the tenant has {live} live jobs, its quota is {limits.live_jobs}",
-        )
+        raise _live_jobs_exceeded(limits, live)
     return TenantLoad(live, on_queue) if created else None
 
 
 def admit(
-    session: Session | None,
-    job: NewJob,
-    limits: TenantLimits | None,
-    dedup: Deduplication | None,
+    job: NewJob, limits: TenantLimits | None, dedup: Deduplication | None
 ) -> admission.Admitted:
     """Claim ``dedup`` (simple or throttle), check ``limits`` and record ``job``: one statement
-    (``session`` None: on its own, ``admission.admit``).
+    on its own (``admission.admit``).
 
     ``QuotaExceeded`` when the tenant is at its live-jobs quota (nothing recorded, the
     claim included); ``LimitExceeded`` for a delay past its bound, checked first (an add
     that asks for it is refused whether or not its dedup id is held). Jobs without an owner
     are the system's: no quota.
     """
-    tenant_id = job.tenant_id
-    if tenant_id is None:
-        limits = None
-    if limits is not None and job.opts.delay > limits.max_delay_ms:
-        raise delay_too_long(limits)
+    limits = _applying(job, limits)
     try:
         return admission.admit(
-            session,
             job,
-            lock_key=lock_key(tenant_id, "jobs") if limits is not None and tenant_id else None,
+            lock_key=lock_key(str(job.tenant_id), "jobs") if limits is not None else None,
             dedup=dedup,
             max_live=limits.live_jobs if limits is not None else None,
             up_to=LOAD_STEPS[-1],
         )
     except admission.OverQuota as over:
         assert limits is not None  # raised only against a quota
-        raise exceeded(
-            "liveJobs",
-            limits.live_jobs,
-            over.live,
-            f"the tenant has {over.live} live jobs, its quota is {limits.live_jobs}",
-        ) from None
+        raise _live_jobs_exceeded(limits, over.live) from None
+
+
+def _applying(job: NewJob, limits: TenantLimits | None) -> TenantLimits | None:
+    """The limits that hold for ``job`` (none for the system's jobs), its delay checked."""
+    if job.tenant_id is None or limits is None:
+        return None
+    if job.opts.delay > limits.max_delay_ms:
+        raise delay_too_long(limits)
+    return limits
+
+
+def _live_jobs_exceeded(limits: TenantLimits, live: int) -> QuotaExceeded:
+    return exceeded(
+        "liveJobs",
+        limits.live_jobs,
+        live,
+        f"the tenant has {live} live jobs, its quota is {limits.live_jobs}",
+    )
 
 
 def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:

@@ -14,13 +14,10 @@ the transaction (``tasks.jobs.enqueue``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.orm import Session
 
 from tasks.db import run_alone
 from tasks.jobs.options import Deduplication
@@ -62,7 +59,6 @@ class OverQuota(Exception):
 
 
 def admit(
-    session: Session | None,
     job: NewJob,
     *,
     lock_key: str | None,
@@ -71,9 +67,9 @@ def admit(
     up_to: int,
 ) -> Admitted:
     """Claim ``dedup`` (simple or throttle) and check ``max_live`` (under ``lock_key``), then
-    record ``job``, in one statement. Without ``max_live`` the queue load is counted up to
-    ``up_to`` (what places the job among the priorities). ``session`` None: the statement
-    alone, in autocommit without a Session (``tasks.db.run_alone``)."""
+    record ``job``: one statement on its own, in autocommit (``tasks.db.run_alone``).
+    Without ``max_live`` the queue load is counted up to ``up_to`` (what places the job
+    among the priorities)."""
     params = {
         **row_of(job),
         "lock_key": lock_key,
@@ -83,11 +79,7 @@ def admit(
         "up_to": up_to,
     }
     try:
-        row: Mapping[Any, Any] | None
-        if session is None:
-            row = run_alone(_ADMIT, params)
-        else:
-            row = session.execute(_ADMIT, params).mappings().one()
+        row = run_alone(_ADMIT, params)
     except DBAPIError as exc:
         if getattr(exc.orig, "sqlstate", None) != OVER_QUOTA:
             raise
