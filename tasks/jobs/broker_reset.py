@@ -22,7 +22,7 @@ from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.enqueue import publish_or_park
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import upkeep
 
 log = logging.getLogger(__name__)
 EPOCH_KEY = "keel:broker:epoch"
@@ -33,7 +33,7 @@ def republish_waiting(batch: int = 500) -> int:
     count, last = 0, ""
     while True:
         with transaction() as session:
-            page = store.waiting_after(session, last, batch)
+            page = upkeep.waiting_after(session, last, batch)
         if not page:
             return count
         for job in page:

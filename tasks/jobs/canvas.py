@@ -43,7 +43,8 @@ from tasks.jobs.owner import Owner
 from tasks.jobs.promote import publish_ready
 from tasks.jobs.store import canvas as store
 from tasks.jobs.store import jobs as jobs_store
-from tasks.jobs.store.jobs import ClaimedJob, NewJob, ReadyJob
+from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.jobs.store.runs import ClaimedJob
 
 log = logging.getLogger(__name__)
 

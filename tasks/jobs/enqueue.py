@@ -34,7 +34,7 @@ from tasks.jobs.models import State
 from tasks.jobs.options import Deduplication, JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import canvas as canvas_store
-from tasks.jobs.store import dedup
+from tasks.jobs.store import dedup, upkeep
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.tenancy import TenantLimits
@@ -58,7 +58,7 @@ def new_job_id() -> str:
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
     """A job whose message could not be published goes back to the durable delayed set."""
     with transaction() as session:
-        store.park(session, job_ids, in_s)
+        upkeep.park(session, job_ids, in_s)
 
 
 def add(

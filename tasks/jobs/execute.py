@@ -33,7 +33,9 @@ from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.owner import Owner
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import ClaimedJob, NewJob
+from tasks.jobs.store import runs, upkeep
+from tasks.jobs.store.jobs import NewJob
+from tasks.jobs.store.runs import ClaimedJob
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class JobContext:
 
     def update_progress(self, progress: Any) -> None:
         with transaction() as session:
-            store.set_progress(session, self._claimed, progress)
+            runs.set_progress(session, self._claimed, progress)
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
 
 
@@ -103,7 +105,7 @@ class KeelTask(CeleryTask):
                 with transaction() as session:
                     if not getattr(self.request, KEEL_HEADER, None):
                         self._record_on_arrival(session, args, kwargs)
-                    store.park(session, [self.request.id], held.wait_s)
+                    upkeep.park(session, [self.request.id], held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
             self._announce_ignored("held by its queue's limits; it runs again later")
@@ -234,11 +236,11 @@ class KeelTask(CeleryTask):
         claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
         try:
             if recorded:  # a Keel message's record exists: its claim is one statement
-                claimed = store.claim_alone(*claim, self._canvas_context())
+                claimed = runs.claim_alone(*claim, self._canvas_context())
             else:
                 with transaction() as session:
                     self._record_on_arrival(session, args, kwargs)
-                    claimed = store.claim(session, *claim, self._canvas_context())
+                    claimed = runs.claim(session, *claim, self._canvas_context())
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
         if claimed is None:
@@ -277,7 +279,7 @@ class KeelTask(CeleryTask):
         log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
         if refused is None:
             return
-        failed = store.fail_unsupported(session, job.id, job.name, refused)
+        failed = runs.fail_unsupported(session, job.id, job.name, refused)
         if failed is not None:
             finish.finished(session, failed, State.FAILED)
             event.listen(

@@ -30,9 +30,9 @@ from tasks.jobs import canvas, events, failures, metrics
 from tasks.jobs.errors import Defer, KeelError, UnrecoverableError
 from tasks.jobs.models import State
 from tasks.jobs.options import JobOptions
-from tasks.jobs.store import dedup
-from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import ClaimedJob, Partition
+from tasks.jobs.store import dedup, runs, upkeep
+from tasks.jobs.store.runs import ClaimedJob
+from tasks.jobs.store.upkeep import Partition
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
     """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
     try:
         if _one_statement(claimed):  # nothing else in its transaction: the statement alone
-            if not store.complete_alone(claimed, result):
+            if not runs.complete_alone(claimed, result):
                 raise NotOurs(claimed.id)
             trim = retention(claimed, State.COMPLETED)
             if trim is not None:
                 trim()
         else:
             with transaction() as session:
-                if not store.complete(session, claimed, result):
+                if not runs.complete(session, claimed, result):
                     raise NotOurs(claimed.id)
                 finished(session, claimed, State.COMPLETED)
                 canvas.completed(session, claimed, result)
@@ -107,7 +107,7 @@ def failed(
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
     with transaction(one_statement=_one_statement(claimed)) as session:
-        outcome = store.fail(session, claimed, reason, failures.stack(exc), delay, data)
+        outcome = runs.fail(session, claimed, reason, failures.stack(exc), delay, data)
         if not outcome.ours:
             raise NotOurs(claimed.id)
         if outcome.final:
@@ -135,7 +135,7 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``)."""
     state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
     with transaction() as session:
-        if not store.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
+        if not runs.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
             return
     events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
 
@@ -171,7 +171,7 @@ def retention(job: Any, state: State) -> Callable[[], None] | None:
     def trim() -> None:
         try:
             with transaction() as fresh:
-                store.trim(fresh, partition, state, keep.count, keep.age_s)
+                upkeep.trim(fresh, partition, state, keep.count, keep.age_s)
         except Exception:  # retention is best effort; the next finish trims again
             log.warning("could not trim %s records of %s", state, partition, exc_info=True)
 

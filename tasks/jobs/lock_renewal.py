@@ -14,7 +14,7 @@ import threading
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import runs
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,6 @@ def _renew_forever() -> None:
             continue
         try:
             with transaction() as session:
-                store.extend_locks(session, tokens, lock_s)
+                runs.extend_locks(session, tokens, lock_s)
         except Exception:
             log.warning("could not renew job locks", exc_info=True)

@@ -28,7 +28,7 @@ from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import events, tenancy
 from tasks.jobs.messages import Message, announce
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import ReadyJob
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,14 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     unsent = [job.id for job in jobs[len(sent) :]]
     if unsent:
         log.warning("broker unavailable; %d jobs parked again", len(unsent))
-        store.park(session, unsent, PARK_S)
+        upkeep.park(session, unsent, PARK_S)
     return sent
 
 
 def promote_once() -> int:
     """Promote and publish every job that is due now (one batch); returns how many were due."""
     with transaction() as session:
-        due = store.promote_due(session, BATCH)
+        due = upkeep.promote_due(session, BATCH)
         sent = publish_ready(session, due)
     events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
     return len(due)

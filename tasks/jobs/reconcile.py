@@ -56,7 +56,7 @@ from tasks.jobs import broker_contents
 from tasks.jobs.broker_contents import Contents, TooMany
 from tasks.jobs.enqueue import publish_or_park
 from tasks.jobs.errors import KeelError
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import ReadyJob
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def republish_lost(queue: str | None = None, *, older_than_s: float, wait_s: flo
         )
     with _exclusive(wait_s):
         with transaction() as session:
-            queues = [queue] if queue else store.queues_with_waiting(session, older_than_s)
+            queues = [queue] if queue else upkeep.queues_with_waiting(session, older_than_s)
         if not queues:
             return 0
         try:
@@ -146,7 +146,7 @@ def _exclusive(wait_s: float) -> Iterator[None]:
 
 def _reconcile(queue: str, older_than_s: float, reserved: Contents) -> int:
     with transaction() as session:
-        candidates = store.waiting_since(session, queue, older_than_s, MAX_JOBS)
+        candidates = upkeep.waiting_since(session, queue, older_than_s, MAX_JOBS)
     if not candidates:
         return 0
     try:
@@ -172,8 +172,8 @@ def _confirmed(missing: list[ReadyJob]) -> list[ReadyJob]:
     if not missing:
         return []
     with transaction() as session:
-        waiting = store.still_waiting(session, [j.id for j in missing])
-        chords = store.chords_held(session)
+        waiting = upkeep.still_waiting(session, [j.id for j in missing])
+        chords = upkeep.chords_held(session)
     awaited = broker_contents.task_ids_in(chords)
     found = [j for j in missing if j.id in waiting and j.id not in awaited]
     settled = _settled_by_celery([j.id for j in found])

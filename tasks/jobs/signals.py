@@ -12,7 +12,7 @@ from tasks import db
 from tasks.db import transaction
 from tasks.jobs import canvas, events, finish, revocations
 from tasks.jobs.models import State
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import runs
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def fail_unknown_job(
     queue = (message.delivery_info or {}).get("routing_key") if message is not None else None
     try:
         with transaction() as session:
-            job = store.fail_unsupported(session, id, name)
+            job = runs.fail_unsupported(session, id, name)
             if job is not None:
                 finish.finished(session, job, State.FAILED)
                 canvas.failed(session, job, f"unsupported job: {name}")

@@ -14,22 +14,22 @@ from tasks.db import transaction
 from tasks.jobs import canvas, events, finish
 from tasks.jobs.models import State
 from tasks.jobs.promote import publish_ready
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import upkeep
 
 
 def requeue_stalled_once() -> int:
     """Recover every stalled job now (one batch); returns how many were found."""
     with transaction() as session:
-        stalled = store.requeue_stalled(session, get_settings().max_stalled_count)
+        stalled = upkeep.requeue_stalled(session, get_settings().max_stalled_count)
         given_up = [job for job in stalled if job.state == State.FAILED]
         for job in given_up:
             finish.finished(session, job, State.FAILED)
-            canvas.failed(session, job, store.STALLED_TOO_OFTEN)
+            canvas.failed(session, job, upkeep.STALLED_TOO_OFTEN)
         sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
     for job in stalled:
         events.emit(job.queue, "stalled", job.id, job.name)
     for job in given_up:
-        events.emit(job.queue, "failed", job.id, job.name, failedReason=store.STALLED_TOO_OFTEN)
+        events.emit(job.queue, "failed", job.id, job.name, failedReason=upkeep.STALLED_TOO_OFTEN)
     for job in sent:
         events.emit(job.queue, "waiting", job.id, job.name)
     return len(stalled)

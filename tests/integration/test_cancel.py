@@ -21,7 +21,7 @@ from tasks.db import transaction
 from tasks.jobs import JobOptions, add, revocations
 from tasks.jobs.cancel import cancel
 from tasks.jobs.errors import JobConflict
-from tasks.jobs.store import jobs as store
+from tasks.jobs.store import runs
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique, wait_state
 from tests.support.databases import using
@@ -60,7 +60,7 @@ def test_a_cancelled_waiting_job_is_never_claimed():
     cancel(job, None)
     # When its message is delivered, the claim does not take it
     with transaction() as session:
-        assert store.claim(session, job, "token", 30, "tester") is None
+        assert runs.claim(session, job, "token", 30, "tester") is None
     assert record(job)["state"] == "cancelled"
 
 
@@ -87,7 +87,7 @@ def test_a_job_a_promoter_is_publishing_is_cancelled_once_that_commits():
     canceller.join(timeout=10)
     assert outcome == ["cancelled"]
     with transaction() as session:
-        assert store.claim(session, job, "token", 30, "tester") is None
+        assert runs.claim(session, job, "token", 30, "tester") is None
 
 
 def test_an_active_job_cannot_be_cancelled():

@@ -17,6 +17,7 @@ from sqlalchemy import text
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.store import jobs as store
+from tasks.jobs.store import runs, upkeep
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")
@@ -29,7 +30,7 @@ def test_a_claim_waits_for_the_promotion_and_takes_the_job():
 
     def claim() -> None:
         with transaction() as session:
-            claimed["job"] = store.claim(session, job_id, "token-1", 30, "tester")
+            claimed["job"] = runs.claim(session, job_id, "token-1", 30, "tester")
 
     # When a promoter moves it to waiting and, before committing, a delivery claims it
     with transaction() as promoting:
@@ -50,9 +51,9 @@ def test_a_second_claim_of_an_active_job_with_a_live_lock_is_refused():
     with transaction() as session:
         session.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"), {"id": job_id})
     with transaction() as session:
-        first = store.claim(session, job_id, "token-1", 30, "tester")
+        first = runs.claim(session, job_id, "token-1", 30, "tester")
     with transaction() as session:
-        second = store.claim(session, job_id, "token-2", 30, "tester")
+        second = runs.claim(session, job_id, "token-2", 30, "tester")
     assert first is not None and second is None
 
 
@@ -63,7 +64,7 @@ def test_a_limit_parks_a_job_whose_promotion_has_not_committed_yet():
 
     def park() -> None:
         with transaction() as session:
-            store.park(session, [job_id], 5.0)
+            upkeep.park(session, [job_id], 5.0)
 
     with transaction() as promoting:
         promoting.execute(text("UPDATE jobs SET state = 'waiting' WHERE id = :id"), {"id": job_id})

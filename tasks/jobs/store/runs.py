@@ -1,0 +1,308 @@
+"""A job's runs: its claim, progress and lock renewal, and how each run ends.
+
+Every transition a worker makes is one atomic statement guarded by the lock
+token it got when it claimed the job, so a worker that lost its job
+(stalled, then picked up elsewhere) cannot overwrite what the new owner
+records. Callers own the transaction and pass the session in; the
+``*_alone`` forms of a worker's claim and completion are their own
+statement, sent without a Session (``tasks.db.run_alone``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from tasks.db import run_alone
+from tasks.jobs.models import JobRecord, State
+from tasks.jobs.options import JobOptions
+from tasks.jobs.store import affected
+from tasks.jobs.store.jobs import Job, get
+
+
+@dataclass(frozen=True)
+class ClaimedJob(Job):
+    """What a worker knows about a job it is about to run (its options parsed once)."""
+
+    user_id: str | None
+    opts: JobOptions
+    attempts_made: int
+    attempts_started: int
+    stalled: bool
+    token: str
+    wait_s: float = 0.0
+    celery_ctx: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FailedRun:
+    """What recording a failed run did: ``retry_at`` set if the job runs again, else final."""
+
+    ours: bool
+    retry_at: datetime | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.ours and self.retry_at is None
+
+
+NOW_ISO = """to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+_FINISH_RUN = f"""
+    runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
+                     (runs -> -1) || CAST(:run_patch AS jsonb)
+                     || jsonb_build_object('finishedAt', {NOW_ISO}))
+"""
+
+# --- running --------------------------------------------------------------------------------
+
+# One statement: lock the row, remember its state, and move it to active if it is
+# waiting (or active with a lock that ran out: a stalled run, counted as such).
+# The conditions read the locked row (``before``), not the statement's snapshot: a
+# promoter publishes inside its transaction, so a delivery can arrive while the row
+# is still delayed in that snapshot; the lock waits for the promoter's commit, and
+# ``before`` then holds the row as committed (the update itself follows it there).
+_CLAIM = text(
+    """
+    WITH before AS (SELECT id, state, locked_until FROM jobs WHERE id = :id FOR UPDATE)
+    UPDATE jobs SET
+        stalled_count = jobs.stalled_count + CASE WHEN before.state = 'active' THEN 1 ELSE 0 END,
+        state = 'active',
+        attempts_started = jobs.attempts_started + 1,
+        processed_on = clock_timestamp(),
+        lock_token = :token,
+        locked_until = clock_timestamp() + make_interval(secs => :lock_s),
+        celery_ctx = COALESCE(CAST(:ctx AS jsonb), jobs.celery_ctx),
+        runs = jobs.runs || jsonb_build_array(jsonb_build_object(
+            'attempt', jobs.attempts_started + 1,
+            'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'worker', CAST(:worker AS text)))
+    FROM before
+    WHERE jobs.id = before.id
+      AND (before.state = 'waiting'
+           OR (before.state = 'active' AND before.locked_until < clock_timestamp()))
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
+              jobs.user_id, jobs.attempts_made, jobs.attempts_started, jobs.celery_ctx,
+              before.state = 'active' AS stalled,
+              EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(jobs.run_at, jobs.created_at))
+                  AS wait_s
+    """
+)
+
+
+def claim(
+    session: Session,
+    job_id: str,
+    token: str,
+    lock_s: float,
+    worker: str,
+    ctx: dict[str, Any] | None = None,
+) -> ClaimedJob | None:
+    """Move a waiting job (or one whose lock ran out) to active; ``None`` if not ours to run."""
+    row = session.execute(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx))
+    return _claimed(row.mappings().first(), token)
+
+
+def claim_alone(
+    job_id: str, token: str, lock_s: float, worker: str, ctx: dict[str, Any] | None = None
+) -> ClaimedJob | None:
+    """``claim`` as its own statement, without a Session (``tasks.db.run_alone``): a
+    recorded job's delivery, the hot path."""
+    return _claimed(run_alone(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx)), token)
+
+
+def _claim_params(
+    job_id: str, token: str, lock_s: float, worker: str, ctx: dict[str, Any] | None
+) -> dict[str, Any]:
+    return {
+        "id": job_id,
+        "token": token,
+        "lock_s": lock_s,
+        "worker": worker,
+        "ctx": json.dumps(ctx) if ctx else None,
+    }
+
+
+def _claimed(row: Any, token: str) -> ClaimedJob | None:
+    if row is None:
+        return None
+    return ClaimedJob(
+        id=row["id"],
+        name=row["name"],
+        queue=row["queue"],
+        data=row["data"],
+        opts=JobOptions.from_stored(row["opts"]),
+        tenant_id=row["tenant_id"],
+        user_id=row["user_id"],
+        attempts_made=row["attempts_made"],
+        attempts_started=row["attempts_started"],
+        stalled=bool(row["stalled"]),
+        token=token,
+        wait_s=max(0.0, float(row["wait_s"] or 0)),
+        celery_ctx=row["celery_ctx"],
+    )
+
+
+def set_progress(session: Session, job: ClaimedJob, progress: Any) -> bool:
+    row = session.execute(
+        text(
+            "UPDATE jobs SET progress = CAST(:p AS jsonb) "
+            "WHERE id = :id AND lock_token = :token RETURNING id"
+        ),
+        {"id": job.id, "token": job.token, "p": json.dumps(progress)},
+    ).first()
+    return row is not None
+
+
+def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
+    """Push the lock of every job these tokens hold further out (lock renewal)."""
+    if not tokens:
+        return 0
+    result = session.execute(
+        text(
+            "UPDATE jobs SET locked_until = clock_timestamp() + make_interval(secs => :lock_s) "
+            "WHERE lock_token = ANY(:tokens) AND state = 'active'"
+        ),
+        {"tokens": tokens, "lock_s": lock_s},
+    )
+    return affected(result)
+
+
+# --- finishing ------------------------------------------------------------------------------
+
+
+_COMPLETE = text(
+    f"""
+    UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
+        finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
+        {_FINISH_RUN}
+    WHERE id = :id AND lock_token = :token
+    RETURNING id
+    """
+)
+_COMPLETED_RUN = json.dumps({"outcome": "completed"})
+
+
+def _complete_params(job: ClaimedJob, result: Any) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "token": job.token,
+        "result": json.dumps(result),
+        "run_patch": _COMPLETED_RUN,
+    }
+
+
+def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
+    """Record success; ``False`` if the job is no longer ours."""
+    return session.execute(_COMPLETE, _complete_params(job, result)).first() is not None
+
+
+def complete_alone(job: ClaimedJob, result: Any) -> bool:
+    """``complete`` as its own statement, without a Session (``tasks.db.run_alone``)."""
+    return run_alone(_COMPLETE, _complete_params(job, result)) is not None
+
+
+def fail(
+    session: Session,
+    job: ClaimedJob,
+    reason: str,
+    stack: list[str],
+    retry_in_ms: int | None,
+    data: dict[str, Any] | None = None,
+) -> FailedRun:
+    """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
+
+    ``data`` replaces the job's data for its next run (only when it runs again).
+    """
+    retrying = retry_in_ms is not None
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET
+                attempts_made = attempts_made + 1,
+                failed_reason = :reason,
+                data = CASE WHEN :retrying THEN COALESCE(CAST(:data AS jsonb), data) ELSE data END,
+                stacktrace = stacktrace || CAST(:stack AS jsonb),
+                state = CASE WHEN :retrying THEN 'delayed' ELSE 'failed' END,
+                run_at = CASE WHEN :retrying
+                              THEN clock_timestamp() + make_interval(secs => :delay_s)
+                              ELSE run_at END,
+                finished_on = CASE WHEN :retrying THEN NULL ELSE clock_timestamp() END,
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING run_at
+            """
+        ),
+        {
+            "id": job.id,
+            "token": job.token,
+            "reason": reason,
+            "stack": json.dumps(stack[-10:]),
+            "retrying": retrying,
+            "data": json.dumps(data) if data is not None else None,
+            "delay_s": (retry_in_ms or 0) / 1000.0,
+            "run_patch": json.dumps(
+                {"outcome": "retrying" if retrying else "failed", "error": reason}
+            ),
+        },
+    ).first()
+    if row is None:
+        return FailedRun(ours=False)
+    return FailedRun(ours=True, retry_at=row[0] if retrying else None)
+
+
+def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason: str) -> bool:
+    """Park a job until later without counting a failed run (BullMQ's ``moveToDelayed``)."""
+    row = session.execute(
+        text(
+            f"""
+            UPDATE jobs SET state = :state,
+                run_at = clock_timestamp() + make_interval(secs => :delay_s),
+                lock_token = NULL, locked_until = NULL,
+                {_FINISH_RUN}
+            WHERE id = :id AND lock_token = :token
+            RETURNING id
+            """
+        ),
+        {
+            "id": job.id,
+            "token": job.token,
+            "state": state,
+            "delay_s": delay_ms / 1000.0,
+            "run_patch": json.dumps({"outcome": "deferred", "reason": reason}),
+        },
+    ).first()
+    return row is not None
+
+
+def fail_unsupported(
+    session: Session, job_id: str, name: str, reason: str | None = None
+) -> JobRecord | None:
+    """A message no worker has a handler for (or whose handler cannot take its arguments,
+    ``reason``): failed at once, as a run that failed."""
+    reason = reason or f"unsupported job: {name}"
+    row = session.execute(
+        text(
+            """
+            WITH before AS (SELECT id, state FROM jobs WHERE id = :id FOR UPDATE)
+            UPDATE jobs SET state = 'failed', failed_reason = :reason,
+                attempts_made = jobs.attempts_made + 1,
+                attempts_started = jobs.attempts_started + 1,
+                processed_on = clock_timestamp(), finished_on = clock_timestamp(),
+                runs = jobs.runs || jsonb_build_array(jsonb_build_object(
+                    'attempt', jobs.attempts_started + 1, 'outcome', 'failed',
+                    'error', CAST(:reason AS text)))
+            FROM before
+            WHERE jobs.id = before.id AND before.state IN ('waiting', 'active')
+            RETURNING jobs.id
+            """
+        ),
+        {"id": job_id, "reason": reason},
+    ).first()
+    return get(session, job_id) if row is not None else None
