@@ -98,15 +98,21 @@ def add(
     replaced: str | None = None
     body_id = canvas_store.chord_body_id(ctx)
     # Unless a debounce rule touches the held job or a chord counts its part, the add is
-    # one statement (no BEGIN/COMMIT), its dedup claim and quota check included.
+    # one statement on its own (no BEGIN/COMMIT, no Session), its dedup claim and quota
+    # check included.
     debounce = rule is not None and (rule.extend or rule.replace)
     one_statement = body_id is None and not debounce
     if one_statement and (rule is not None or limits is not None):
-        admitted = tenancy.admit(job, limits, rule)  # the statement alone, no Session
+        admitted = tenancy.admit(job, limits, rule)
         kept, created = admitted.kept, admitted.created
         priority = tenancy.priority_for(admitted.on_queue)
+    elif one_statement and publish_now and job.state == State.WAITING:
+        created, on_queue = store.insert_counting_alone(job, tenancy.LOAD_STEPS[-1])
+        priority = tenancy.priority_for(on_queue)
+    elif one_statement:
+        created = store.insert_alone(job)
     else:
-        with transaction(one_statement=one_statement) as session:
+        with transaction() as session:
             # A tenant's quota lock goes with its dedup claim: one round trip for both.
             quota_lock = None
             if rule is not None and limits is not None and job.tenant_id is not None:

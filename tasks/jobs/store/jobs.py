@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
+from tasks.db import run_alone
 from tasks.jobs.models import JobRecord, RetryAudit, State
 from tasks.jobs.options import JobOptions
 
@@ -133,6 +134,20 @@ def insert_counting(session: Session, job: NewJob, up_to: int) -> tuple[bool, in
     statement = _INSERT_COUNTING_BY_PARTY[job.tenant_id is None]
     row = session.execute(statement, {**row_of(job), "up_to": up_to}).one()
     return row.id is not None, int(row.on_queue)
+
+
+def insert_alone(job: NewJob) -> bool:
+    """``insert`` as its own statement, without a Session (``tasks.db.run_alone``)."""
+    return run_alone(_INSERT, row_of(job)) is not None
+
+
+def insert_counting_alone(job: NewJob, up_to: int) -> tuple[bool, int]:
+    """``insert_counting`` as its own statement, without a Session (``tasks.db.run_alone``):
+    an add with no dedup rule and no quota, such as a Celery ``.delay()``."""
+    statement = _INSERT_COUNTING_BY_PARTY[job.tenant_id is None]
+    row = run_alone(statement, {**row_of(job), "up_to": up_to})
+    assert row is not None  # the statement returns one row
+    return row["id"] is not None, int(row["on_queue"])
 
 
 _INSERT_MANY = text(
