@@ -10,7 +10,11 @@ failed for good):
   the ones Celery froze into the signatures, else derived from the parent's),
   and are published before that transaction commits, like promoted jobs
   (``tasks.jobs.promote``): the end and what it triggers commit together, and
-  a second end — impossible under the claim — would find the children there;
+  a second end — impossible under the claim — would find the children there.
+  A child's delivery that outruns the commit finds no record yet; its claim
+  then waits for the inserting transaction and tries again
+  (``store.runs.await_insert``), instead of dropping the delivery and leaving
+  the child to the reconciler;
 - a chord's part adds its result to the chord's body record
   (``tasks.jobs.store.canvas``); the part that brings the last result
   releases the body, with every result in the header's order; a part failing

@@ -237,6 +237,10 @@ class KeelTask(CeleryTask):
         try:
             if recorded:  # a Keel message's record exists: its claim is one statement
                 claimed = runs.claim_alone(*claim, self._canvas_context())
+                if claimed is None and runs.await_insert(self.request.id):
+                    # The record may have been committed since the claim looked: a canvas
+                    # child is published inside the transaction that records it.
+                    claimed = runs.claim_alone(*claim, self._canvas_context())
             else:
                 with transaction() as session:
                     self._record_on_arrival(session, args, kwargs)

@@ -18,6 +18,7 @@ from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import runs, upkeep
+from tasks.jobs.store.jobs import NewJob
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")
@@ -75,3 +76,46 @@ def test_a_limit_parks_a_job_whose_promotion_has_not_committed_yet():
     holder.join(timeout=10)
     with transaction() as session:
         assert store.get(session, job_id).state == "delayed"
+
+
+def test_a_claim_of_a_job_whose_insert_has_not_committed_waits_for_it_and_takes_it():
+    """A canvas child is recorded and published inside its parent's completing transaction
+    (``tasks.jobs.canvas``): its delivery can arrive before that commit. The claim alone
+    cannot see an uncommitted insert; ``await_insert`` waits for the inserting transaction,
+    and the claim after it takes the job."""
+    job = NewJob(
+        id=unique("child"),
+        name="test.echo",
+        queue=unique("claims"),
+        data={},
+        tenant_id=None,
+        user_id=None,
+        opts=JobOptions(),
+    )
+    waited: dict = {}
+
+    def deliver() -> None:
+        waited["found"] = runs.await_insert(job.id)
+        waited["job"] = runs.claim_alone(job.id, "token-1", 30, "tester")
+
+    # Given a transaction that recorded the job and has not committed
+    with transaction() as inserting:
+        assert store.insert(inserting, job)
+        # When a delivery claims it meanwhile
+        assert runs.claim_alone(job.id, "token-1", 30, "tester") is None  # invisible yet
+        worker = threading.Thread(target=deliver)
+        worker.start()
+        time.sleep(0.3)
+        assert worker.is_alive()  # it waits for the inserting transaction
+    worker.join(timeout=10)
+    # Then, once the insert committed, the delivery found the record and took the job
+    assert waited["found"] is True
+    claimed = waited["job"]
+    assert claimed is not None and claimed.id == job.id and claimed.attempts_started == 1
+
+
+def test_waiting_for_an_insert_that_never_happened_records_nothing():
+    job_id = unique("never")
+    assert runs.await_insert(job_id) is False
+    with transaction() as session:
+        assert store.get(session, job_id) is None

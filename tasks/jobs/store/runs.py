@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.db import run_alone
+from tasks.db import engine, run_alone
 from tasks.jobs.models import JobRecord, State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.store import affected
@@ -114,6 +114,34 @@ def claim_alone(
     """``claim`` as its own statement, without a Session (``tasks.db.run_alone``): a
     recorded job's delivery, the hot path."""
     return _claimed(run_alone(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx)), token)
+
+
+# An insert of an id that another transaction is inserting waits until that transaction
+# ends (PostgreSQL's unique check), then conflicts if the row was committed.
+_AWAIT_INSERT = text(
+    """
+    INSERT INTO jobs (id, queue, name, data, opts, state)
+    VALUES (:id, '', '', '{}'::jsonb, '{}'::jsonb, 'waiting')
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+    """
+)
+
+
+def await_insert(job_id: str) -> bool:
+    """Whether ``job_id`` has a record, once any transaction still inserting it has ended.
+
+    A delivery can outrun the transaction that records its job: a chain's next step and
+    a task's links are recorded and published inside the transaction that completes
+    their parent (``tasks.jobs.canvas``). Its claim finds no row and does not wait, since
+    an uncommitted insert is invisible to it, unlike a locked row. An insert of the same
+    id does wait for that transaction. This one is always rolled back: it never records
+    anything, and a job that has no record stays without one.
+    """
+    with engine().connect() as connection:
+        inserted = connection.execute(_AWAIT_INSERT, {"id": job_id}).first() is not None
+        connection.rollback()
+    return not inserted
 
 
 def _claim_params(
