@@ -21,8 +21,10 @@ How Celery's options map:
   its chord.
 - Keel's own: ``job_options`` (a ``JobOptions`` or its dict form: attempts,
   backoff, deduplication, retention …) and ``owner`` (an ``Owner``; or set
-  one for a block of code with ``acting_as``). Without an owner the job is a
-  system job.
+  one for a block of code with ``acting_as``). Inside a running job the
+  default owner is that job's (``KeelTask`` acts as it while the handler
+  runs), so a tenant's job never sends system jobs; elsewhere, without an
+  owner the job is a system job.
 - ``priority`` is Keel's to set (a tenant's load decides it); ``retry``,
   ``retry_policy``, ``serializer``, ``headers`` and the like are accepted
   and have nothing to do: publishing is Keel's (``tasks.jobs.enqueue``).

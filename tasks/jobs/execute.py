@@ -15,6 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -26,7 +27,13 @@ from sqlalchemy import event
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
-from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested
+from tasks.jobs.calls import (
+    CeleryTask,
+    RetriesExhausted,
+    RetryRequested,
+    acting_as,
+    current_owner,
+)
 from tasks.jobs.errors import Defer
 from tasks.jobs.messages import KEEL_HEADER
 from tasks.jobs.models import State
@@ -194,12 +201,20 @@ class KeelTask(CeleryTask):
         self.request.keel_retry = None
         context = JobContext(claimed)
         self.request.keel_job = context
-        if self.job_style == "context":
-            return self.run(context)
-        args, kwargs = list(claimed.data.get("args", ())), dict(claimed.data.get("kwargs", {}))
-        # As Celery's request shows them (the wake-up message carries the record's data)
-        self.request.args, self.request.kwargs = args, kwargs
-        return self.run(*args, **kwargs)
+        # What the handler sends the Celery way (``.delay()``, canvas) belongs to the job's
+        # owner, as its chain steps and links do, unless the call or an ``acting_as`` around
+        # it says otherwise: a tenant's job never makes system jobs behind its quota.
+        owner = None
+        if claimed.tenant_id is not None and current_owner() is None:
+            owner = Owner(claimed.tenant_id, claimed.user_id or "")
+        with acting_as(owner) if owner is not None else nullcontext():
+            if self.job_style == "context":
+                return self.run(context)
+            args = list(claimed.data.get("args", ()))
+            kwargs = dict(claimed.data.get("kwargs", {}))
+            # As Celery's request shows them (the wake-up message carries the record's data)
+            self.request.args, self.request.kwargs = args, kwargs
+            return self.run(*args, **kwargs)
 
     _NO_RULES: Any = object()
 

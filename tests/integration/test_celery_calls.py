@@ -29,6 +29,7 @@ from tests.support.jobs import (
     celery_part,
     celery_reject,
     celery_retry,
+    celery_spawn,
 )
 from tests.support.stack import WorkerProcess, wait_for
 
@@ -91,6 +92,33 @@ def test_report_delay_and_countdown_are_records_and_the_countdown_is_durable():
     assert done["state"] == "completed"
     waited = (moment(done["processedOn"]) - moment(done["createdAt"])).total_seconds()
     assert waited >= 1.95, done
+
+
+def test_a_delay_inside_a_tenants_job_makes_a_job_of_that_tenant():
+    # Given a job of acme's user, whose task sends another with .delay() as it runs
+    owner = Owner("acme", unique("u"))
+    with acting_as(owner):
+        parent = celery_spawn.delay(41)
+    done = wait_state(parent.id, "completed", "failed")
+    assert done["state"] == "completed", done
+    # Then the job it sent is the same tenant's and user's (their quota, their view, their
+    # place in the queue's fair order), as its chain steps and links are: not a system job
+    child_id = done["result"]["child"]
+    with transaction() as session:
+        row = session.execute(
+            text("SELECT tenant_id, user_id FROM jobs WHERE id = :id"), {"id": child_id}
+        ).one()
+    assert (row.tenant_id, row.user_id) == ("acme", owner.user_id)
+    assert wait_state(child_id, "completed", "failed")["result"] == 42
+
+
+def test_a_delay_inside_a_system_job_makes_a_system_job():
+    done = wait_state(celery_spawn.delay(1).id, "completed", "failed")
+    with transaction() as session:
+        tenant = session.execute(
+            text("SELECT tenant_id FROM jobs WHERE id = :id"), {"id": done["result"]["child"]}
+        ).scalar_one()
+    assert tenant is None
 
 
 def test_self_retry_goes_through_the_record_and_request_retries_is_attempts_made():

@@ -214,3 +214,9 @@ def celery_retry_args(self, n: int, label: str = "") -> dict:
     if self.request.retries == 0:
         raise self.retry(args=(n + 1, label), countdown=0.1)
     return {"n": n, "label": label}
+
+
+@shared_task(base=KeelTask, name="test.celery_spawn")
+def celery_spawn(x: int) -> dict:
+    """Sends ``celery_add`` the Celery way from inside a running job; returns its id."""
+    return {"child": celery_add.delay(x, 1).id}
