@@ -15,7 +15,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import nullcontext
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -27,13 +26,7 @@ from sqlalchemy import event
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
-from tasks.jobs.calls import (
-    CeleryTask,
-    RetriesExhausted,
-    RetryRequested,
-    acting_as,
-    current_owner,
-)
+from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested, running_for
 from tasks.jobs.errors import Defer
 from tasks.jobs.messages import KEEL_HEADER
 from tasks.jobs.models import State
@@ -110,9 +103,13 @@ class KeelTask(CeleryTask):
         except limits.LimitReached as held:
             try:
                 with transaction() as session:
-                    if not getattr(self.request, KEEL_HEADER, None):
+                    recorded = bool(getattr(self.request, KEEL_HEADER, None))
+                    if not recorded:
                         self._record_on_arrival(session, args, kwargs)
-                    upkeep.park(session, [self.request.id], held.wait_s)
+                    parked = upkeep.park(session, [self.request.id], held.wait_s)
+                if not parked and recorded and runs.await_insert(self.request.id):
+                    with transaction() as session:  # its record committed since (see _claim)
+                        upkeep.park(session, [self.request.id], held.wait_s)
             except STORE_UNAVAILABLE as exc:
                 self._requeue_while_store_unavailable(exc)
             self._announce_ignored("held by its queue's limits; it runs again later")
@@ -202,12 +199,11 @@ class KeelTask(CeleryTask):
         context = JobContext(claimed)
         self.request.keel_job = context
         # What the handler sends the Celery way (``.delay()``, canvas) belongs to the job's
-        # owner, as its chain steps and links do, unless the call or an ``acting_as`` around
-        # it says otherwise: a tenant's job never makes system jobs behind its quota.
+        # tenant and user, as its chain steps and links do (``calls.running_for``).
         owner = None
-        if claimed.tenant_id is not None and current_owner() is None:
+        if claimed.tenant_id is not None:
             owner = Owner(claimed.tenant_id, claimed.user_id or "")
-        with acting_as(owner) if owner is not None else nullcontext():
+        with running_for(owner):
             if self.job_style == "context":
                 return self.run(context)
             args = list(claimed.data.get("args", ()))

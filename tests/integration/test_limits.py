@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from tasks.db import transaction
 from tasks.jobs import Backoff, JobOptions, add
 from tasks.jobs.limits import parse
+from tasks.jobs.promote import publish_ready
+from tasks.jobs.store import jobs as jobs_store
+from tasks.jobs.store.jobs import NewJob
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 from tests.support.timeline import ActiveSampler, max_in_window, max_overlap, run_intervals
@@ -109,6 +114,33 @@ def test_a_held_job_waits_in_the_delayed_set_without_using_an_attempt(limited_wo
     done = wait_state(held, "completed", timeout=15)
     assert ts(done["runs"][0]["startedAt"]) >= ts(record(long_job)["runs"][0]["finishedAt"])
     assert done["attemptsStarted"] == 1
+
+
+def test_a_held_delivery_that_outran_its_records_commit_is_parked_not_dropped(limited_workers):
+    # Given the single slot taken by a job that runs for 2 s
+    long_job = add("test.sleep", {"ms": 2000}, queue=SINGLE).job_id
+    wait_state(long_job, "active")
+    # When a job is recorded and published inside a transaction that stays open meanwhile,
+    # as a chain's next step is inside its parent's completing transaction, and its
+    # delivery is held by the limit before the record is committed
+    job = NewJob(
+        id=unique("early"),
+        name="test.echo",
+        queue=SINGLE,
+        data={"held": True},
+        tenant_id=None,
+        user_id=None,
+        opts=JobOptions(),
+    )
+    with transaction() as session:
+        assert jobs_store.insert(session, job)
+        publish_ready(session, [jobs_store.ready_job(job)])
+        time.sleep(1.5)
+    # Then the held delivery waited for the commit and parked the job, which runs once the
+    # slot is free: not left to the reconciler, which republishes only after its grace (10 s)
+    done = wait_state(job.id, "completed", "failed", timeout=8)
+    assert done["state"] == "completed", done
+    assert (done["attemptsStarted"], done["attemptsMade"]) == (1, 0)
 
 
 def test_a_dead_workers_slot_frees_itself_and_its_held_job_is_not_lost(stack):

@@ -116,12 +116,14 @@ def claim_alone(
     return _claimed(run_alone(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx)), token)
 
 
-# An insert of an id that another transaction is inserting waits until that transaction
-# ends (PostgreSQL's unique check), then conflicts if the row was committed.
+# Tried only when no committed row is visible: an insert of an id that another transaction
+# is inserting waits until that transaction ends (PostgreSQL's unique check), then
+# conflicts if the row was committed.
 _AWAIT_INSERT = text(
     """
     INSERT INTO jobs (id, queue, name, data, opts, state)
-    VALUES (:id, '', '', '{}'::jsonb, '{}'::jsonb, 'waiting')
+    SELECT CAST(:id AS text), '', '', '{}'::jsonb, '{}'::jsonb, 'waiting'
+    WHERE NOT EXISTS (SELECT 1 FROM jobs WHERE id = CAST(:id AS text))
     ON CONFLICT (id) DO NOTHING
     RETURNING id
     """
@@ -135,8 +137,11 @@ def await_insert(job_id: str) -> bool:
     a task's links are recorded and published inside the transaction that completes
     their parent (``tasks.jobs.canvas``). Its claim finds no row and does not wait, since
     an uncommitted insert is invisible to it, unlike a locked row. An insert of the same
-    id does wait for that transaction. This one is always rolled back: it never records
-    anything, and a job that has no record stays without one.
+    id does wait for that transaction. This one is tried only if no row is visible, and
+    always rolled back: it never records anything, and a job that has no record stays
+    without one. The caller tries again when this says ``True``: a delivery refused
+    because its job is not waiting (a duplicate, a cancelled or finished job) is refused
+    once more, one claim later.
     """
     with engine().connect() as connection:
         inserted = connection.execute(_AWAIT_INSERT, {"id": job_id}).first() is not None

@@ -33,10 +33,10 @@ _PARK = text(
 )
 
 
-def park(session: Session, job_ids: Sequence[str], in_s: float) -> None:
+def park(session: Session, job_ids: Sequence[str], in_s: float) -> int:
     """Waiting jobs whose message could not be published (or that a limit holds) go back to
-    the delayed set, due again in ``in_s`` seconds."""
-    session.execute(_PARK, {"ids": list(job_ids), "s": in_s})
+    the delayed set, due again in ``in_s`` seconds; how many did."""
+    return affected(session.execute(_PARK, {"ids": list(job_ids), "s": in_s}))
 
 
 _ARCHIVE = """
