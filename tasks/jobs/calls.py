@@ -21,10 +21,10 @@ How Celery's options map:
   its chord.
 - Keel's own: ``job_options`` (a ``JobOptions`` or its dict form: attempts,
   backoff, deduplication, retention …) and ``owner`` (an ``Owner``; or set
-  one for a block of code with ``acting_as``). Inside a running job the
-  default owner is that job's (``KeelTask`` acts as it while the handler
-  runs), so a tenant's job never sends system jobs; elsewhere, without an
-  owner the job is a system job.
+  one for a block of code with ``acting_as``). Inside a running tenant job
+  the default owner is that job's (``running_for``), and its quota is not
+  checked again, as for the job's chain steps and links. Otherwise, without
+  an owner the job is a system job.
 - ``priority`` is Keel's to set (a tenant's load decides it); ``retry``,
   ``retry_policy``, ``serializer``, ``headers`` and the like are accepted
   and have nothing to do: publishing is Keel's (``tasks.jobs.enqueue``).
@@ -58,6 +58,8 @@ from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import jobs as store
 
 _OWNER: ContextVar[Owner | None] = ContextVar("keel_owner", default=None)
+# The owner of the job whose handler is running (``KeelTask``), if it is a tenant's.
+_RUNNING: ContextVar[Owner | None] = ContextVar("keel_running_owner", default=None)
 # The open ``recorded_together`` blocks' calls, and the innermost block's quota rule.
 _TOGETHER: ContextVar[tuple[_Together, bool] | None] = ContextVar("keel_together", default=None)
 
@@ -83,8 +85,22 @@ def acting_as(owner: Owner) -> Iterator[Owner]:
 
 
 def current_owner() -> Owner | None:
-    """The owner set by ``acting_as`` around this call, if any."""
-    return _OWNER.get()
+    """The owner set by ``acting_as`` around this call, else that of the running job (a
+    tenant's), if any."""
+    return _OWNER.get() or _RUNNING.get()
+
+
+@contextmanager
+def running_for(owner: Owner | None) -> Iterator[None]:
+    """The handler of ``owner``'s job runs in this block: what it sends the Celery way is
+    ``owner``'s, as the job's chain steps and links are, and like them it is part of work
+    the tenant's quota already admitted (not checked again). ``acting_as`` or an
+    ``owner=`` inside the block still decides."""
+    token = _RUNNING.set(owner)
+    try:
+        yield
+    finally:
+        _RUNNING.reset(token)
 
 
 def _moment(value: Any, now: datetime) -> datetime:
@@ -173,7 +189,8 @@ def record(
 ) -> AddedJob:
     """Record (and publish, unless delayed) one Celery call of a Keel task."""
     data = task.data_for(args, kwargs)
-    owner = options.get("owner") or _OWNER.get()
+    given = options.get("owner") or _OWNER.get()
+    owner = given or _RUNNING.get()
     opts = job_options(task, data, owner, options)
     queue = _queue_name(options.get("queue")) or task.job_queue()
     ctx = canvas_context(options)
@@ -181,7 +198,7 @@ def record(
     if together is not None and opts.deduplication is None:
         held, quota = together
         return held.hold(BulkJob(task.name, data, queue, opts, ctx or None), owner, quota)
-    limits = quotas.current().jobs if owner is not None else None
+    limits = quotas.current().jobs if given is not None else None
     added = add(task.name, data, queue=queue, opts=opts, owner=owner, limits=limits, ctx=ctx)
     if added.state == "existing":
         wake_if_waiting(added.job_id, ctx)

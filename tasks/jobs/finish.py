@@ -3,7 +3,7 @@
 A run ends completed, failed (for good, or delayed for a retry by BullMQ's
 rules: attempts, backoff with jitter, ``UnrecoverableError``), or deferred
 without using an attempt (``Defer``). Each is one guarded statement
-(``store.jobs``); a transition that is no longer ours (the job was taken
+(``store.runs``); a transition that is no longer ours (the job was taken
 over) raises ``NotOurs`` and records nothing.
 
 When a job reaches completed or failed, in the same transaction, its

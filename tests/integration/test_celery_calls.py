@@ -101,8 +101,8 @@ def test_a_delay_inside_a_tenants_job_makes_a_job_of_that_tenant():
         parent = celery_spawn.delay(41)
     done = wait_state(parent.id, "completed", "failed")
     assert done["state"] == "completed", done
-    # Then the job it sent is the same tenant's and user's (their quota, their view, their
-    # place in the queue's fair order), as its chain steps and links are: not a system job
+    # Then the job it sent is the same tenant's and user's (their view, their place in the
+    # queue's fair order), as its chain steps and links are: not a system job
     child_id = done["result"]["child"]
     with transaction() as session:
         row = session.execute(

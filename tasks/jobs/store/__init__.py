@@ -1,7 +1,13 @@
 """The job store: every statement on the job tables lives in this package.
 
-- ``jobs``: the ``jobs`` table — each state transition is one statement,
-  guarded where it must be by the lock token of the claim;
+- ``jobs``: the ``jobs`` records — adding them (``admission`` for an add that
+  takes a dedup claim or checks a quota in the same statement), cancelling
+  them, an operator's reads and retries;
+- ``runs``: a run's claim, progress and end, each one statement guarded by
+  the lock token of the claim;
+- ``upkeep``: what maintenance does to many records at once (promotion,
+  stalled runs, retention trims) and the reconciler's reads;
+- ``canvas``: chord bodies and the parts they count;
 - ``dedup``: deduplication claims, taken in the same transaction as the insert;
 - ``counts``: the per-state counters fed by a trigger, for queue health;
 - ``listing``: pages of records, newest first, for the jobs API and the CLI.

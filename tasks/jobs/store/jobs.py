@@ -3,7 +3,8 @@
 A job's runs (claim, progress, completion, failure) are ``runs``; what the
 workers' maintenance and the reconciler do to many records at once is
 ``upkeep``. Callers own the transaction (``with transaction() as session``)
-and pass the session in.
+and pass the session in; the ``*_alone`` forms of an add are their own
+statement, sent without a Session (``tasks.db.run_alone``).
 """
 
 from __future__ import annotations
