@@ -3,6 +3,7 @@ canvas — all go through the record, against a real ``celery worker`` process."
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import textwrap
@@ -30,6 +31,7 @@ from tests.support.jobs import (
     celery_reject,
     celery_retry,
     celery_spawn,
+    celery_spawn_later,
 )
 from tests.support.stack import WorkerProcess, wait_for
 
@@ -110,6 +112,25 @@ def test_a_delay_inside_a_tenants_job_makes_a_job_of_that_tenant():
         ).one()
     assert (row.tenant_id, row.user_id) == ("acme", owner.user_id)
     assert wait_state(child_id, "completed", "failed")["result"] == 42
+
+
+def test_what_a_tenant_job_sends_is_not_checked_against_its_quota_again(stack):
+    # Given a worker whose tenants may delay a job by 2 s at most
+    queue = unique("quota")
+    env = {"KEEL_TENANT_QUOTAS": json.dumps({"maxDelaySeconds": 2})}
+    worker = WorkerProcess(stack.home, unique("quota"), queues=queue, extra_env=env)
+    worker.start()
+    try:
+        # When a tenant's job sends one with a 30 s countdown as it runs
+        with acting_as(Owner("acme", unique("u"))):
+            parent = celery_spawn_later.apply_async(args=(41, 30), queue=queue)
+        done = wait_state(parent.id, "completed", "failed")
+        # Then it is recorded, as the job's chain steps are: part of work already admitted
+        assert done["state"] == "completed", done
+        child = record(done["result"]["child"])
+        assert child is not None and child["state"] == "delayed", child
+    finally:
+        worker.stop()
 
 
 def test_a_delay_inside_a_system_job_makes_a_system_job():

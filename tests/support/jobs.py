@@ -220,3 +220,9 @@ def celery_retry_args(self, n: int, label: str = "") -> dict:
 def celery_spawn(x: int) -> dict:
     """Sends ``celery_add`` the Celery way from inside a running job; returns its id."""
     return {"child": celery_add.delay(x, 1).id}
+
+
+@shared_task(base=KeelTask, name="test.celery_spawn_later")
+def celery_spawn_later(x: int, countdown: float) -> dict:
+    """Sends ``celery_add`` with a countdown from inside a running job; returns its id."""
+    return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
