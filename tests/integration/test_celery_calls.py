@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import textwrap
-import time
 from datetime import datetime
 
 import pytest
@@ -17,12 +16,10 @@ from sqlalchemy import text
 
 from tasks.celery import app
 from tasks.db import transaction
-from tasks.jobs import JobOptions, Owner, acting_as
-from tasks.jobs.promote import publish_ready
-from tasks.jobs.store import jobs as jobs_store
-from tasks.jobs.store.jobs import NewJob
+from tasks.jobs import Owner, acting_as
 from tasks.reports.jobs import generate_report
 from tests.support.client import record, unique, wait_state, waits_between_runs
+from tests.support.early import published_before_commit
 from tests.support.jobs import (
     celery_add,
     celery_autoretry,
@@ -211,22 +208,12 @@ def test_a_message_sent_without_keel_is_recorded_on_arrival():
 def test_a_job_delivered_before_its_record_commits_runs_once_it_commits():
     # Given a job recorded and published inside a transaction that then stays open, as a
     # chain's next step is inside its parent's completing transaction (tasks.jobs.canvas)
-    job = NewJob(
-        id=unique("early"),
-        name="test.celery_add",
-        queue="default",
-        data={"args": [20, 22], "kwargs": {}},
-        tenant_id=None,
-        user_id=None,
-        opts=JobOptions(),
+    job_id = published_before_commit(
+        "test.celery_add", "default", {"args": [20, 22], "kwargs": {}}, hold_s=1.5
     )
-    with transaction() as session:
-        assert jobs_store.insert(session, job)
-        publish_ready(session, [jobs_store.ready_job(job)])
-        time.sleep(1.5)  # the worker has the message meanwhile, and no record to see
     # Then the delivery waited for the commit and ran the job: it was not dropped for the
     # reconciler to republish, which happens only after its grace period (10 s)
-    done = wait_state(job.id, "completed", "failed", timeout=8)
+    done = wait_state(job_id, "completed", "failed", timeout=8)
     assert done["state"] == "completed" and done["result"] == 42, done
     assert done["attemptsStarted"] == 1
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from tasks.db import transaction
 from tasks.jobs import Backoff, JobOptions, add
 from tasks.jobs.limits import parse
-from tasks.jobs.promote import publish_ready
-from tasks.jobs.store import jobs as jobs_store
-from tasks.jobs.store.jobs import NewJob
 from tests.support.client import record, ts, unique, wait_state
+from tests.support.early import published_before_commit
 from tests.support.stack import WorkerProcess, wait_for
 from tests.support.timeline import ActiveSampler, max_in_window, max_overlap, run_intervals
 
@@ -123,22 +119,10 @@ def test_a_held_delivery_that_outran_its_records_commit_is_parked_not_dropped(li
     # When a job is recorded and published inside a transaction that stays open meanwhile,
     # as a chain's next step is inside its parent's completing transaction, and its
     # delivery is held by the limit before the record is committed
-    job = NewJob(
-        id=unique("early"),
-        name="test.echo",
-        queue=SINGLE,
-        data={"held": True},
-        tenant_id=None,
-        user_id=None,
-        opts=JobOptions(),
-    )
-    with transaction() as session:
-        assert jobs_store.insert(session, job)
-        publish_ready(session, [jobs_store.ready_job(job)])
-        time.sleep(1.5)
+    job_id = published_before_commit("test.echo", SINGLE, {"held": True}, hold_s=1.5)
     # Then the held delivery waited for the commit and parked the job, which runs once the
     # slot is free: not left to the reconciler, which republishes only after its grace (10 s)
-    done = wait_state(job.id, "completed", "failed", timeout=8)
+    done = wait_state(job_id, "completed", "failed", timeout=8)
     assert done["state"] == "completed", done
     assert (done["attemptsStarted"], done["attemptsMade"]) == (1, 0)
 
