@@ -126,6 +126,13 @@ def test_what_a_tenant_job_sends_is_not_checked_against_its_quota_again(stack):
         assert done["state"] == "completed", done
         child = record(done["result"]["child"])
         assert child is not None and child["state"] == "delayed", child
+        # While a send under the handler's own acting_as is checked against that owner's
+        # quota: refused, and the job fails saying why
+        with acting_as(Owner("acme", unique("u"))):
+            refused = celery_spawn_later.apply_async(args=(41, 30, "acme"), queue=queue)
+        failed = wait_state(refused.id, "completed", "failed")
+        assert failed["state"] == "failed", failed
+        assert "delayed at most 2 s" in (failed["failedReason"] or ""), failed
     finally:
         worker.stop()
 

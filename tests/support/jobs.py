@@ -223,6 +223,12 @@ def celery_spawn(x: int) -> dict:
 
 
 @shared_task(base=KeelTask, name="test.celery_spawn_later")
-def celery_spawn_later(x: int, countdown: float) -> dict:
-    """Sends ``celery_add`` with a countdown from inside a running job; returns its id."""
-    return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
+def celery_spawn_later(x: int, countdown: float, tenant: str | None = None) -> dict:
+    """Sends ``celery_add`` with a countdown from inside a running job, as ``tenant`` (its
+    own ``acting_as``) if given; returns its id."""
+    from tasks.jobs import Owner, acting_as
+
+    if tenant is None:
+        return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
+    with acting_as(Owner(tenant, "sender")):
+        return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
