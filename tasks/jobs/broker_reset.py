@@ -2,7 +2,9 @@
 
 Waiting jobs are safe in Postgres but their messages were in Redis. Keel
 keeps an epoch key in Redis; whoever finds it missing creates it (``SET
-NX``: exactly one process wins) and republishes every waiting job. A
+NX``: exactly one process wins) and republishes every waiting job the
+broker holds no message for (one published since it came back is left
+alone: on a fresh ``keel up``, beat's first job is often out first). A
 republished message for a job that already ran, or runs twice, is harmless:
 a delivery runs the handler only if it can claim the record, and completed
 jobs are never claimable. Delayed jobs live in Postgres and need nothing.
@@ -17,29 +19,55 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.db import transaction
+from tasks.jobs import broker_contents
+from tasks.jobs.broker_contents import TooMany
 from tasks.jobs.enqueue import publish_or_park
 from tasks.jobs.store import upkeep
+from tasks.jobs.store.jobs import ReadyJob
 
 log = logging.getLogger(__name__)
 EPOCH_KEY = "keel:broker:epoch"
+MAX_MESSAGES = 20_000  # per place read, as the reconciler's bound
 
 
 def republish_waiting(batch: int = 500) -> int:
-    """Publish a message for every waiting job; returns how many."""
+    """Publish a message for every waiting job the broker holds none for; returns how many.
+
+    A job published since the broker came back (beat's first fire on a fresh
+    ``keel up``, a job added meanwhile) has its message there already: sending
+    another would only make a duplicate delivery, refused by the claim but
+    logged. The queue is read before the reserved messages, so a message a
+    worker takes in between is seen in one or the other.
+    """
     count, last = 0, ""
     while True:
         with transaction() as session:
             page = upkeep.waiting_after(session, last, batch)
         if not page:
             return count
+        held = _held(page)
+        with transaction() as session:
+            waiting = upkeep.still_waiting(session, [job.id for job in page])
         for job in page:
-            publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
-        count += len(page)
+            if job.id in waiting and not held(job.id):
+                publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
+                count += 1
         last = page[-1].id
+
+
+def _held(jobs: list[ReadyJob]) -> Callable[[str], bool]:
+    """Whether the broker holds a message for a job; "no" for all when it holds too many to read."""
+    try:
+        queued = [broker_contents.queue_contents(q, MAX_MESSAGES) for q in {j.queue for j in jobs}]
+        queued.append(broker_contents.unacked_contents(MAX_MESSAGES))
+    except TooMany:  # a broker that full did not just lose everything: republish as before
+        return lambda job_id: False
+    return lambda job_id: any(job_id in contents.ids for contents in queued)
 
 
 def check_epoch() -> bool:
