@@ -27,13 +27,114 @@ if os.getcwd() not in sys.path and shadowing_tasks_module(Path.cwd()) is None:
 
 from tasks.config import ProcessSettings, get_settings  # noqa: E402
 
+STACK_CHILDREN_CWD = Path(__file__).resolve().parents[1]  # keel.stack.PROJECT_ROOT
+
 if TYPE_CHECKING:
     from tasks.jobs.models import JobRecord
 
 
-@click.group()
-def main() -> None:
-    """Keel: Celery jobs with BullMQ's semantics."""
+class KeelGroup(click.Group):
+    """The ``keel`` group: a server that cannot be reached is named with where its URL came from."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:
+            problem = _unreachable(exc)
+            if problem is None:
+                raise
+            raise click.ClickException(problem) from None
+
+
+@click.group(cls=KeelGroup)
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Keel: Celery jobs with BullMQ's semantics.
+
+    Commands use the stack of $KEEL_HOME if set, else of ./.keel if a `keel up`
+    runs there, else the one `keel up` of yours running elsewhere (named on
+    stderr); with several running, set KEEL_HOME.
+    """
+    if ctx.invoked_subcommand in (None, "up") or "--help" in sys.argv[1:]:
+        return  # `keel up` picks its own home; help needs no stack
+    _use_stack()
+
+
+def _use_stack() -> None:
+    """Point this process at its stack (``keel.stacks``), saying so when it is not obvious."""
+    from keel.stacks import SeveralStacks, choose
+
+    try:
+        choice = choose()
+    except SeveralStacks as exc:
+        raise click.ClickException(str(exc)) from None
+    if choice.how == "found":
+        os.environ["KEEL_HOME"] = str(choice.home)
+        # The stack's job modules (`keel up --include`) import from where its children run.
+        if str(STACK_CHILDREN_CWD) not in sys.path:
+            sys.path.append(str(STACK_CHILDREN_CWD))
+        get_settings.cache_clear()
+        click.echo(f"keel: {choice.describe()}", err=True)
+    elif choice.stale_env is not None and _stale_values(choice.stale_env):
+        click.echo(
+            f"keel: no `keel up` is running on {choice.home}: using what the stopped stack left"
+            f" in {choice.stale_env} ({', '.join(_stale_values(choice.stale_env))}); start it"
+            " with `keel up`, or set KEEL_HOME to a running stack's home",
+            err=True,
+        )
+
+
+def _stale_values(env_file: Path) -> list[str]:
+    """The servers and secret this process would take from ``env_file`` (the environment's win)."""
+    from tasks.config import read_env_file
+
+    kept = read_env_file(env_file)
+    names = ("KEEL_DATABASE_URL", "KEEL_REDIS_URL", "KEEL_SECRET_KEY")
+    return [name for name in names if kept.get(name) and not os.environ.get(name)]
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """A server that did not answer, with its URL (password hidden) and where that came from."""
+    redis_errors = sys.modules.get("redis.exceptions")
+    sql_errors = sys.modules.get("sqlalchemy.exc")
+    kombu_errors = sys.modules.get("kombu.exceptions")
+    if redis_errors is not None and isinstance(
+        exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)
+    ):
+        return _server_problem("Redis", "KEEL_REDIS_URL", exc)
+    if sql_errors is not None and isinstance(
+        exc, (sql_errors.OperationalError, sql_errors.InterfaceError)
+    ):
+        return _server_problem("Postgres", "KEEL_DATABASE_URL", exc)
+    if kombu_errors is not None and isinstance(exc, kombu_errors.OperationalError):
+        broker = "KEEL_BROKER_URL" if os.environ.get("KEEL_BROKER_URL") else "KEEL_REDIS_URL"
+        return _server_problem("the broker", broker, exc)
+    return None
+
+
+def _server_problem(server: str, variable: str, exc: BaseException) -> str:
+    from keel.home import running_owner
+    from tasks.config import origin
+
+    settings = get_settings()
+    field = variable.removeprefix("KEEL_").lower()
+    url = _without_password(str(getattr(settings, field, None) or "(unset)"))
+    source = origin(variable)
+    why = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    message = f"cannot reach {server} at {url} ({variable} from {source}): {why}"
+    if Path(source).is_absolute() and running_owner(Path(source).parent) is None:
+        message += f"; no `keel up` is running on {Path(source).parent}: start it with `keel up`"
+    return message
+
+
+def _without_password(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 @main.command()
@@ -91,7 +192,9 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
         if not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
     if not settings.secret_key:
-        raise click.ClickException("KEEL_SECRET_KEY is not set and no stack is running")
+        from tasks.config import not_configured
+
+        raise click.ClickException(not_configured("KEEL_SECRET_KEY"))
     try:
         secret = check_secret(settings.secret_key)
     except RuntimeError as exc:
@@ -278,6 +381,12 @@ JOB_STATES = (
 @click.option("--state", type=click.Choice(JOB_STATES))
 @click.option("--name", "job_name", help="job name, e.g. report.generate")
 @click.option("--tenant", help="one tenant's jobs (default: every tenant's and the system's)")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="quiet periodic system jobs too (campaign.monitor every 10 s; left out by default)",
+)
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
 @click.option("--cursor", help="the cursor printed after the previous page")
 def jobs_list(
@@ -285,15 +394,29 @@ def jobs_list(
     state: str | None,
     job_name: str | None,
     tenant: str | None,
+    show_all: bool,
     limit: int,
     cursor: str | None,
 ) -> None:
-    """Print jobs as JSON lines, newest first; the next page's cursor goes to stderr."""
+    """Print jobs as JSON lines, newest first; the next page's cursor goes to stderr.
+
+    Quiet periodic system jobs (handler(..., quiet=True): campaign.monitor) are
+    left out unless --all is given or --name names them.
+    """
+    from tasks.celery import load_job_modules
+    from tasks.jobs import quiet
     from tasks.jobs.errors import KeelError
     from tasks.jobs.queries import list_jobs
     from tasks.jobs.store.listing import JobFilter
 
-    where = JobFilter(tenant_id=tenant, queue=queue, state=state, name=job_name)
+    try:
+        load_job_modules()  # every job type declared, the quiet ones among them
+    except ImportError as exc:  # listing needs none of them: say so, and go on
+        click.echo(f"keel: job modules not loaded ({exc}); --all may be needed", err=True)
+    hidden = () if show_all or job_name else quiet.names()
+    where = JobFilter(
+        tenant_id=tenant, queue=queue, state=state, name=job_name, hidden_names=hidden
+    )
     try:
         page = list_jobs(where, cursor=cursor, limit=limit)
     except KeelError as exc:

@@ -6,19 +6,22 @@ file and two worker sets on one database, and the second would rewrite
 ``flock`` on ``$KEEL_HOME/lock`` before it starts or writes anything, and
 keeps it until it exits. The kernel drops the lock when the process dies,
 however it dies, so a crash never leaves a stale lock; the pid written
-inside is only there to name the owner in the refusal.
+inside is only there to name the owner (in the refusal, and to `keel` commands
+that find the stack: `keel.stacks`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from keel.embedded.private import private_dir
 from tasks.jobs.errors import KeelError
 
 LOCK_FILE = "lock"
+PROBE_RETRIES = 4  # ``running_owner`` takes a shared lock for an instant
 
 
 class HomeBusy(KeelError):
@@ -46,12 +49,17 @@ class HomeLock:
         """Take the lock or raise ``HomeBusy`` at once, changing nothing on refusal."""
         private_dir(self.home)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise HomeBusy(self.home, owner) from None
+        for attempt in range(PROBE_RETRIES + 1):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt < PROBE_RETRIES:  # a `keel` command's probe holds it for an instant
+                    time.sleep(0.05)
+                    continue
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise HomeBusy(self.home, owner) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -62,3 +70,25 @@ class HomeLock:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the last descriptor drops the flock
             self._fd = None
+
+
+def running_owner(home: Path) -> str | None:
+    """The pid of the ``keel up`` running on ``home``, or ``None`` when none is.
+
+    Asks the kernel, not the pid file: a lock nobody holds is a stack that
+    stopped (or crashed), whatever the file still says. The probe takes a
+    shared lock for an instant and never creates anything.
+    """
+    try:
+        fd = os.open(home / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

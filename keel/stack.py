@@ -26,6 +26,7 @@ from pathlib import Path
 
 import redis
 
+from keel import stacks
 from keel.embedded import EmbeddedPostgres, EmbeddedRedis
 from keel.embedded.lifeline import PRIVATE_UMASK
 from keel.embedded.private import create_private
@@ -166,6 +167,7 @@ class Stack:
         signal.signal(signal.SIGINT, self._on_signal)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
         try:
+            stacks.register(self.home)  # `keel` commands in other folders find this stack
             self._start()
             self.starting = False
             return self.supervisor.watch(lambda: self.stopping, self._announce_when_ready)
@@ -174,6 +176,7 @@ class Stack:
         finally:
             self.starting = False
             self.supervisor.stop_all()
+            stacks.unregister(self.home)
             lock.release()
 
     def _start(self) -> None:

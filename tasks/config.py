@@ -42,6 +42,27 @@ def read_env_file(path: Path) -> dict[str, str]:
     return values
 
 
+def origin(variable: str) -> str:
+    """Where this process's ``variable`` comes from: the environment, or the env file's path.
+
+    Named in errors, so that a URL left in an old ``$KEEL_HOME/env`` is found.
+    """
+    if os.environ.get(variable):
+        return "the environment"
+    path = keel_home() / ENV_FILE_NAME
+    if read_env_file(path).get(variable):
+        return str(path)
+    return "nowhere (unset)"
+
+
+def not_configured(variable: str) -> str:
+    """What to do when ``variable`` is unset, in the words of an error."""
+    return (
+        f"{variable} is not set and no stack is running (looked in {keel_home() / ENV_FILE_NAME}):"
+        f" start one with `keel up`, or set KEEL_HOME to a running stack's home, or {variable}"
+    )
+
+
 def write_env_file(path: Path, values: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"{key}={shlex.quote(str(value))}" for key, value in sorted(values.items())]
@@ -173,18 +194,14 @@ class Settings(BaseSettings):
     @property
     def sqlalchemy_url(self) -> str:
         if not self.database_url:
-            raise RuntimeError(
-                "KEEL_DATABASE_URL is not set and no stack is running: start one with `keel up`"
-            )
+            raise RuntimeError(not_configured("KEEL_DATABASE_URL"))
         return sqlalchemy_url(self.database_url)
 
     @property
     def redis(self) -> str:
         """Keel's Redis (events, limits, metrics, heartbeats, results); required."""
         if not self.redis_url:
-            raise RuntimeError(
-                "KEEL_REDIS_URL is not set and no stack is running: start one with `keel up`"
-            )
+            raise RuntimeError(not_configured("KEEL_REDIS_URL"))
         return self.redis_url
 
     @property

@@ -25,7 +25,7 @@ from celery.beat import Scheduler
 
 from tasks import quotas
 from tasks.celery import load_job_modules
-from tasks.jobs import beat_entries, liveness, schedulers
+from tasks.jobs import beat_entries, liveness, quiet, schedulers
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class KeelScheduler(Scheduler):
         try:
             fired = schedulers.fire_due(job_limits=quotas.current().jobs)
             for job_id in fired.job_ids:
-                log.info("scheduler fired job %s", job_id)
+                name = fired.names.get(job_id, "")
+                log.log(quiet.level_for(name), "scheduler fired job %s (%s)", job_id, name)
             if fired.unsent:  # the broker is away: try those fires again in a while
                 return self.max_interval
             return schedulers.seconds_until_next(self.max_interval)

@@ -26,6 +26,7 @@ from sqlalchemy import event
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs import quiet as quiet_jobs
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested, running_for
 from tasks.jobs.errors import Defer
 from tasks.jobs.messages import KEEL_HEADER
@@ -359,6 +360,7 @@ def handler(
     options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
     events: bool = True,
     control: bool = False,
+    quiet: bool = False,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -369,12 +371,16 @@ def handler(
     (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
     ``events=False``: no Celery task events (``send_events``), so a periodic system job
     does not fill Flower's task list; its records and Keel's own events stay.
+    ``quiet=True``: its routine log lines (received, succeeded, fired) are DEBUG, not INFO,
+    and ``keel jobs list`` leaves it out unless asked (``tasks.jobs.quiet``).
     ``control=True``: a control job, published at the front of its queue (the top broker
     priority) whatever its party's load, so it never waits behind the bulk jobs it unblocks.
     """
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
     registry.declare(registry.JobType(name, queue, schedulable, data, submittable, control))
+    if quiet:
+        quiet_jobs.declare(name)
 
     def register(fn: Callable[[JobContext], Any]) -> Task:
         attributes: dict[str, Any] = {

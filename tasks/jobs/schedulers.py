@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -300,6 +300,7 @@ class FireRound:
 
     job_ids: list[str]
     unsent: int = 0
+    names: dict[str, str] = field(default_factory=dict)  # job id -> job name
 
 
 def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRound:
@@ -328,6 +329,7 @@ def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRo
                 continue
             if job_id:
                 fired.job_ids.append(job_id)
+                fired.names[job_id] = str(record.spec.get("template", {}).get("name", ""))
     return fired
 
 

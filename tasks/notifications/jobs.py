@@ -353,12 +353,14 @@ def send_group(job: JobContext) -> dict:
     return {"groupId": group_id, "sent": True, "losingGroupsRemoved": removed}
 
 
-@handler(MONITOR, queue=QUEUE, events=False)
+@handler(MONITOR, queue=QUEUE, events=False, quiet=True)
 def monitor_campaigns(job: JobContext) -> dict:
     """Report campaigns that stopped making progress; clear entries of finished ones.
 
     It fires every 10 s: without Celery task events (``events=False``) it stays
-    out of Flower's task list, where it would drown the jobs people look for.
-    Its records (``keel jobs list --name campaign.monitor``) are kept as usual.
+    out of Flower's task list, where it would drown the jobs people look for,
+    and ``quiet=True`` keeps its routine runs out of the console and of
+    ``keel jobs list``'s default page. Its records (``keel jobs list --name
+    campaign.monitor``) are kept as usual; a failure is logged as any other.
     """
     return campaigns.watch(job.data.get("quietSeconds"))

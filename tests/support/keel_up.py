@@ -25,9 +25,14 @@ ANNOUNCEMENT = b"Keel is up."
 
 
 def clean_env(home: Path) -> dict[str, str]:
-    """The caller's environment without the suite's ``KEEL_*``: nothing configured but ports."""
+    """The caller's environment without the suite's ``KEEL_*``: nothing configured but ports.
+
+    The stack registers in a registry of its own (``XDG_RUNTIME_DIR``), so that
+    commands run "from another folder" find it and no stack of anyone else's.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
     env.update(
+        XDG_RUNTIME_DIR=str(home.parent / f"{home.name}-runtime"),
         KEEL_HOME=str(home),
         KEEL_WEB_PORT=str(free_port()),
         KEEL_FLOWER_PORT=str(free_port()),

@@ -34,6 +34,7 @@ class JobFilter:
     state: str | None = None
     name: str | None = None
     id_prefix: str | None = None  # e.g. the jobs one scheduler fired (``repeat:<digest>:``)
+    hidden_names: tuple[str, ...] = ()  # left out (``keel jobs list``: quiet periodic jobs)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ def _filtered(query: Selection, where: JobFilter) -> Selection:
             query = query.where(column == value)
     if where.id_prefix is not None:
         query = query.where(JobRecord.id.startswith(where.id_prefix, autoescape=True))
+    if where.hidden_names:
+        query = query.where(JobRecord.name.not_in(where.hidden_names))
     return query
 
 

@@ -1,0 +1,66 @@
+"""A fresh ``keel up`` as a new user meets it: a quiet console, and a stack found from anywhere.
+
+Uses the session's ``keel up`` (a fresh home, nothing configured).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from tests.support.keel_up import KEEL, KeelUp
+from tests.support.stack import wait_for
+
+
+def keel_outside(up: KeelUp, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """``keel ARGS`` from a folder outside the repository, without KEEL_HOME."""
+    env = {k: v for k, v in up.env.items() if k != "KEEL_HOME"}
+    return subprocess.run(
+        [KEEL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def monitor_runs(up: KeelUp, cwd: Path) -> list[dict]:
+    listed = keel_outside(up, cwd, "jobs", "list", "--name", "campaign.monitor", "--limit", "100")
+    assert listed.returncode == 0, listed.stderr
+    return [json.loads(line) for line in listed.stdout.splitlines()]
+
+
+def test_a_second_terminal_elsewhere_finds_the_running_stack(keel_up: KeelUp, tmp_path):
+    # When a token is asked for in a folder with no .keel, KEEL_HOME unset
+    found = keel_outside(keel_up, tmp_path, "token", "--tenant", "acme", "--user", "alice")
+    # Then it is the running stack's token, and stderr says which stack that is
+    assert found.returncode == 0, found.stderr
+    assert len(found.stdout.split()) == 1 and found.stdout.count(".") == 2
+    pid = keel_up.process.pid if keel_up.process else None
+    assert f"keel: using stack at {keel_up.home} (keel up pid {pid})" in found.stderr
+
+
+def test_periodic_system_jobs_stay_out_of_the_console_and_the_default_jobs_page(
+    keel_up: KeelUp, tmp_path
+):
+    # Given the stack has run campaign.monitor a few times (every 10 s)
+    wait_for(lambda: len(monitor_runs(keel_up, tmp_path)) >= 3, timeout=60, interval=2)
+    log = keel_up.log()
+    # Then the console has no line about its routine runs: received, succeeded, fired
+    assert not re.search(r"campaign\.monitor\[", log), log[-3000:]
+    assert "(campaign.monitor)" not in log
+    # And `keel jobs list` leaves it out by default, shows it with --all
+    default = keel_outside(keel_up, tmp_path, "jobs", "list", "--limit", "100")
+    everything = keel_outside(keel_up, tmp_path, "jobs", "list", "--all", "--limit", "100")
+    assert default.returncode == 0 and everything.returncode == 0, default.stderr
+    assert "campaign.monitor" not in default.stdout
+    assert "campaign.monitor" in everything.stdout
+
+
+def test_a_fresh_keel_up_logs_no_warning_and_delivers_each_job_once(keel_up: KeelUp, tmp_path):
+    # Given the stack is up and its first periodic jobs have run
+    wait_for(lambda: len(monitor_runs(keel_up, tmp_path)) >= 2, timeout=60, interval=2)
+    log = keel_up.log()
+    # Then no broker recovery ran on the fresh broker, and no delivery was a duplicate
+    assert "broker epoch was missing" not in log
+    warnings = [line for line in log.splitlines() if re.search(r"WARNING/|\bERROR/", line)]
+    assert warnings == [], "\n".join(warnings)
+    assert not re.search(r"\] ignored", log), log[-3000:]

@@ -1,0 +1,140 @@
+"""Which stack a ``keel`` command uses, run from a folder that is not the repository.
+
+Real ``keel`` processes; a "running stack" here is a home whose lock is held,
+as ``keel up`` holds it (``keel.home.HomeLock``, a kernel ``flock``), taken
+by this test process. Each test has its own registry (``XDG_RUNTIME_DIR``),
+so stacks other people run on this machine are never seen.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from keel import stacks
+from keel.embedded import free_port
+from keel.home import HomeLock
+from tasks.config import write_env_file
+from tests.support.keel_up import KEEL
+
+SECRET = "a-secret-key-of-at-least-32-bytes-0123456789"
+
+
+@pytest.fixture
+def runtime(tmp_path, monkeypatch) -> Path:
+    folder = tmp_path / "runtime"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    return folder
+
+
+def keel(*args: str, cwd: Path, runtime: Path, **extra: str) -> subprocess.CompletedProcess:
+    """``keel ARGS`` as a user runs it in ``cwd``: nothing of Keel's in its environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    env.update(XDG_RUNTIME_DIR=str(runtime), **extra)
+    return subprocess.run(
+        [KEEL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def running_home(folder: Path, **values: str) -> tuple[Path, HomeLock]:
+    """A home with an env file, registered and locked as a running ``keel up`` leaves it."""
+    home = folder / ".keel"
+    lock = HomeLock(home).acquire()
+    write_env_file(home / "env", {"KEEL_SECRET_KEY": SECRET, **values})
+    stacks.register(home)
+    return home, lock
+
+
+def dead_urls() -> dict[str, str]:
+    return {
+        "KEEL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/postgres",
+        "KEEL_REDIS_URL": f"redis://:hunter2-password@127.0.0.1:{free_port()}/0",
+    }
+
+
+def test_a_command_in_another_folder_uses_the_one_running_stack_and_says_so(tmp_path, runtime):
+    # Given one running stack in a folder, and a terminal in another folder
+    home, lock = running_home(tmp_path / "project")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        # When a token is asked for there
+        found = keel("token", "--tenant", "acme", "--user", "alice", cwd=elsewhere, runtime=runtime)
+    finally:
+        lock.release()
+    # Then it is signed with that stack's secret; stderr names the stack, stdout is the token
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.count(".") == 2 and len(found.stdout.split()) == 1
+    assert f"keel: using stack at {home} (keel up pid {os.getpid()})" in found.stderr
+
+
+def test_a_running_stack_is_found_over_a_stale_local_env(tmp_path, runtime):
+    # Given a folder whose ./.keel was left by a stopped stack, and a stack running elsewhere
+    home, lock = running_home(tmp_path / "project")
+    stale = tmp_path / "old"
+    write_env_file(stale / ".keel" / "env", {"KEEL_SECRET_KEY": "x" * 40, **dead_urls()})
+    try:
+        found = keel("token", "--tenant", "acme", "--user", "bob", cwd=stale, runtime=runtime)
+    finally:
+        lock.release()
+    # Then the running stack is used, and named
+    assert found.returncode == 0, found.stderr
+    assert f"using stack at {home}" in found.stderr
+
+
+def test_several_running_stacks_are_listed_and_none_is_guessed(tmp_path, runtime):
+    first, first_lock = running_home(tmp_path / "one")
+    second, second_lock = running_home(tmp_path / "two")
+    try:
+        found = keel("token", "--tenant", "acme", "--user", "alice", cwd=tmp_path, runtime=runtime)
+    finally:
+        first_lock.release()
+        second_lock.release()
+    assert found.returncode == 1 and found.stdout == ""
+    assert "2 stacks are running" in found.stderr and "set KEEL_HOME" in found.stderr
+    assert str(first) in found.stderr and str(second) in found.stderr
+
+
+def test_a_stopped_stack_is_not_found_and_the_error_says_how_to_start_one(tmp_path, runtime):
+    # Given a registered home whose keel up stopped (its lock is free)
+    home, lock = running_home(tmp_path / "project")
+    lock.release()
+    found = keel("token", "--tenant", "acme", "--user", "alice", cwd=tmp_path, runtime=runtime)
+    assert found.returncode == 1, found.stdout
+    assert "KEEL_SECRET_KEY is not set and no stack is running" in found.stderr
+    assert "start one with `keel up`" in found.stderr and "KEEL_HOME" in found.stderr
+    assert str(home) not in found.stderr
+
+
+def test_a_stale_env_is_named_with_the_dead_server_it_points_at(tmp_path, runtime):
+    # Given KEEL_HOME pointing at a home a stopped stack left, its URLs dead
+    stale = tmp_path / "old" / ".keel"
+    write_env_file(stale / "env", {"KEEL_SECRET_KEY": SECRET, **dead_urls()})
+    # When jobs are listed (Postgres) and dead letters read (Redis)
+    listed = keel("jobs", "list", cwd=tmp_path, runtime=runtime, KEEL_HOME=str(stale))
+    letters = keel("deadletters", "list", cwd=tmp_path, runtime=runtime, KEEL_HOME=str(stale))
+    # Then each says the stack is not running, which server failed and which file named it
+    for result, server, variable in (
+        (listed, "Postgres", "KEEL_DATABASE_URL"),
+        (letters, "Redis", "KEEL_REDIS_URL"),
+    ):
+        assert result.returncode == 1, result.stdout
+        assert f"no `keel up` is running on {stale}" in result.stderr
+        assert f"cannot reach {server} at" in result.stderr
+        assert f"({variable} from {stale / 'env'})" in result.stderr
+        assert "Traceback" not in result.stderr
+    # And the Redis password is not printed
+    assert "hunter2-password" not in listed.stderr + letters.stderr
+
+
+def test_the_registry_is_private_to_its_user(tmp_path, runtime):
+    home, lock = running_home(tmp_path / "project")
+    lock.release()
+    [entry] = list(stacks.registry_dir().iterdir())
+    assert stat.S_IMODE(stacks.registry_dir().stat().st_mode) == 0o700
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o600
+    assert entry.read_text().strip() == str(home)
