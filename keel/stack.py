@@ -32,6 +32,7 @@ from keel.embedded.lifeline import PRIVATE_UMASK
 from keel.embedded.private import create_private
 from keel.home import HomeBusy, HomeLock
 from keel.supervisor import Child, Supervisor
+from tasks.catalog import parse_builtin
 from tasks.config import (
     ENV_FILE_NAME,
     ProcessSettings,
@@ -98,6 +99,8 @@ class Stack:
         }
         if given.job_modules:  # `keel up --include`: every child, and later CLI calls, load them
             env["KEEL_JOB_MODULES"] = given.job_modules
+        # Written even as "none": later CLI calls and scripts see the same built-in apps.
+        env["KEEL_BUILTIN_JOBS"] = given.builtin_jobs
         database_url = given.database_url
         if not database_url:
             postgres = EmbeddedPostgres(self.home)
@@ -114,6 +117,14 @@ class Stack:
         if given.broker_url:  # Celery's messages on RabbitMQ; nothing embedded replaces it
             env["KEEL_BROKER_URL"] = given.broker_url
         return env
+
+    @staticmethod
+    def _sandbox(env: dict[str, str]) -> list[Child]:
+        """The provider sandbox stands in for the notifications app's provider: only with it."""
+        if "notifications" not in parse_builtin(env["KEEL_BUILTIN_JOBS"]):
+            return []
+        port = env["KEEL_SANDBOX_PORT"]
+        return [Child("sandbox", [sys.executable, "-m", "provider_sandbox", "--port", port])]
 
     def plan(self, env: dict[str, str]) -> list[Child]:
         celery = [sys.executable, "-m", "celery", "-A", "tasks"]
@@ -132,10 +143,7 @@ class Stack:
                     "--pidfile=",
                 ],
             ),
-            Child(
-                "sandbox",
-                [sys.executable, "-m", "provider_sandbox", "--port", env["KEEL_SANDBOX_PORT"]],
-            ),
+            *self._sandbox(env),
             Child(
                 "flower",
                 [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}", "--address=127.0.0.1"],
@@ -235,6 +243,7 @@ class Stack:
         return "no heartbeat yet from a worker of this stack"
 
     def _announce(self, env: dict[str, str]) -> None:
+        sandbox = f"  sandbox {env['KEEL_PROVIDER_URL']}\n" if self._sandbox(env) else ""
         print(
             f"\nKeel is up.\n"
             f"  web     {env['KEEL_WEB_URL']}/api/v1   (docs: /api/v1/docs)\n"
@@ -242,7 +251,7 @@ class Stack:
             f"(sign in: keel ui-link --tenant acme --user alice --role operator)\n"
             f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}"
             f"  (user {env['KEEL_FLOWER_USER']}, password in {self.home / ENV_FILE_NAME})\n"
-            f"  sandbox {env['KEEL_PROVIDER_URL']}\n"
+            f"{sandbox}"
             f"  env     {self.home / ENV_FILE_NAME}\n"
             f"  token   keel token --tenant acme --user alice --role operator\n"
             f"Ctrl+C stops everything.\n",

@@ -1,23 +1,82 @@
 """Which job modules every Keel process loads, and loading them.
 
-Keel's own modules, then yours: ``KEEL_JOB_MODULES=myapp.jobs,myapp.more``
-(or ``keel up --include myapp.jobs``). Celery imports them in a worker
-(``include``); the API, beat and the CLI load them too, because judging a
-scheduler's template or a submitted job needs every job type's declaration
-(``tasks.jobs.registry``), not only those the process happened to import.
+The job layer's own signal handlers, then the built-in apps that
+``KEEL_BUILTIN_JOBS`` leaves on (the seed's ``reports`` and
+``notifications``, both by default; empty or ``none`` → neither), then
+yours: ``KEEL_JOB_MODULES=myapp.jobs,myapp.more`` (or ``keel up --include
+myapp.jobs``). Celery imports them in a worker (``include``); the API, beat
+and the CLI load them too, because judging a scheduler's template or a
+submitted job needs every job type's declaration (``tasks.jobs.registry``),
+not only those the process happened to import.
+
+A built-in app that is off brings nothing: no job types, no queues, no
+standing schedulers (beat removes the ones an earlier run stored), no
+endpoints or dashboard pages (``web`` asks ``enabled``), no metrics.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tasks.config import get_settings
 
-BUILTIN_JOB_MODULES = [
-    "tasks.jobs.signals",
-    "tasks.reports.jobs",
-    "tasks.reports.schedules",
-    "tasks.notifications.jobs",
-    "tasks.notifications.schedules",
-]
+SIGNALS_MODULE = "tasks.jobs.signals"
+DAILY_CLEANUP_ID = "daily-report-cleanup"
+CAMPAIGN_MONITOR_ID = "campaign-monitor"
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class BuiltinApp:
+    """What one of Keel's own job apps brings into a process when it is on."""
+
+    modules: tuple[str, ...]
+    queue: str
+    schedulers: tuple[str, ...]  # system schedulers its modules upsert when beat starts
+
+
+BUILTIN_APPS: dict[str, BuiltinApp] = {
+    "reports": BuiltinApp(
+        modules=("tasks.reports.jobs", "tasks.reports.schedules"),
+        queue="reports",
+        schedulers=(DAILY_CLEANUP_ID,),
+    ),
+    "notifications": BuiltinApp(
+        modules=("tasks.notifications.jobs", "tasks.notifications.schedules"),
+        queue="notifications",
+        schedulers=(CAMPAIGN_MONITOR_ID,),
+    ),
+}
+# Kept for callers that list Keel's own modules: every built-in app's, on or off.
+BUILTIN_JOB_MODULES = [SIGNALS_MODULE] + [m for a in BUILTIN_APPS.values() for m in a.modules]
+
+
+def parse_builtin(text: str) -> tuple[str, ...]:
+    """``KEEL_BUILTIN_JOBS``'s names, in ``BUILTIN_APPS`` order; an unknown name is an error."""
+    names = {name for name in text.replace(",", " ").split() if name}
+    if names == {"none"}:
+        return ()
+    unknown = sorted(names - set(BUILTIN_APPS))
+    if unknown:
+        raise ValueError(
+            f"unknown built-in job app {', '.join(unknown)}: choose from "
+            f"{', '.join(BUILTIN_APPS)}, or none"
+        )
+    return tuple(name for name in BUILTIN_APPS if name in names)
+
+
+def builtin_apps() -> tuple[str, ...]:
+    """The built-in apps this process runs (``KEEL_BUILTIN_JOBS``)."""
+    return parse_builtin(get_settings().builtin_jobs)
+
+
+def enabled(app_name: str) -> bool:
+    return app_name in builtin_apps()
+
+
+def disabled_apps() -> list[BuiltinApp]:
+    on = builtin_apps()
+    return [app for name, app in BUILTIN_APPS.items() if name not in on]
 
 
 def user_job_modules(setting: str | None = None) -> list[str]:
@@ -27,5 +86,16 @@ def user_job_modules(setting: str | None = None) -> list[str]:
 
 
 def job_modules() -> list[str]:
-    """Every module with job types: Keel's own, then the user's."""
-    return BUILTIN_JOB_MODULES + [m for m in user_job_modules() if m not in BUILTIN_JOB_MODULES]
+    """Every module with job types: the job layer's, the built-in apps that are on, the user's."""
+    own = [SIGNALS_MODULE] + [m for n in builtin_apps() for m in BUILTIN_APPS[n].modules]
+    return own + [m for m in user_job_modules() if m not in own]
+
+
+def celery_queues() -> tuple[str, ...]:
+    """The queues Celery declares up front: the built-in apps' that are on, and ``default``.
+
+    A job module's own queues are declared as its tasks are loaded
+    (``tasks.celery.consume_every_job_queue``); ``tasks.jobs.registry.queues``
+    lists every queue of a loaded job type.
+    """
+    return (*(BUILTIN_APPS[name].queue for name in builtin_apps()), DEFAULT_QUEUE)

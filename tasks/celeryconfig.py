@@ -16,11 +16,13 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
+from tasks.catalog import celery_queues
 from tasks.config import Settings, get_settings
 from tasks.jobs.tenancy import PRIORITY_STEPS
 from tasks.rabbitmq import CONFIRM_TIMEOUT_S
 
-QUEUES = ("reports", "notifications", "default")
+# The built-in apps' queues that are on (KEEL_BUILTIN_JOBS), and "default".
+QUEUES = celery_queues()
 
 
 def redis_broker(settings: Settings) -> dict[str, Any]:

@@ -104,6 +104,12 @@ class _EnvFile(PydanticBaseSettingsSource):
         return found
 
 
+def _builtin_jobs_default() -> str:
+    # Unlike other variables, KEEL_BUILTIN_JOBS="" is a choice (no built-in apps), and
+    # the environment source drops empty values: read here before it does.
+    return "none" if os.environ.get(f"{PREFIX}BUILTIN_JOBS") == "" else "reports,notifications"
+
+
 class Settings(BaseSettings):
     """Every ``KEEL_*`` variable, with its type and default: the configuration of one process.
 
@@ -142,6 +148,8 @@ class Settings(BaseSettings):
     stalled_interval_s: float = 5
     max_stalled_count: int = 1
     visibility_timeout_s: int = 60
+    # A container health check passes through a Redis outage this long (tasks.jobs.healthcheck).
+    health_redis_grace_s: float = Field(default=60.0, gt=0)
     # How long a worker's task event waits for others to leave with it (tasks.celery_events).
     event_flush_s: float = Field(default=0.05, ge=0, le=60)
     # Waiting jobs whose message left the broker (a purge) are republished (tasks.jobs.reconcile).
@@ -150,6 +158,9 @@ class Settings(BaseSettings):
     queue_limits: str = ""  # JSON; parsed by tasks.jobs.limits
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
+    # Keel's own job apps that run (tasks.catalog): "reports,notifications"; "" or "none": neither.
+    # An empty variable means none here (not "unset"); `keel up` writes it as "none".
+    builtin_jobs: str = Field(default_factory=_builtin_jobs_default)
     # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
     tenant_quotas: str = ""
     token_max_ttl_s: int = 30 * 86_400
@@ -172,6 +183,13 @@ class Settings(BaseSettings):
         if url is not None and not is_amqp(url):
             raise ValueError("must be an amqp:// URL (RabbitMQ); unset, messages go through Redis")
         return url
+
+    @field_validator("builtin_jobs")
+    @classmethod
+    def _builtin(cls, text: str) -> str:
+        from tasks.catalog import parse_builtin
+
+        return ",".join(parse_builtin(text)) or "none"
 
     @field_validator("home")
     @classmethod

@@ -31,21 +31,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
 
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
-    from tasks import db, quotas
+    from tasks import catalog, db, quotas
     from tasks.celery import load_job_modules
-    from web import (
-        campaigns,
-        docs,
-        errors,
-        events,
-        jobs,
-        queues,
-        ratelimit,
-        reports,
-        schedulers,
-        system,
-        ui,
-    )
+    from web import docs, errors, jobs, queues, ratelimit, schedulers, system, ui
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
@@ -56,10 +44,18 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     errors.init_app(app)
     ratelimit.init_app(app)
     app.register_blueprint(system.bp)
-    app.register_blueprint(reports.bp)
-    app.register_blueprint(events.bp)
+    # A built-in app that is off (KEEL_BUILTIN_JOBS) has no endpoints: they answer 404.
+    # Imported only then: importing an app's module declares its job types.
+    if catalog.enabled("reports"):
+        from web import events, reports
+
+        app.register_blueprint(reports.bp)
+        app.register_blueprint(events.bp)
     app.register_blueprint(schedulers.bp)
-    app.register_blueprint(campaigns.bp)
+    if catalog.enabled("notifications"):
+        from web import campaigns
+
+        app.register_blueprint(campaigns.bp)
     app.register_blueprint(queues.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(docs.bp)

@@ -35,6 +35,7 @@ class Operation:
     produces: str = "application/json"
     param_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     query: type[BaseModel] | None = None
+    blueprint: str = ""  # documented only where this blueprint is registered
 
 
 OPERATIONS: list[Operation] = []
@@ -312,6 +313,7 @@ def operation(
                 produces,
                 param_schemas,
                 query,
+                blueprint.name,
             )
         )
         return endpoint

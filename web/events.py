@@ -30,10 +30,10 @@ from typing import Any
 from flask import Blueprint, Response, g, request
 
 from tasks import broker
+from tasks.catalog import BUILTIN_APPS
 from tasks.jobs import events
 from tasks.jobs.models import FINISHED_STATES, JobRecord
 from tasks.jobs.queries import get_owned
-from tasks.reports.jobs import QUEUE
 from web.api import operation
 from web.errors import RETRY_AFTER_S, ApiError
 from web.serving import STOPPING, STREAM_SLOTS
@@ -49,6 +49,7 @@ KEEPALIVE_S = 15.0
 # A job already finished whose terminal event is not in the stream (trimmed,
 # or written a moment after the record) is waited for only this long.
 FINISHED_GRACE_S = 2.0
+REPORTS_QUEUE = BUILTIN_APPS["reports"].queue  # this module's routes are the reports app's
 STREAM_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
 
 
@@ -189,7 +190,7 @@ def _resume_after() -> str:
 def job_events(job_id: str):
     timeout_s = _timeout_s()
     principal = g.principal
-    job = get_owned(job_id, principal.owner, queue=QUEUE, tenant_wide=principal.operator)
+    job = get_owned(job_id, principal.owner, queue=REPORTS_QUEUE, tenant_wide=principal.operator)
     return stream_response(job, timeout_s)
 
 

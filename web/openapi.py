@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flask import current_app
 from pydantic import BaseModel
 
 from web.api import OPERATIONS, Operation
@@ -92,9 +93,13 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
+    """The API as this app serves it: a built-in app turned off is not described."""
     components: dict[str, Any] = {}
     paths: dict[str, dict[str, Any]] = {}
+    served = current_app.blueprints
     for op in OPERATIONS:
+        if op.blueprint not in served:
+            continue
         paths.setdefault(op.path, {})[op.method] = _operation(op, components)
     return {
         "openapi": "3.1.0",

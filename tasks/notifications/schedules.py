@@ -6,13 +6,13 @@ import logging
 
 from celery.signals import beat_init
 
+from tasks.catalog import CAMPAIGN_MONITOR_ID as MONITOR_ID
 from tasks.jobs import JobOptions
 from tasks.jobs.schedule_rules import JobTemplate
 from tasks.jobs.schedulers import SchedulerSpec, Scope, upsert
 from tasks.notifications.jobs import MONITOR, QUEUE
 
 log = logging.getLogger(__name__)
-MONITOR_ID = "campaign-monitor"
 MONITOR_EVERY_MS = 10_000
 
 

@@ -6,13 +6,13 @@ import logging
 
 from celery.signals import beat_init
 
+from tasks.catalog import DAILY_CLEANUP_ID
 from tasks.jobs import Backoff, JobOptions
 from tasks.jobs.schedule_rules import JobTemplate
 from tasks.jobs.schedulers import SchedulerSpec, Scope, upsert
 from tasks.reports.jobs import CLEANUP, QUEUE
 
 log = logging.getLogger(__name__)
-DAILY_CLEANUP_ID = "daily-report-cleanup"
 
 DAILY_CLEANUP = SchedulerSpec(
     pattern="0 0 3 * * *",

@@ -53,7 +53,11 @@ CONTENT_SECURITY_POLICY = (
 
 def init_app(app: Flask) -> None:
     """The dashboard's routes, its session cookie and its CSRF protection."""
-    from web.ui import campaigns, jobs, queues, schedulers, signin  # noqa: F401  (routes)
+    from tasks import catalog
+    from web.ui import jobs, queues, schedulers, signin  # noqa: F401  (routes)
+
+    if catalog.enabled("notifications"):  # its module imports the notifications app
+        from web.ui import campaigns  # noqa: F401  (routes)
 
     app.config.setdefault("KEEL_UI_SESSION_S", get_settings().ui_session_s)
     app.config.update(
@@ -142,7 +146,13 @@ def _unexpected(error: Exception) -> Any:
 
 @bp.context_processor
 def _dashboard_context() -> dict[str, Any]:
-    return {"principal": g.get("principal"), "flower_url": _flower_url()}
+    from tasks import catalog
+
+    return {
+        "principal": g.get("principal"),
+        "flower_url": _flower_url(),
+        "campaigns_on": catalog.enabled("notifications"),
+    }
 
 
 def _flower_url() -> str:

@@ -15,17 +15,27 @@ from typing import Any
 import requests
 from flask import g, render_template, request, url_for
 
+from tasks import catalog
 from tasks.jobs.errors import KeelError
 from tasks.notifications import campaigns
 from tasks.notifications.verify import verify
 from web.auth import OPERATOR
 from web.campaigns import campaign_for, resume_for
+from web.errors import ApiError
 from web.ui import bp
 from web.ui.forms import act
 from web.ui.session import signed_in
 
 log = logging.getLogger(__name__)
 LISTED = 50
+PAGES = ("ui.campaigns_page", "ui.campaign", "ui.resume_campaign")
+
+
+@bp.before_request
+def _app_on() -> None:
+    """With the notifications app off (``KEEL_BUILTIN_JOBS``), these pages do not exist."""
+    if request.endpoint in PAGES and not catalog.enabled("notifications"):
+        raise ApiError(404, "not found", code="not_found")
 
 
 @bp.get("/campaigns")
