@@ -601,3 +601,25 @@ def deadletters_drop(ids: tuple[str, ...], queues: tuple[str, ...], drop_all: bo
     click.echo(f"dropped {len(dropped)}")
     if chosen and len(dropped) < len(chosen):
         sys.exit(1)
+
+
+@main.command("status")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document instead of lines")
+def status(as_json: bool) -> None:
+    """The whole system's health: servers, workers, beat, dead letters, overdue delayed jobs.
+
+    Exits 0 when every check passes, 1 otherwise (for scripts and monitors).
+    """
+    from tasks import health
+
+    checks = health.system()
+    healthy = all(check.ok for check in checks)
+    if as_json:
+        found = {c.name: {"ok": c.ok, "found": c.found, "problem": c.problem} for c in checks}
+        click.echo(json.dumps({"healthy": healthy, "checks": found}))
+    else:
+        for check in checks:
+            click.echo(f"{'ok  ' if check.ok else 'FAIL'}  {check.name:<16} {check.describe()}")
+        click.echo("healthy" if healthy else "unhealthy")
+    if not healthy:
+        sys.exit(1)

@@ -91,3 +91,14 @@ def configured_bound(key: str, read: Callable[[], int]) -> Callable[[dict[str, A
 class Readiness(Open):
     status: str
     checks: dict[str, str]
+
+
+class StatusCheck(Open):
+    ok: bool
+    found: str
+    problem: str | None
+
+
+class SystemStatus(Open):
+    healthy: bool
+    checks: dict[str, StatusCheck]

@@ -6,16 +6,23 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from tasks import health
 from tasks.celeryconfig import QUEUES
 from tasks.jobs import metrics as job_metrics
+from tasks.jobs import registry
 from tasks.jobs.store.counts import counts
-from web import readiness
 from web.api import operation
+from web.auth import OPERATOR
 from web.errors import ApiError
 from web.openapi import document
-from web.schemas import Health, Open, Readiness
+from web.schemas import Health, Open, Readiness, SystemStatus
 
 bp = Blueprint("system", __name__)
+
+
+def known_queues() -> list[str]:
+    """Every queue a loaded job type runs on (your modules' too), and Celery's declared ones."""
+    return sorted(set(QUEUES) | set(registry.queues()))
 
 
 class JobStateCollector:
@@ -25,7 +32,7 @@ class JobStateCollector:
         family = GaugeMetricFamily(
             "keel_jobs", "Job records by queue and state", labels=["queue", "state"]
         )
-        for queue in QUEUES:
+        for queue in known_queues():
             for state, n in counts(queue).items():
                 family.add_metric([queue, state], n)
         yield family
@@ -48,7 +55,7 @@ class JobActivityCollector:
                 "keel_job_wait_seconds", "Time from due to start", labels=["queue"]
             ),
         }
-        for queue, found in job_metrics.snapshot(list(QUEUES)).items():
+        for queue, found in job_metrics.snapshot(known_queues()).items():
             for event, n in found["events"].items():
                 events.add_metric([queue, event], n)
             for kind, family in families.items():
@@ -80,14 +87,14 @@ def healthz():
     bp,
     "/readyz",
     "GET",
-    summary="Readiness: Postgres, Redis (and RabbitMQ, if it is the broker) and a recent "
-    "worker heartbeat, answered within ~2 s",
+    summary="Readiness of this API to accept work: Postgres answers (Redis and RabbitMQ are "
+    "reported, not required: jobs added meanwhile are parked), answered within ~2 s",
     responses={200: Readiness, 503: None},
     authenticated=False,
 )
 def readyz():
-    checks = readiness.check_all()
-    failing = [check for check in checks if not check.ok]
+    checks = health.readiness()
+    failing = [check for check in checks if not check.ok and check.required]
     if failing:
         raise ApiError(
             503,
@@ -96,7 +103,27 @@ def readyz():
             details=[{"check": check.name, "problem": check.problem} for check in failing],
             headers={"Retry-After": "2"},
         )
-    return {"status": "ready", "checks": {check.name: "ok" for check in checks}}
+    return {"status": "ready", "checks": {check.name: check.describe() for check in checks}}
+
+
+@operation(
+    bp,
+    "/api/v1/system/status",
+    "GET",
+    summary="The whole system: servers, workers' and beat's heartbeats, dead letters, overdue "
+    "delayed jobs (as `keel status`); 200 whatever it finds, `healthy` says",
+    responses={200: SystemStatus},
+    role=OPERATOR,
+)
+def system_status():
+    checks = health.system()
+    return {
+        "healthy": all(check.ok for check in checks),
+        "checks": {
+            check.name: {"ok": check.ok, "found": check.found, "problem": check.problem}
+            for check in checks
+        },
+    }
 
 
 @operation(

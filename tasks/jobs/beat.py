@@ -36,6 +36,7 @@ class KeelScheduler(Scheduler):
     max_interval = 1.0
     _last_heartbeat = 0.0
     _alive: redis.Redis | None = None
+    _redis_ok_at: float | None = None
     _synced = False
 
     def setup_schedule(self) -> None:
@@ -72,11 +73,14 @@ class KeelScheduler(Scheduler):
         if time.monotonic() - self._last_heartbeat < liveness.HEARTBEAT_S:
             return
         self._last_heartbeat = time.monotonic()
+        member = f"beat@{socket.gethostname()}"
         try:
             self._alive = self._alive or liveness.quick_client()
-            liveness.beat(self._alive, "beat", f"beat@{socket.gethostname()}")
+            liveness.beat(self._alive, "beat", member)
+            self._redis_ok_at = time.time()
         except redis.RedisError as exc:
             log.warning("beat heartbeat not recorded: %s", exc)
+        liveness.beat_locally("beat", member, self._redis_ok_at)
 
     def sync(self) -> None:
         """Nothing to flush: every fire is committed as it happens."""

@@ -12,14 +12,22 @@ process subscribed at the time sees, so a readiness probe would have to
 listen for a whole heartbeat interval, or every web process would have to
 keep an event consumer running. A sorted-set read is one bounded command.
 
-``python -m tasks.jobs.healthcheck worker|beat`` reads them for a container
-health check.
+``python -m tasks.jobs.healthcheck worker|beat`` is a container health check
+for the processes of its own host. It must not fail on a Redis blip (a
+restarted container loses its running jobs), so each beat also writes a
+small local file, ``$KEEL_HOME/alive/<role>@<node>``, on the same timer,
+whether or not Redis answered: its age says the process's loop runs, and
+what it holds says when Redis last took a heartbeat.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -49,6 +57,59 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[1]), '+inf')
 """
+
+
+def local_dir() -> Path:
+    return get_settings().home / "alive"
+
+
+def local_path(role: str, member: str) -> Path:
+    return local_dir() / f"{role}.{member.replace('/', '_')}"
+
+
+def beat_locally(
+    role: str, member: str, redis_ok_at: float | None, reconnecting: bool = False
+) -> None:
+    """This process's loop ran now; Redis last took its heartbeat at ``redis_ok_at``.
+
+    ``reconnecting``: the consumer stopped to reconnect to the broker (its timer
+    stops with it), so no beat follows until it is back.
+    Written to a temporary file and renamed, so a reader never sees half of it.
+    """
+    path = local_path(role, member)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            entry = {"pid": os.getpid(), "at": time.time(), "redis_ok_at": redis_ok_at}
+            json.dump({**entry, "reconnecting": reconnecting}, out)
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home: the Redis heartbeat still counts
+        log.debug("local heartbeat not written: %s", exc)
+
+
+def forget_locally(role: str, member: str) -> None:
+    with contextlib.suppress(OSError):
+        local_path(role, member).unlink()
+
+
+def local_beats(role: str) -> list[dict[str, Any]]:
+    """This host's local heartbeats of ``role``: each with its ``member`` and ``age_s``."""
+    found = []
+    try:
+        paths = sorted(local_dir().glob(f"{role}.*"))
+    except OSError:
+        return []
+    now = time.time()
+    for path in paths:
+        try:
+            entry = json.loads(path.read_text())
+            entry.update(member=path.name[len(role) + 1 :], age_s=now - float(entry["at"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        found.append(entry)
+    return found
 
 
 def key(role: str) -> str:
@@ -91,6 +152,7 @@ class Heartbeat(bootsteps.StartStopStep):
     def __init__(self, c: Any, **kwargs: Any) -> None:
         self.tref: Any = None
         self.client: redis.Redis | None = None
+        self.redis_ok_at: float | None = None
 
     def start(self, c: Any) -> None:
         self.client = quick_client()
@@ -102,16 +164,24 @@ class Heartbeat(bootsteps.StartStopStep):
             return
         try:
             beat(self.client, "worker", hostname)
+            self.redis_ok_at = time.time()
         except redis.RedisError as exc:  # readiness will say so; the worker goes on
             log.warning("worker heartbeat not recorded: %s", exc)
+        beat_locally("worker", hostname, self.redis_ok_at)
 
     def stop(self, c: Any) -> None:
+        """The consumer stops: to reconnect to the broker (it starts again), or for good."""
         if self.tref is not None:
             c.timer.cancel(self.tref)
             self.tref = None
+        beat_locally("worker", c.hostname, self.redis_ok_at, reconnecting=True)
         if self.client is not None:
             with contextlib.suppress(redis.RedisError):
                 forget(self.client, "worker", c.hostname)
 
-    shutdown = stop
-    terminate = stop
+    def shutdown(self, c: Any) -> None:
+        """The worker exits."""
+        self.stop(c)
+        forget_locally("worker", c.hostname)
+
+    terminate = shutdown
