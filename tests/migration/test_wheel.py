@@ -47,7 +47,7 @@ def build_wheel(tmp_path: Path) -> Path:
     shutil.copytree(PROJECT_ROOT, source, ignore=NOT_SOURCE)
     dist = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source], tmp_path)
-    [wheel] = dist.glob("keel-*.whl")
+    [wheel] = dist.glob("keel_jobs-*.whl")
     return wheel
 
 
