@@ -1,17 +1,39 @@
 # One image for every Keel process; compose picks the command.
-# Keel is installed from its sources as a regular (non-editable) package, so the
-# image runs what a wheel ships, migrations included; the sources are then
-# removed and the working folder is empty (`celery -A tasks` imports from the
-# working folder first).
-FROM python:3.11-slim
-COPY setup.cfg pyproject.toml README.md /src/
-COPY tasks /src/tasks
-COPY web /src/web
-COPY migrations /src/migrations
-RUN pip install --no-cache-dir /src && rm -rf /src && useradd --system --uid 1000 keel
+#
+# The image is the wheel: the first stage builds Keel's wheel from the whole source
+# tree, the second installs that wheel (and its dependencies) into a virtualenv and
+# keeps nothing else of the sources, so `celery -A tasks` in the empty working folder
+# imports the installed packages, migrations and templates included.
+#
+# BASE_IMAGE: any Debian-like image with Python >= 3.11 as `python3` (with venv).
+# The default is the official one; the container tests pass a debootstrapped base.
+ARG BASE_IMAGE=python:3.11-slim
+
+FROM ${BASE_IMAGE} AS wheel
+WORKDIR /src
+COPY . .
+RUN python3 -m venv /opt/build \
+    && /opt/build/bin/pip wheel --no-cache-dir -q --no-deps -w /dist . \
+    && ls /dist/keel_jobs-*.whl
+
+FROM ${BASE_IMAGE}
+# A virtualenv: the same on every base, and outside a distribution's own Python packages.
+RUN python3 -m venv /opt/keel
+COPY --from=wheel /dist/ /tmp/dist/
+RUN /opt/keel/bin/pip install --no-cache-dir -q --disable-pip-version-check /tmp/dist/keel_jobs-*.whl \
+    && rm -rf /tmp/dist \
+    && (groupadd --system --gid 1000 keel \
+        && useradd --system --uid 1000 --gid 1000 --home-dir /var/lib/keel --shell /usr/sbin/nologin keel \
+        || { echo 'keel:x:1000:' >> /etc/group \
+             && echo 'keel:x:1000:1000::/var/lib/keel:/usr/sbin/nologin' >> /etc/passwd; }) \
+    && mkdir -p /var/lib/keel /app \
+    && chown 1000:1000 /var/lib/keel && chmod 0700 /var/lib/keel
+ENV PATH=/opt/keel/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    KEEL_HOME=/var/lib/keel
+# An empty working folder: nothing here shadows the installed packages.
 WORKDIR /app
-USER keel
-ENV KEEL_HOME=/tmp/keel
+USER 1000:1000
+EXPOSE 8000 5555 8025
 # The API by default (compose runs the other parts with their own commands).
-EXPOSE 8000
 CMD ["gunicorn", "-c", "python:web.gunicorn_conf", "-b", "0.0.0.0:8000", "web:create_app()"]

@@ -1,4 +1,5 @@
-"""A built wheel carries its migrations: installed in a fresh venv, it migrates a new database.
+"""A built wheel ships everything Keel's source tree holds, and carries its migrations:
+installed in a fresh venv, it migrates a new database.
 
 The venv gets Keel from the wheel alone (``--no-deps``, no index) and its
 dependencies from this interpreter's site-packages through a ``.pth`` line,
@@ -8,6 +9,8 @@ outside the checkout, so nothing can be found there by accident.
 
 from __future__ import annotations
 
+import configparser
+import fnmatch
 import os
 import shutil
 import site
@@ -27,6 +30,9 @@ from tasks.models import metadata
 from tests.support.stack import PROJECT_ROOT
 
 pytestmark = pytest.mark.stack  # starts processes of its own
+
+# The folders Keel's distribution is made of (setup.cfg's find include: their packages).
+SOURCE_ROOTS = ("tasks", "web", "keel", "provider_sandbox", "migrations")
 
 # Local state that is no part of a source tree (and would slow the copy).
 NOT_SOURCE = shutil.ignore_patterns(
@@ -49,6 +55,56 @@ def build_wheel(tmp_path: Path) -> Path:
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, source], tmp_path)
     [wheel] = dist.glob("keel_jobs-*.whl")
     return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def source_files() -> set[str]:
+    """Every file of the source packages, as a wheel names it (caches left out)."""
+    found = set()
+    for root in SOURCE_ROOTS:
+        for path in (PROJECT_ROOT / root).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                found.add(path.relative_to(PROJECT_ROOT).as_posix())
+    return found
+
+
+def packages(files: set[str]) -> set[str]:
+    """Dotted names of the folders holding an ``__init__.py``."""
+    return {f.rpartition("/")[0].replace("/", ".") for f in files if f.endswith("/__init__.py")}
+
+
+def test_the_wheel_ships_every_package_and_file_of_the_source_tree(wheel):
+    setup = configparser.ConfigParser()
+    setup.read(PROJECT_ROOT / "setup.cfg")
+    include = setup["options.packages.find"]["include"].split()
+    shipped = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
+    source = source_files()
+
+    # Every package of the source tree is one setup.cfg names, and the wheel has it
+    source_packages = packages(source)
+    unlisted = sorted(p for p in source_packages if not any(fnmatch.fnmatch(p, i) for i in include))
+    assert not unlisted, f"not in setup.cfg's [options.packages.find] include: {unlisted}"
+    assert packages(shipped) == source_packages, (
+        f"missing from the wheel: {sorted(source_packages - packages(shipped))}; "
+        f"in the wheel only: {sorted(packages(shipped) - source_packages)}"
+    )
+    # Every file (modules, templates, assets, migration versions, script.py.mako), and no other
+    assert shipped == source, (
+        f"missing from the wheel: {sorted(source - shipped)}; "
+        f"in the wheel only: {sorted(shipped - source)}"
+    )
+    # and each package_data glob of setup.cfg still matches something that ships
+    for package, globs in setup["options.package_data"].items():
+        folder = package.replace(".", "/")
+        for pattern in globs.split():
+            matched = fnmatch.filter(shipped, f"{folder}/{pattern}")
+            assert matched, f"setup.cfg's package_data {package}: {pattern} ships nothing"
+    for needed in ("migrations/script.py.mako", "web/ui/templates/ui/base.html"):
+        assert needed in shipped
 
 
 def fresh_venv(tmp_path: Path, wheel: Path) -> Path:
@@ -96,8 +152,7 @@ def drop_database(name: str) -> None:
     admin.dispose()
 
 
-def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stack, tmp_path):
-    wheel = build_wheel(tmp_path)
+def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stack, wheel, tmp_path):
     # The dashboard's templates and assets are in it (package data: no CDN, no build step)
     shipped = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("web/ui/templates/ui/base.html", "web/ui/static/ui/app.js"):
