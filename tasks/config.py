@@ -165,6 +165,10 @@ class Settings(BaseSettings):
     tenant_quotas: str = ""
     token_max_ttl_s: int = 30 * 86_400
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
+    # A dashboard session nobody used (no page opened, no form sent) for this long ends.
+    ui_idle_s: int = Field(default=3600, gt=0)
+    # Secure on the session cookie always (else on HTTPS requests only, X-Forwarded-Proto too).
+    ui_secure_cookie: bool = False
     tenant_rate_limit: str = "6000/minute"
     user_rate_limit: str | None = None  # None: half the tenant's
     # Reports and campaigns.

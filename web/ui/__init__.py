@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from flask import Blueprint, Flask, Response, g, render_template, request
+from flask import Blueprint, Flask, Response, g, has_request_context, render_template, request
+from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
@@ -44,6 +45,7 @@ bp = Blueprint(
 )
 csrf = CSRFProtect()
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+HSTS_MAX_AGE_S = 365 * 86_400  # sent on HTTPS responses only
 # Scripts and styles come from the package only; nothing may frame a page.
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
@@ -59,7 +61,12 @@ def init_app(app: Flask) -> None:
     if catalog.enabled("notifications"):  # its module imports the notifications app
         from web.ui import campaigns  # noqa: F401  (routes)
 
-    app.config.setdefault("KEEL_UI_SESSION_S", get_settings().ui_session_s)
+    settings = get_settings()
+    app.config.setdefault("KEEL_UI_SESSION_S", settings.ui_session_s)
+    app.config.setdefault("KEEL_UI_IDLE_S", settings.ui_idle_s)
+    if settings.ui_secure_cookie:  # else Secure on HTTPS requests (``SessionCookie``)
+        app.config["SESSION_COOKIE_SECURE"] = True
+    app.session_interface = SessionCookie()
     app.config.update(
         SESSION_COOKIE_NAME="keel_session",
         SESSION_COOKIE_HTTPONLY=True,
@@ -70,6 +77,17 @@ def init_app(app: Flask) -> None:
     )
     csrf.init_app(app)
     app.register_blueprint(bp)
+
+
+class SessionCookie(SecureCookieSessionInterface):
+    """Flask's signed cookie, ``Secure`` whenever the request came over HTTPS (gunicorn
+    trusts ``X-Forwarded-Proto`` from its ``forwarded_allow_ips``), or always with
+    ``KEEL_UI_SECURE_COOKIE``."""
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return bool(app.config["SESSION_COOKIE_SECURE"]) or (
+            has_request_context() and request.is_secure
+        )
 
 
 @bp.before_request
@@ -83,7 +101,11 @@ def _headers(response: Response) -> Response:
     response.headers.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
     response.headers["X-Frame-Options"] = "DENY"
     response.headers["X-Content-Type-Options"] = "nosniff"
-    response.headers["Referrer-Policy"] = "no-referrer"  # a sign-in link never leaks onwards
+    # Same-origin requests carry the Referer that flask-wtf's HTTPS check requires; no
+    # other origin is told a page's address (nor a sign-in link's token).
+    response.headers["Referrer-Policy"] = "same-origin"
+    if request.is_secure:
+        response.headers["Strict-Transport-Security"] = f"max-age={HSTS_MAX_AGE_S}"
     if request.endpoint != "ui.static":
         response.headers["Cache-Control"] = "no-store"  # a tenant's records
     return response

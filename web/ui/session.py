@@ -9,23 +9,35 @@ still be valid), so a second use — a forwarded link, a browser history
 entry, a proxy log — is refused. While Redis does not answer, links are
 refused too: a link that could be used twice is not one-time.
 
-The session is Flask's signed cookie (``HttpOnly``, ``SameSite=Strict``, see
-``web.ui.init_app``) holding the same identity and an expiry. Each request
-turns it back into a ``web.auth.Principal`` and passes ``web.auth.admit`` —
-the API's rate limit and role check — and the pages then call the API's own
-owner-scoped operations (``web.jobs.read_job`` and its siblings), so what a
-session may see and do is decided by the same code as for a token.
+The session is a random id in Flask's signed cookie (``HttpOnly``,
+``SameSite=Strict``, ``Secure`` over HTTPS, see ``web.ui.init_app``) with its
+expiry; the identity lives in Redis under that id (``keel:ui-session:<id>``),
+so a session ends on the server and not only in one browser: sign-out deletes
+it (every copy of the cookie, CSRF token included, is then signed out),
+``sign_out_everywhere`` deletes all of a user's, a session nobody used for
+``KEEL_UI_IDLE_S`` lapses (its key's TTL, renewed by a page or a form, not by
+a page's own refreshes), none outlives ``KEEL_UI_SESSION_S``, and one started
+under another ``KEEL_SECRET_KEY`` is refused. While Redis does not answer,
+pages answer 503 rather than trust a cookie that may have been signed out.
+Each request turns the record back into a ``web.auth.Principal`` and passes
+``web.auth.admit`` — the API's rate limit and role check — and the pages then
+call the API's own owner-scoped operations (``web.jobs.read_job`` and its
+siblings), so what a session may see and do is decided by the same code as
+for a token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import secrets
 import time
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
-from flask import current_app, session
+from flask import current_app, g, request, session
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 
 from web import auth
@@ -39,6 +51,11 @@ MAX_LINK_TTL_S = 3600
 NONCE_KEY = "keel:ui-link:{nonce}"
 SESSION_KEY = "keel"
 MAX_LINK_BYTES = 2048
+SESSION_RECORD_KEY = "keel:ui-session:{sid}"
+USER_SESSIONS_KEY = "keel:ui-sessions:{tenant}:{user}"
+CACHE = "keel_ui_principal"
+USED = "this sign-in link was already used: ask for a new one"
+ENDED = "your dashboard session has ended (signed out, or unused for too long): sign in again"
 
 
 class SignedOut(ApiError):
@@ -91,54 +108,179 @@ def _principal(tenant: Any, user: Any, roles: Any) -> Principal:
 
 def _spend(nonce: str, ttl_s: int) -> bool:
     """Mark the link's nonce used; False if it already was."""
-    from tasks import broker
+    key = NONCE_KEY.format(nonce=nonce)
+    return bool(_redis(lambda r: r.set(key, 1, nx=True, ex=ttl_s + 60), "sign-in"))
 
-    if broker.unreachable():
-        raise ApiError(503, "sign-in is unavailable while Redis does not answer")
-    started = time.monotonic()
-    try:
-        first = broker.redis_client().set(NONCE_KEY.format(nonce=nonce), 1, nx=True, ex=ttl_s + 60)
-    except broker.UNREACHABLE_ERRORS as exc:
-        broker.failed(exc, started)
-        raise ApiError(503, "sign-in is unavailable while Redis does not answer") from None
-    return bool(first)
+
+def _link(token: str) -> tuple[Principal, dict[str, Any]]:
+    claims = _claims(token)
+    principal = _principal(claims.get("t"), claims.get("u"), claims.get("r"))
+    if not isinstance(claims.get("n"), str):
+        raise SignedOut("this sign-in link is not valid")
+    return principal, claims
+
+
+def read_link(token: str) -> Principal:
+    """The identity a link token carries, without spending it (``SignedOut`` if it cannot be
+    used: not valid, expired or already used)."""
+    principal, claims = _link(token)
+    used = _redis(lambda r: r.exists(NONCE_KEY.format(nonce=claims["n"])), "sign-in")
+    if used:
+        raise SignedOut(USED)
+    return principal
 
 
 def redeem_link(token: str) -> Principal:
     """The identity a link token carries, spending it (``SignedOut`` if it cannot be used)."""
-    claims = _claims(token)
-    principal = _principal(claims.get("t"), claims.get("u"), claims.get("r"))
-    nonce = claims.get("n")
-    if not isinstance(nonce, str) or not _spend(nonce, claims["ttl"]):
-        raise SignedOut("this sign-in link was already used: ask for a new one")
+    principal, claims = _link(token)
+    if not _spend(claims["n"], claims["ttl"]):
+        raise SignedOut(USED)
     return principal
 
 
+def _redis(call: Callable[[Any], Any], what: str = "the dashboard") -> Any:
+    """``call(redis)``; 503 while Redis does not answer (sessions are checked there: a session
+    that could outlive its sign-out is not ended)."""
+    from tasks import broker
+
+    refused = ApiError(
+        503, f"{what} is unavailable while Redis does not answer", headers={"Retry-After": "2"}
+    )
+    if broker.unreachable():
+        raise refused
+    started = time.monotonic()
+    try:
+        return call(broker.redis_client())
+    except broker.UNREACHABLE_ERRORS as exc:
+        broker.failed(exc, started)
+        raise refused from None
+
+
+def _key_id() -> str:
+    """Which ``KEEL_SECRET_KEY`` a session was started under: a rotation ends every session,
+    also while the old key is still accepted as a fallback."""
+    secret = str(current_app.config["SECRET_KEY"]).encode("utf-8")
+    return hmac.new(secret, b"keel.ui-session", hashlib.sha256).hexdigest()[:32]
+
+
+def _idle_s() -> int:
+    return int(current_app.config["KEEL_UI_IDLE_S"])
+
+
 def sign_in(principal: Principal) -> None:
-    """Start a session for ``principal`` (a fresh one: no earlier value, CSRF token included)."""
-    session.clear()
-    session.permanent = True
-    session[SESSION_KEY] = {
+    """Start a session for ``principal`` (a fresh one: no earlier value, CSRF token included).
+
+    The cookie holds a random session id and the expiry; the identity is in Redis under
+    that id, kept while the session is used (idle timeout) and never past its expiry."""
+    lifetime = int(current_app.config["KEEL_UI_SESSION_S"])
+    sid = secrets.token_urlsafe(24)
+    expires = int(time.time()) + lifetime
+    record = {
         "tenant": principal.tenant_id,
         "user": principal.user_id,
         "roles": list(principal.roles),
-        "exp": int(time.time()) + current_app.config["KEEL_UI_SESSION_S"],
+        "exp": expires,
+        "key": _key_id(),
     }
+    index = USER_SESSIONS_KEY.format(tenant=principal.tenant_id, user=principal.user_id)
+
+    def store(redis: Any) -> None:
+        pipe = redis.pipeline(transaction=True)
+        pipe.set(
+            SESSION_RECORD_KEY.format(sid=sid), json.dumps(record), ex=min(lifetime, _idle_s())
+        )
+        pipe.sadd(index, sid)
+        pipe.expire(index, lifetime + 60)
+        pipe.execute()
+
+    _redis(store, "sign-in")
+    session.clear()
+    session.permanent = True
+    session[SESSION_KEY] = {"sid": sid, "exp": expires}
+    g.pop(CACHE, None)
 
 
 def sign_out() -> None:
+    """End this browser's session: at once, for every copy of its cookie."""
+    found = session.get(SESSION_KEY)
+    sid = found.get("sid") if isinstance(found, dict) else None
+    if isinstance(sid, str):
+        _redis(lambda r: r.delete(SESSION_RECORD_KEY.format(sid=sid)))
     session.clear()
+    g.pop(CACHE, None)
+
+
+def sign_out_everywhere(tenant: str, user: str) -> int:
+    """End every dashboard session of ``user`` of ``tenant`` (every browser); how many were
+    live. For an operator or a script: ``from web.ui.session import sign_out_everywhere``
+    inside the app's context."""
+    index = USER_SESSIONS_KEY.format(tenant=tenant, user=user)
+
+    def end(redis: Any) -> int:
+        sids = [s.decode() if isinstance(s, bytes) else s for s in redis.smembers(index)]
+        if not sids:
+            return 0
+        pipe = redis.pipeline(transaction=True)
+        pipe.delete(*(SESSION_RECORD_KEY.format(sid=s) for s in sids))
+        pipe.delete(index)
+        return int(pipe.execute()[0])
+
+    ended = int(_redis(end))
+    g.pop(CACHE, None)
+    return ended
+
+
+def _in_use() -> bool:
+    """A person's own step (a page opened, a form sent), not a page's script refreshing
+    itself: only those keep a session from idling out."""
+    return request.headers.get("Sec-Fetch-Mode", "navigate") == "navigate"
 
 
 def current() -> Principal:
-    """The signed-in principal, or ``SignedOut`` (no cookie, a forged one, an expired one)."""
+    """The signed-in principal, or ``SignedOut`` (no cookie, a forged one, an expired one,
+    one signed out, idle too long or started under another secret key)."""
+    if CACHE in g:
+        return g.get(CACHE)
     found = session.get(SESSION_KEY)
     if not isinstance(found, dict):
         raise SignedOut()
     expires = found.get("exp")
     if not isinstance(expires, int) or expires <= time.time():
         raise SignedOut("your dashboard session has expired: sign in again")
-    return _principal(found.get("tenant"), found.get("user"), found.get("roles"))
+    sid = found.get("sid")
+    if not isinstance(sid, str) or len(sid) > 64:
+        raise SignedOut()
+    key = SESSION_RECORD_KEY.format(sid=sid)
+    keep_s = max(1, min(_idle_s(), expires - int(time.time())))
+    touch = _in_use()
+
+    def load(redis: Any) -> Any:
+        if not touch:
+            return redis.get(key)
+        pipe = redis.pipeline(transaction=True)
+        pipe.get(key)
+        pipe.expire(key, keep_s)  # nothing if it is gone: a sign-out is never undone
+        return pipe.execute()[0]
+
+    raw = _redis(load)
+    try:
+        record = json.loads(raw) if raw is not None else None
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("key") != _key_id():
+        raise SignedOut(ENDED)
+    if record.get("exp") != expires:
+        raise SignedOut(ENDED)
+    principal = _principal(record.get("tenant"), record.get("user"), record.get("roles"))
+    g.setdefault(CACHE, principal)
+    return principal
+
+
+def current_or_none() -> Principal | None:
+    try:
+        return current()
+    except SignedOut:
+        return None
 
 
 def signed_in(role: str | None = None) -> Callable:
