@@ -6,7 +6,7 @@ from pathlib import Path
 
 from flask import Flask
 
-from provider_sandbox import config, errors
+from provider_sandbox import config, errors, guard
 from provider_sandbox.admin import ADMIN_KEY_CONFIG, admin, ledger_bp
 from provider_sandbox.groups import bp as groups_bp
 from provider_sandbox.state import EXTENSION, Sandbox
@@ -33,6 +33,7 @@ def create_app(
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION] = Sandbox.open(Path(home or config.home()), capacity)
     errors.init_app(app)
+    guard.init_app(app)  # no browser page drives it: Host, Origin, JSON bodies
     app.register_blueprint(groups_bp)
     app.register_blueprint(admin)
     app.register_blueprint(ledger_bp)

@@ -64,11 +64,19 @@ def not_configured(variable: str) -> str:
 
 
 def write_env_file(path: Path, values: dict[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace ``path`` atomically; it holds secrets, so it is 0600 from its first byte
+    (created with that mode, whatever the umask; never widened, then narrowed)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     lines = [f"{key}={shlex.quote(str(value))}" for key, value in sorted(values.items())]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write("\n".join(lines) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from keel.embedded.lifeline import stop_process, tied_to_parent
-from keel.embedded.private import private_dir
+from keel.embedded.private import open_private_log, private_dir
 
 SERVER_USER = "pgserver"
 HANDLE_FILE = ".handle_pids.json"  # pgserver's; meaningless once we own the postmaster
@@ -104,7 +104,7 @@ class EmbeddedPostgres:
             "-c",
             "unix_socket_permissions=0700",
         ]
-        with (self.pgdata / "log").open("ab") as log:
+        with os.fdopen(open_private_log(self.pgdata / "log"), "ab") as log:
             self.process = subprocess.Popen(
                 args,
                 stdin=subprocess.DEVNULL,

@@ -43,3 +43,9 @@ def create_private(path: Path, text: str) -> bool:
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     return True
+
+
+def open_private_log(path: Path) -> int:
+    """A log file to append to, created 0600 (a server's log can quote statements)."""
+    private_dir(path.parent)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -296,8 +296,11 @@ def test_adding_to_a_sent_group_is_rejected(provider: Provider):
         (b'{"messages": [], "x": 1}', "application/json"),
         (b'{"messages": []}', "application/json"),
         (b'{"messages": [{"messageId": "a", "to": "1"}]}', "application/json"),
-        (b'{"messages": [{"messageId": 7, "to": "1", "text": "t"}]}', "text/plain"),
-        (b'{"messages": [{"messageId": "a", "to": "1", "text": "t", "cc": "2"}]}', None),
+        (b'{"messages": [{"messageId": 7, "to": "1", "text": "t"}]}', "application/json"),
+        (
+            b'{"messages": [{"messageId": "a", "to": "1", "text": "t", "cc": "2"}]}',
+            "application/json",
+        ),
         (b'{"messages": ["a"]}', "application/json"),
         (b"\xff\xfe", "application/json"),
     ],
@@ -310,6 +313,19 @@ def test_bad_input_is_a_400_in_the_error_shape(provider: Provider, body, content
     answer = provider.call("POST", f"/v1/groups/{group_id}/messages", data=body, headers=headers)
     # Then it is a 400, never a 500, and nothing was stored
     assert_error(answer, 400)
+    assert provider.count(group_id) == 0
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", None, "application/x-www-form-urlencoded"])
+def test_a_body_that_is_not_json_is_refused_whatever_it_holds(provider: Provider, content_type):
+    # Given a group; When a well-formed add arrives without the JSON type (as a form or a
+    # cross-site text/plain POST would)
+    group_id = provider.create_group()
+    body = b'{"messages": [{"messageId": "a", "to": "1", "text": "t"}]}'
+    headers = {"Content-Type": content_type} if content_type else {}
+    answer = provider.call("POST", f"/v1/groups/{group_id}/messages", data=body, headers=headers)
+    # Then it is refused as such, and nothing was stored
+    assert_error(answer, 415, "unsupported_media_type")
     assert provider.count(group_id) == 0
 
 
