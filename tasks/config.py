@@ -145,6 +145,13 @@ class Settings(BaseSettings):
     sandbox_port: int = 8025
     web_workers: int = 2
     web_url: str | None = None  # written by `keel up` for scripts: where its API answers
+    # Where people reach the web app (behind a proxy: its https:// URL); unset: KEEL_WEB_URL.
+    # Redirects and links are built from it, never from a request's Host header (web.hosts).
+    public_url: str | None = None
+    # Host names the web app answers (comma-separated; ".example.com" = it and its
+    # subdomains); unset: any. Probes (/healthz, /readyz) answer whatever the Host.
+    trusted_hosts: str = ""
+    flower_url: str | None = None  # the dashboard's Flower link; unset: the public host's port
     flower_user: str = "keel"
     flower_password: str | None = None  # unset: `keel up` derives one from the secret
     # An API request's database work, pool wait included, before it is answered 503.

@@ -33,7 +33,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
     from tasks import catalog, db, quotas
     from tasks.celery import load_job_modules
-    from web import docs, errors, jobs, queues, ratelimit, schedulers, system, ui
+    from web import docs, errors, hosts, jobs, queues, ratelimit, schedulers, system, ui
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
@@ -42,6 +42,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
     app.wsgi_app = StoreDeadline(app.wsgi_app, db.request_scope)  # type: ignore[method-assign]
     errors.init_app(app)
+    hosts.init_app(app)  # links and redirects from configuration, never the Host header
     ratelimit.init_app(app)
     app.register_blueprint(system.bp)
     # A built-in app that is off (KEEL_BUILTIN_JOBS) has no endpoints: they answer 404.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, Response, g, has_request_context, render_template, request
 from flask.sessions import SecureCookieSessionInterface
@@ -169,17 +168,10 @@ def _unexpected(error: Exception) -> Any:
 @bp.context_processor
 def _dashboard_context() -> dict[str, Any]:
     from tasks import catalog
+    from web import hosts
 
     return {
         "principal": g.get("principal"),
-        "flower_url": _flower_url(),
+        "flower_url": hosts.flower_url(),  # configured, never built from the Host header
         "campaigns_on": catalog.enabled("notifications"),
     }
-
-
-def _flower_url() -> str:
-    """Flower on this host, at its port (``keel up`` serves both)."""
-    host = urlsplit(request.host_url).hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{request.scheme}://{host}:{get_settings().flower_port}"
