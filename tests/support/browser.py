@@ -31,8 +31,9 @@ DESKTOP = (1280, 800)
 PHONE = (390, 844)
 
 
-def chromium() -> webdriver.Chrome:
-    """Headless Chromium at 1280x800 (as root in CI: no sandbox; small /dev/shm: disk)."""
+def chromium(*extra: str) -> webdriver.Chrome:
+    """Headless Chromium at 1280x800 (as root in CI: no sandbox; small /dev/shm: disk), with
+    ``extra`` command-line switches (the TLS tier's: trust its throwaway certificate)."""
     for path in (CHROMIUM, CHROMEDRIVER):
         if shutil.which(path) is None:
             raise RuntimeError(
@@ -47,6 +48,7 @@ def chromium() -> webdriver.Chrome:
         "--disable-gpu",
         "--no-first-run",
         f"--window-size={DESKTOP[0]},{DESKTOP[1]}",
+        *extra,
     ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
