@@ -6,12 +6,14 @@ Debian bookworm, and Postgres and Redis are stand-ins built from Debian's packag
 (``tests.support.containers``); compose takes them through its image variables, as a
 user would take another registry's. Keel's image is built from this source tree by the
 Dockerfile, on that base. Needs root and Debian's docker.io, docker-compose and
-debootstrap (``.ci/run`` installs them); skipped without them. ~3 minutes on 2 cores.
+debootstrap (``.ci/run`` installs them); skipped without them. ~4 minutes on 2 cores.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import re
 import secrets
 import time
 import uuid
@@ -104,7 +106,17 @@ class Compose:
         return self("exec", "-T", "web", *command).strip()
 
     def down(self) -> None:
+        started = time.monotonic()
         self("down", "-v", "--remove-orphans", "--timeout", "30", timeout=180)
+        print(f"{self.project}: down in {time.monotonic() - started:.0f} s")
+
+
+def instant(stamp: str) -> float:
+    """Docker's RFC 3339 time (nanoseconds, trailing zeros trimmed) as seconds."""
+    head, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.datetime.fromisoformat(head + "+00:00").timestamp() + float(
+        f"0.{fraction or 0}"
+    )
 
 
 def wait_for(probe, timeout: float, what: str):
@@ -150,6 +162,9 @@ def test_compose_up_runs_a_report_job_and_down_leaves_nothing(dockerd):
         assert states["migrate"]["State"]["Status"] == "exited"
         assert states["migrate"]["State"]["ExitCode"] == 0
         assert {"postgres", "redis", "migrate", *SERVICES} == set(states), "a profile leaked"
+        migrated = instant(states["migrate"]["State"]["FinishedAt"])
+        for name in SERVICES:
+            assert instant(states[name]["State"]["StartedAt"]) >= migrated, name
         assert requests.get(f"{compose.web}/readyz", timeout=5).status_code == 200
 
         # A report job through the published API port
@@ -226,3 +241,39 @@ def _answers(url: str) -> bool:
         return requests.get(url, timeout=3).status_code == 200
     except requests.RequestException:
         return False
+
+
+def test_the_rabbitmq_profile_carries_celerys_messages(dockerd):
+    containers.build_rabbitmq(dockerd)
+    password = secrets.token_hex(12)
+    compose = Compose(
+        dockerd,
+        "rabbitmq",
+        KEEL_RABBITMQ_IMAGE=containers.RABBITMQ_IMAGE,
+        KEEL_RABBITMQ_PASSWORD=password,
+        KEEL_BROKER_URL=f"amqp://keel:{password}@rabbitmq:5672//",
+    )
+    try:
+        compose("up", "-d", "--no-build")
+        compose.wait_healthy(("rabbitmq", *SERVICES))
+        headers = {"Authorization": f"Bearer {compose.token()}"}
+        added = requests.post(
+            f"{compose.web}/api/v1/reports",
+            json={"reportId": "amqp", "rows": 10},
+            headers=headers,
+            timeout=10,
+        )
+        assert added.status_code in (200, 201, 202), added.text
+        status_url = compose.web + added.json()["statusUrl"]
+
+        def completed():
+            job = requests.get(status_url, headers=headers, timeout=5).json()
+            return job if job["state"] == "completed" else None
+
+        wait_for(completed, 60, "the report job completed over RabbitMQ")
+        # the worker's transport is RabbitMQ's (Celery prints it at start, password masked)
+        banner = compose("logs", "--no-color", "worker")
+        assert re.search(r"Connected to \S*://keel:\*+@rabbitmq:5672//", banner), banner[:3000]
+    finally:
+        compose.down()
+    assert compose.containers() == []

@@ -6,7 +6,8 @@ made with ``debootstrap`` (Debian bookworm, whose ``python3`` is 3.11; its tarba
 cached under ``$KEEL_CONTAINER_CACHE``, ``/var/cache/keel-test`` by default, for a
 month), and ``postgres:16`` / ``redis:7`` are stood in for by Debian's
 ``postgresql-15`` and ``redis-server`` with small entrypoints honouring the same
-variables. Packages come from Debian's apt and PyPI, through the host's network.
+variables (and ``rabbitmq:3-management`` by ``rabbitmq-server``, for the
+``rabbitmq`` profile). Packages come from Debian's apt and PyPI, through the host's network.
 
 The daemon is the test's own: its data root, exec root and socket live in a temporary
 folder, and ``stop()`` removes its containers, networks and the ``docker0`` bridge it
@@ -36,6 +37,7 @@ CACHE = Path(os.environ.get("KEEL_CONTAINER_CACHE", "/var/cache/keel-test"))
 BASE_IMAGE = "keel-test/debian-python:bookworm"
 POSTGRES_IMAGE = "keel-test/postgres:16"
 REDIS_IMAGE = "keel-test/redis:7"
+RABBITMQ_IMAGE = "keel-test/rabbitmq:3-management"
 
 
 def missing() -> str | None:
@@ -260,6 +262,48 @@ fi
 exec "$@"
 """
 
+RABBITMQ_DOCKERFILE = f"""\
+FROM {BASE_IMAGE}
+RUN printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d \\
+ && apt-get update -qq \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
+      rabbitmq-server >/dev/null \\
+ && apt-get clean && rm -rf /var/lib/apt/lists/* \\
+ && mkdir -p /var/lib/rabbitmq /etc/rabbitmq \\
+ && chown rabbitmq:rabbitmq /var/lib/rabbitmq /etc/rabbitmq
+COPY entrypoint.sh /usr/local/bin/entrypoint.sh
+USER rabbitmq
+ENV HOME=/var/lib/rabbitmq
+ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]
+CMD ["rabbitmq-server"]
+"""
+
+# The official image's RABBITMQ_DEFAULT_USER / RABBITMQ_DEFAULT_PASS, reachable off loopback.
+RABBITMQ_ENTRYPOINT = """\
+#!/bin/sh
+set -eu
+cat > /etc/rabbitmq/rabbitmq.conf <<CONF
+default_user = ${RABBITMQ_DEFAULT_USER:-guest}
+default_pass = ${RABBITMQ_DEFAULT_PASS:-guest}
+loopback_users = none
+listeners.tcp.default = 5672
+CONF
+exec "$@"
+"""
+
+
+def build_rabbitmq(dockerd: Dockerd) -> None:
+    """The RabbitMQ stand-in (the base image must be there: ``build_images``)."""
+    _build_standin(dockerd, RABBITMQ_IMAGE, RABBITMQ_DOCKERFILE, RABBITMQ_ENTRYPOINT)
+
+
+def _build_standin(dockerd: Dockerd, tag: str, dockerfile: str, entrypoint: str) -> None:
+    context = Path(tempfile.mkdtemp(prefix="standin-", dir=dockerd.root))
+    (context / "Dockerfile").write_text(dockerfile)
+    (context / "entrypoint.sh").write_text(entrypoint)
+    (context / "entrypoint.sh").chmod(0o755)
+    dockerd.build(tag, context)
+
 
 def build_images(dockerd: Dockerd) -> None:
     """The base image (from the cached rootfs) and the Postgres and Redis stand-ins."""
@@ -277,12 +321,5 @@ def build_images(dockerd: Dockerd) -> None:
             stdin=tarball,
             timeout=300,
         )
-    for tag, dockerfile, entrypoint in (
-        (POSTGRES_IMAGE, POSTGRES_DOCKERFILE, POSTGRES_ENTRYPOINT),
-        (REDIS_IMAGE, REDIS_DOCKERFILE, REDIS_ENTRYPOINT),
-    ):
-        context = Path(tempfile.mkdtemp(prefix="standin-", dir=dockerd.root))
-        (context / "Dockerfile").write_text(dockerfile)
-        (context / "entrypoint.sh").write_text(entrypoint)
-        (context / "entrypoint.sh").chmod(0o755)
-        dockerd.build(tag, context)
+    _build_standin(dockerd, POSTGRES_IMAGE, POSTGRES_DOCKERFILE, POSTGRES_ENTRYPOINT)
+    _build_standin(dockerd, REDIS_IMAGE, REDIS_DOCKERFILE, REDIS_ENTRYPOINT)
