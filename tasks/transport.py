@@ -25,6 +25,13 @@ Three more places read a message:
 - Celery's consumer, which reads what kombu delivered as a task message:
   ``tasks.consumer`` dead-letters what it cannot take.
 
+An acknowledgement that Redis does not answer (a frozen or lost server: the
+command times out) still frees the consumer's prefetch slot (``QoS.ack``).
+kombu frees it only after Redis answered, so three such acks — a worker's
+prefetch — stopped its consumer for good: no BRPOP is sent while every slot
+is held. The message's unacked copy stays in Redis and comes back after the
+visibility timeout, where Keel's claim refuses it (its record has moved on).
+
 A publish can also take other Redis commands along in its round trip
 (``riding``): an add's ``waiting`` event goes out in the pipeline of its
 message's LPUSH.
@@ -42,6 +49,7 @@ from queue import Empty
 from typing import Any
 
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
@@ -124,7 +132,25 @@ def riding(command: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
 
 
 class QoS(kombu_redis.QoS):
-    """kombu's Redis QoS; an unacked copy it cannot decode is moved aside, not retried forever."""
+    """kombu's Redis QoS; an unacked copy it cannot decode is moved aside, not retried forever,
+    and an ack or reject that Redis does not answer still frees its prefetch slot."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            self._remove_from_indices(delivery_tag).execute()
+        finally:
+            # Freed whatever Redis said: a slot held for a message this worker is done with
+            # never comes back, and with all of them held the consumer stops for good.
+            virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            if requeue:
+                self.restore_by_tag(delivery_tag, leftmost=True)
+            else:
+                self._remove_from_indices(delivery_tag).execute()
+        finally:
+            virtual.QoS.ack(self, delivery_tag)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
         try:
