@@ -20,6 +20,7 @@ app.config_from_object("tasks.celeryconfig")
 # come from imports this app (to publish) — nothing here imports it back.
 app.steps["worker"].add("tasks.jobs.maintenance:Maintenance")
 app.steps["consumer"].add("tasks.jobs.liveness:Heartbeat")
+app.steps["consumer"].add("tasks.jobs.slots:PrefetchWatch")
 
 
 def load_job_modules() -> list[str]:
