@@ -369,9 +369,14 @@ def test_a_finished_campaign_shows_its_generations_and_four_invariants_passing(
 
 
 def test_the_queues_page_counts_jobs_per_state_and_links_to_flower(
-    worker, served, fresh_browser, screenshots
+    worker, served, fresh_browser, screenshots, monkeypatch
 ):
+    from tasks.config import reload_settings
+
     browser = fresh_browser
+    # Flower's address comes from configuration (web.hosts), never from the Host header
+    monkeypatch.setenv("KEEL_FLOWER_URL", "http://127.0.0.1:5555/")
+    reload_settings()
     delayed_report(served, headers=OPERATOR)
     sign_in(browser, served, user="olga", roles=("operator",))
     browser.get(f"{served.url}/ui/queues")
@@ -379,6 +384,8 @@ def test_the_queues_page_counts_jobs_per_state_and_links_to_flower(
     assert int(reports.find_element(By.CSS_SELECTOR, '[data-state="delayed"] b').text) >= 1
     assert browser.find_element(By.LINK_TEXT, "Flower ↗").get_attribute("href").endswith(":5555/")
     shot(browser, screenshots, "queues")
+    monkeypatch.undo()
+    reload_settings()
 
 
 def test_pages_fit_a_phone_screen(served, fresh_browser, screenshots):
@@ -423,3 +430,113 @@ def drop_schedulers():
         scope = schedulers.Scope(tenant_id=tenant)
         for found in schedulers.list_all(scope):
             schedulers.remove(scope, found.id)
+
+
+class AttackerSite:
+    """Another site (``localhost``, not ``127.0.0.1``: another origin and another site to the
+    browser) whose page ``/go?to=URL`` sends the visitor's browser there (its script)."""
+
+    def __init__(self) -> None:
+        import json
+
+        from werkzeug.wrappers import Request, Response
+
+        @Request.application
+        def app(request: Request) -> Response:
+            target = json.dumps(request.args["to"])
+            page = f"<!doctype html><p>cute cats</p><script>location.href = {target};</script>"
+            return Response(page, content_type="text/html")
+
+        from tests.support.browser import ServedApp
+
+        self.served = ServedApp(app).start()  # type: ignore[arg-type]
+
+    def send(self, browser, url: str) -> None:
+        from urllib.parse import quote
+
+        browser.get(f"http://localhost:{self.served.port}/go?to={quote(url, safe='')}")
+
+    def stop(self) -> None:
+        self.served.stop()
+
+
+@pytest.fixture
+def attacker():
+    site = AttackerSite()
+    yield site
+    site.stop()
+
+
+def signed_in_as(browser, served) -> str:
+    browser.get(f"{served.url}/ui/signin")
+    return browser.find_element(By.CSS_SELECTOR, "#signin strong").text
+
+
+def test_a_cross_site_redirect_to_another_users_link_leaves_the_operator_signed_in(
+    served, fresh_browser, attacker
+):
+    browser = fresh_browser
+    sign_in(browser, served, user="olga", roles=("operator",))
+    before = browser.get_cookie("keel_session")["value"]
+    # Given mallory's unused link, which another site redirects olga's browser to
+    link = served.link(TENANT, "mallory", ("operator",))
+    attacker.send(browser, link)
+    # Then the page asks, naming mallory, and the browser keeps olga's session
+    wait(browser, seen.presence_of_element_located((By.ID, "signin-confirm")))
+    assert browser.find_element(By.ID, "wanted-user").text == "mallory"
+    assert browser.get_cookie("keel_session")["value"] == before
+    assert signed_in_as(browser, served) == "olga"
+    # And the link is still unused: a person who wanted it goes on, and is asked again,
+    # now seeing who she is (a same-origin page carries her session)
+    attacker.send(browser, link)
+    wait(browser, seen.element_to_be_clickable((By.ID, "continue"))).click()
+    wait(browser, seen.presence_of_element_located((By.ID, "confirm-form")))
+    assert browser.find_element(By.ID, "holder-user").text == "olga"
+    browser.find_element(By.CSS_SELECTOR, "#confirm-form button").click()
+    wait(browser, seen.url_to_be(f"{served.url}/ui/jobs"))
+    assert signed_in_as(browser, served) == "mallory"
+
+
+def test_a_link_pasted_while_signed_in_asks_before_switching(served, fresh_browser):
+    browser = fresh_browser
+    sign_in(browser, served, user="olga", roles=("operator",))
+    browser.get(served.link(TENANT, "alice"))  # the address bar: Sec-Fetch-Site: none
+    wait(browser, seen.presence_of_element_located((By.ID, "confirm-form")))
+    assert browser.find_element(By.ID, "holder-user").text == "olga"
+    browser.find_element(By.ID, "stay").click()
+    wait(browser, seen.url_to_be(f"{served.url}/ui/jobs"))
+    assert signed_in_as(browser, served) == "olga"
+
+
+def test_after_sign_out_a_copied_cookie_reads_and_cancels_nothing(worker, served, fresh_browser):
+    browser = fresh_browser
+    job_id = delayed_report(served)
+    sign_in(browser, served)
+    browser.get(f"{served.url}/ui/jobs/{job_id}")
+    copied = browser.get_cookie("keel_session")["value"]
+    token = browser.find_element(By.CSS_SELECTOR, "#cancel-form input[name=csrf_token]")
+    csrf = token.get_attribute("value")
+    # When alice signs out
+    browser.find_element(By.CSS_SELECTOR, ".who button").click()
+    wait(browser, seen.url_to_be(f"{served.url}/ui/signin"))
+    # Then her copied cookie and CSRF token read nothing and cancel nothing
+    jar = {"keel_session": copied}
+    page = requests.get(
+        f"{served.url}/ui/jobs/{job_id}", cookies=jar, headers={"Accept": "text/html"}, timeout=10
+    )
+    assert page.status_code == 401 and 'id="signin"' in page.text and job_id not in page.text
+    cancel = requests.post(
+        f"{served.url}/ui/jobs/{job_id}/cancel",
+        cookies=jar,
+        data={"csrf_token": csrf},
+        timeout=10,
+        allow_redirects=False,
+    )
+    assert cancel.status_code == 401
+    assert record(job_id)["state"] == "delayed"
+    # And in the browser too
+    browser.add_cookie({"name": "keel_session", "value": copied})
+    browser.get(f"{served.url}/ui/jobs")
+    assert browser.find_elements(By.ID, "signin") and not browser.find_elements(
+        By.CSS_SELECTOR, "header nav"
+    )
