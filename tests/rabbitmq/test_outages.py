@@ -135,3 +135,27 @@ def test_a_connection_the_broker_closed_is_replaced_without_parking(on_rabbitmq)
     later = [*second, *(job.job_id for job in batch)]
     assert {job_id: rows[job_id]["state"] for job_id in later} == dict.fromkeys(later, "waiting")
     assert queue_depth(node.url, queue) == 5
+
+
+def test_a_node_frozen_30_s_under_load_leaves_no_job_behind(spawn, on_rabbitmq):
+    node = own_node(on_rabbitmq)
+    queue = unique("rabbit-frozen")
+    # Given a worker busy with a backlog on RabbitMQ (claiming, finishing, acking)
+    spawn("frozen", queues=queue, concurrency=3)
+    jobs = add_reports(queue, 90)
+    wait_for(lambda: completed(jobs) >= 6, timeout=60, interval=0.2)
+    # When the node freezes for 30 s while jobs keep being added (parked: no confirms)
+    node.freeze()
+    try:
+        frozen_at = time.monotonic()
+        jobs.update(add_reports(queue, 10))
+        time.sleep(max(0.0, 30 - (time.monotonic() - frozen_at)))
+    finally:
+        node.resume()
+    thawed_at = time.monotonic()
+    # Then every job completes once within 60 s of the thaw, on the same worker
+    result = settle(jobs, timeout=90)
+    took = time.monotonic() - thawed_at
+    print(f"\nRabbitMQ frozen 30 s under load: {result.figure()}; all done {took:.1f} s after")
+    assert result.clean, (result.figure(), stragglers(result))
+    assert took < 60, took
