@@ -7,6 +7,7 @@ document, so the description can never drift from what is enforced.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 from flask import Blueprint, request
 from pydantic import BaseModel, ValidationError
+from werkzeug.datastructures import MultiDict
 
 from web import auth
 from web.errors import ApiError
@@ -66,8 +68,13 @@ def _parse_float(literal: str) -> float | int:
     ``4.0``; strict models would refuse it. Integral values that a float holds
     exactly become ints; anything else stays a float (and is refused by integer
     fields as before).
+
+    A number no float holds (``1e400``) would read as ``Infinity``, which JSON,
+    Postgres and the OpenAPI document all lack: it is malformed input (400).
     """
     value = float(literal)
+    if not math.isfinite(value):
+        raise ValueError(f"{literal[:40]} is out of the range of a JSON number (a double)")
     if value.is_integer() and abs(value) <= EXACT_INTEGERS:
         return int(value)
     return value
@@ -230,13 +237,15 @@ def validate(model: type[BaseModel], payload: Any) -> BaseModel:
         ) from None
 
 
-def validate_query(model: type[BaseModel]) -> BaseModel:
-    """The query string as ``model`` (400 for an unknown, repeated or invalid parameter).
+def validate_query(model: type[BaseModel], args: MultiDict | None = None) -> BaseModel:
+    """The query string (or ``args``) as ``model`` (400 for an unknown, repeated or invalid
+    parameter).
 
     Query values are strings, so the model reads them laxly (``limit=20`` is 20);
     a repeated parameter would be silently cut to its first value, so it is refused.
     """
-    repeated = [name for name, values in request.args.lists() if len(values) > 1]
+    args = request.args if args is None else args
+    repeated = [name for name, values in args.lists() if len(values) > 1]
     if repeated:
         raise ApiError(
             400,
@@ -247,7 +256,7 @@ def validate_query(model: type[BaseModel]) -> BaseModel:
             ],
         )
     try:
-        return model.model_validate(request.args.to_dict())
+        return model.model_validate(args.to_dict())
     except ValidationError as exc:
         raise ApiError(
             400,

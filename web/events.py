@@ -11,8 +11,9 @@ A stream holds a server thread while it is open, so it lets go as soon as
 it has no reason to stay: a client that closed its connection is noticed at
 the next poll (well within 5 s, not at the next keep-alive write), a server
 that is stopping ends it, and a server with no stream slot left answers 503
-(``web.serving``). While Redis does not answer the stream stays open and
-quiet, and picks up where it was once Redis is back.
+(``web.serving``), as does a stream past its user's or tenant's share of the
+open streams (``web.stream_leases``). While Redis does not answer the stream
+stays open and quiet, and picks up where it was once Redis is back.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tasks.catalog import BUILTIN_APPS
 from tasks.jobs import events
 from tasks.jobs.models import FINISHED_STATES, JobRecord
 from tasks.jobs.queries import get_owned
+from web import stream_leases
 from web.api import operation
 from web.errors import RETRY_AFTER_S, ApiError
 from web.serving import STOPPING, STREAM_SLOTS
@@ -50,7 +52,11 @@ KEEPALIVE_S = 15.0
 # or written a moment after the record) is waited for only this long.
 FINISHED_GRACE_S = 2.0
 REPORTS_QUEUE = BUILTIN_APPS["reports"].queue  # this module's routes are the reports app's
-STREAM_ID = re.compile(r"^\d{1,20}(-\d{1,20})?$")
+# A Redis stream id is two unsigned 64-bit integers, ``<ms>-<seq>`` (``-<seq>`` optional);
+# ASCII digits only (``\d`` would take Arabic-Indic digits, which Redis refuses).
+STREAM_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+STREAM_ID_MAX = 2**64 - 1
+TIMEOUT = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
 
 
 def sse(event: dict[str, Any]) -> str:
@@ -69,6 +75,7 @@ class JobEventStream:
     finished: bool
     client_gone: Callable[[], bool] = lambda: False
     stopping: threading.Event = field(default_factory=threading.Event)
+    renew: Callable[[], None] = lambda: None  # keeps the stream's lease (web.stream_leases)
 
     def __iter__(self) -> Iterator[str]:
         last = None
@@ -108,6 +115,7 @@ class JobEventStream:
                 yield sse(event)
                 if event["event"] in TERMINAL_EVENTS:
                     return
+            self.renew()
             if time.monotonic() - quiet_since >= KEEPALIVE_S:
                 quiet_since = time.monotonic()
                 yield ": keep-alive\n\n"  # lets proxies and clients see the stream is alive
@@ -118,10 +126,8 @@ def _timeout_s() -> float:
     raw = request.args.get("timeout")
     if raw is None:
         return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
+    # ASCII digits only: float() also reads Arabic-Indic digits, "nan" and "1e3"
+    value = float(raw) if TIMEOUT.fullmatch(raw) else -1.0
     if not 0 < value <= MAX_TIMEOUT_S:
         raise ApiError(
             400,
@@ -172,9 +178,29 @@ def _take_stream_slot(environ: dict[str, Any]) -> threading.BoundedSemaphore | N
 
 
 def _resume_after() -> str:
-    """Where to start: after ``Last-Event-ID`` if the client sent one, else the beginning."""
+    """Where to start: after ``Last-Event-ID`` if the client sent one, else the beginning.
+
+    An id that is no Redis stream id is refused (400) here, before the stream
+    starts: Redis would refuse it only once the 200 is on its way.
+    """
     last = request.headers.get("Last-Event-ID", "").strip()
-    return last if STREAM_ID.match(last) else "0"
+    if not last:
+        return "0"
+    found = STREAM_ID.fullmatch(last)
+    if found is None or any(int(p) > STREAM_ID_MAX for p in found.groups() if p is not None):
+        raise ApiError(
+            400,
+            "Last-Event-ID is not an event id",
+            code="validation_failed",
+            details=[
+                {
+                    "field": "Last-Event-ID",
+                    "type": "stream_id",
+                    "message": "an id this stream sent: <ms>-<seq>, each 0..2^64-1",
+                }
+            ],
+        )
+    return last
 
 
 @operation(
@@ -183,7 +209,8 @@ def _resume_after() -> str:
     "GET",
     summary="A report job's events as Server-Sent Events (replayed, then live); "
     "ends after completed/failed/cancelled or ?timeout= seconds (default 30, max 300); "
-    "503 when the server has no room for another stream",
+    "503 when the server has no room for another stream, or the caller's user or tenant "
+    "already holds its share of open streams (KEEL_STREAMS_PER_USER, KEEL_STREAMS_PER_TENANT)",
     responses={200: None, 400: None, 401: None, 404: None, 503: None},
     produces="text/event-stream",
 )
@@ -197,18 +224,30 @@ def job_events(job_id: str):
 def stream_response(job: JobRecord, timeout_s: float) -> Response:
     """``job``'s events as a ``text/event-stream`` response (the caller checked who may see it)."""
     environ = request.environ
+    principal = g.principal
+    cursor = _resume_after()
+    slot = _take_stream_slot(environ)
+    try:
+        lease = stream_leases.take(principal.tenant_id, principal.user_id)
+    except ApiError:
+        if slot is not None:
+            slot.release()
+        raise
     stream = JobEventStream(
         job_id=job.id,
         queue=job.queue,
-        cursor=_resume_after(),
+        cursor=cursor,
         deadline=time.monotonic() + timeout_s,
         finished=job.state in FINISHED_STATES,
         client_gone=client_gone_probe(environ),
         stopping=environ.get(STOPPING) or threading.Event(),
+        renew=lease.renew if lease is not None else lambda: None,
     )
-    slot = _take_stream_slot(environ)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     response = Response(iter(stream), mimetype="text/event-stream", headers=headers)
+    # the server closes every response it started
     if slot is not None:
-        response.call_on_close(slot.release)  # the server closes every response it started
+        response.call_on_close(slot.release)
+    if lease is not None:
+        response.call_on_close(lease.release)
     return response

@@ -46,8 +46,13 @@ QUICK_STOP_S = 5
 
 @pytest.fixture(scope="module")
 def web(stack) -> Iterator[WebProcess]:
-    server = WebProcess(stack.home)
-    server.start()
+    """A default server, but one user may hold the 50 streams below (its share is
+    tests/serving/test_stream_shares.py's question)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KEEL_STREAMS_PER_USER", "off")
+        patch.setenv("KEEL_STREAMS_PER_TENANT", "off")
+        server = WebProcess(stack.home)
+        server.start()
     yield server
     server.stop()
 

@@ -1,8 +1,9 @@
 """Jobs: the list (filters, pages, counts per state, auto-refresh) and one job's page.
 
 The list reads the same query string as ``GET /api/v1/jobs`` (``queue``,
-``state``, ``name``, ``cursor``, ``limit``), validated by the same model; a
-page refreshes its table from ``/ui/jobs/table`` with that query. A job's
+``state``, ``name``, ``cursor``, ``limit``), validated by the same model, except
+that an empty value means "any" (the filter form sends ``queue=`` for its "any"
+choice); a page refreshes its table from ``/ui/jobs/table`` with that query. A job's
 page follows the job live: the script listens to the job's event stream
 (``web.events``, the queue's Redis stream) and, on each event, reads the
 job's record from ``/ui/jobs/<id>/state`` — the record, not the event, is
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from flask import g, render_template, request, url_for
+from werkzeug.datastructures import MultiDict
 
 from tasks.jobs import registry
 from tasks.jobs.models import CANCELLABLE_STATES, STATES, JobRecord, State
@@ -34,13 +36,20 @@ from web.ui.session import signed_in
 STREAM_TIMEOUT_S = 120.0  # then the browser reconnects with Last-Event-ID
 
 
+def given_filters() -> MultiDict:
+    """The query string without its empty values: the filter form's "any" sends ``queue=``."""
+    return MultiDict([(name, value) for name, value in request.args.items(multi=True) if value])
+
+
 def _listing() -> dict[str, Any]:
-    query = validate_query(JobListQuery)
+    given = given_filters()
+    query = validate_query(JobListQuery, given)
     assert isinstance(query, JobListQuery)
     where = visible_to(g.principal, query)
     page = list_jobs(where, cursor=query.cursor, limit=query.limit)
     return {
         "query": query,
+        "given": given.to_dict(),  # what the page's refresh asks for again
         "filters": query.model_dump(exclude_none=True, exclude={"cursor", "limit"}),
         "jobs": [_row(job) for job in page.jobs],
         "next_cursor": page.next_cursor,

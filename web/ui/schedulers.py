@@ -10,6 +10,7 @@ lists the jobs it fired (their ids start with its ``fire_prefix``).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from flask import flash, g, redirect, render_template, request, url_for
@@ -27,6 +28,8 @@ from web.ui.forms import explained
 from web.ui.session import signed_in
 
 PRODUCED_SHOWN = 20
+# ASCII digits only: str.isdigit() also takes "²" and "①" (int() then raises) and "١٢"
+WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 EMPTY_FORM = MultiDict({"rule": "pattern", "tz": "UTC", "data": "{}", "opts": "{}"})
 
 
@@ -106,7 +109,7 @@ def _body(form: MultiDict) -> dict[str, Any]:
 
 def _integer(form: MultiDict, field: str) -> int:
     raw = (form.get(field) or "").strip()
-    if not raw.isdigit() or len(raw) > 18:
+    if not WHOLE_NUMBER.fullmatch(raw):
         raise KeelError(
             f"{field} must be a whole number",
             details=[{"field": field, "type": "int", "message": "a whole number"}],
