@@ -1,4 +1,4 @@
-"""Redis frozen (SIGSTOP) while a worker claims, finishes and acks jobs, and while jobs are added.
+"""Redis (and Postgres) frozen (SIGSTOP) while a worker claims, finishes and acks jobs.
 
 A frozen server keeps its sockets open and answers nothing: every command in
 flight times out, the acks of the jobs that finish meanwhile among them.
@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.chaos import add_reports, settle, stragglers, tally
 from tests.support.client import unique
-from tests.support.outages import embedded_redis, redis_hung
+from tests.support.outages import embedded_postgres, embedded_redis, postgres_hung, redis_hung
 from tests.support.stack import wait_for
 
 DONE_WITHIN_S = 60.0  # after SIGCONT: the visibility timeout (15 s here) and the promoter's rounds
@@ -65,3 +65,25 @@ def test_a_worker_consumes_again_after_redis_froze_30_s_under_load(stack, spawn)
 @pytest.mark.slow
 def test_a_worker_consumes_again_after_redis_froze_60_s_under_load(stack, spawn):
     frozen_under_load(stack, spawn, freeze_s=60)
+
+
+def test_jobs_complete_after_postgres_froze_30_s_with_workers_mid_claim(stack, spawn):
+    embedded_postgres(stack)  # skip against an external Postgres: it is not ours to freeze
+    queue = unique("pgfreeze")
+    worker = spawn("pgfreeze", queues=queue, concurrency=3)
+    # Given a worker claiming and finishing a backlog
+    jobs = add_reports(queue, 60)
+    wait_for(lambda: tally(jobs).completed >= 6, timeout=60, interval=0.2)
+    # When every Postgres process freezes for 30 s (claims and completions in flight)
+    with postgres_hung(stack):
+        time.sleep(30)
+    thawed_at = time.monotonic()
+    # Then every job completes once, on the same worker: a round trip that outlived the
+    # freeze gave its delivery back, and the claim refuses a second run
+    result = settle(jobs, timeout=DONE_WITHIN_S + 30)
+    print(
+        f"\nPostgres frozen 30 s mid-claim: {result.figure()}; "
+        f"all done {time.monotonic() - thawed_at:.1f} s after SIGCONT"
+    )
+    assert result.clean, (result.figure(), stragglers(result))
+    assert worker.process.poll() is None, "the worker exited"
