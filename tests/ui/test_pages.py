@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
+from tasks.config import reload_settings
 from tasks.db import transaction
 from tasks.jobs.cancel import cancel_many
 from tasks.jobs.models import CANCELLABLE_STATES, JobRecord
@@ -150,12 +151,19 @@ def test_actions_refused_by_the_api_show_its_message(app, client, inline_worker)
     assert state["state"] == "completed" and state["attemptsStarted"] == 1
 
 
-def test_the_queues_page_counts_the_tenants_jobs_and_links_to_flower(app, client):
+def test_the_queues_page_counts_the_tenants_jobs_and_links_to_flower(app, client, monkeypatch):
+    # Flower's link comes from the configured public URL (never the request's Host)
+    monkeypatch.setenv("KEEL_PUBLIC_URL", "http://keel.test:8000")
+    reload_settings()
     tenant = unique("queues")
     delayed_job(client, bearer(tenant=tenant, user="alice"))
     operator = signed_in(app, tenant, "olga", OPERATOR)
-    page = operator.get("/ui/queues", headers=PAGE)
+    try:
+        page = operator.get("/ui/queues", headers=PAGE)
+    finally:
+        monkeypatch.delenv("KEEL_PUBLIC_URL")
+        reload_settings()
     text = page.get_data(as_text=True)
-    assert page.status_code == 200 and 'href="http://localhost:5555"' in text
+    assert page.status_code == 200 and 'href="http://keel.test:5555"' in text
     reports = text[text.index('data-queue="reports"') :]
     assert re.search(r'data-state="delayed">delayed <b>1</b>', reports)
