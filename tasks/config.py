@@ -184,6 +184,9 @@ class Settings(BaseSettings):
     ui_idle_s: int = Field(default=3600, gt=0)
     # Secure on the session cookie always (else on HTTPS requests only, X-Forwarded-Proto too).
     ui_secure_cookie: bool = False
+    # Open event streams per user and per tenant (web.stream_leases): a number, or "off".
+    streams_per_user: str = "16"
+    streams_per_tenant: str = "64"
     tenant_rate_limit: str = "6000/minute"
     user_rate_limit: str | None = None  # None: half the tenant's
     # Reports and campaigns.
@@ -209,6 +212,16 @@ class Settings(BaseSettings):
         from tasks.catalog import parse_builtin
 
         return ",".join(parse_builtin(text)) or "none"
+
+    @field_validator("streams_per_user", "streams_per_tenant")
+    @classmethod
+    def _stream_cap(cls, text: str) -> str:
+        text = text.strip().lower()
+        if text in ("off", "none", "0"):
+            return "off"
+        if not (text.isascii() and text.isdigit()):
+            raise ValueError("must be a number of streams, or off")
+        return text
 
     @field_validator("home")
     @classmethod

@@ -30,7 +30,6 @@ problem is logged, rather than every stream being refused while Redis blips.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from typing import Any
 from flask import current_app
 
 from tasks import broker
+from tasks.config import get_settings
 from web.errors import RETRY_AFTER_S, ApiError
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,12 @@ return 0
 
 
 def _cap(config_name: str, default: int) -> int | None:
-    """A cap from the app's config, else the environment; ``None`` when it is off."""
-    raw = current_app.config.get(config_name, os.environ.get(config_name))
+    """A cap from the app's config, else the settings (``tasks.config``, checked when the
+    process starts); ``None`` when it is off."""
+    raw = current_app.config.get(config_name)
+    if raw is None:
+        attr = config_name.removeprefix("KEEL_").lower()
+        raw = getattr(get_settings(), attr, None)
     if raw is None or str(raw).strip() == "":
         return default
     text = str(raw).strip().lower()
