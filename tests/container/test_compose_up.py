@@ -129,6 +129,26 @@ def wait_for(probe, timeout: float, what: str):
     raise AssertionError(f"{what}: not in {timeout} s")
 
 
+def run_report(compose, report_id: str, rows: int, what: str) -> dict:
+    """POST a report to the stack's published API port (202) and wait for it to complete."""
+    headers = {"Authorization": f"Bearer {compose.token()}"}
+    added = requests.post(
+        f"{compose.web}/api/v1/reports",
+        json={"reportId": report_id, "rows": rows},
+        headers=headers,
+        timeout=10,
+    )
+    assert added.status_code == 202, added.text
+    status_url = compose.web + added.json()["statusUrl"]
+
+    def completed():
+        job = requests.get(status_url, headers=headers, timeout=5).json()
+        assert job["state"] not in ("failed", "cancelled"), job
+        return job if job["state"] == "completed" else None
+
+    return wait_for(completed, 60, what)
+
+
 def test_the_image_is_the_wheel(dockerd):
     script = (
         "set -e; id -u; ls -A /app | wc -l; test ! -e /src; "
@@ -168,22 +188,7 @@ def test_compose_up_runs_a_report_job_and_down_leaves_nothing(dockerd):
         assert requests.get(f"{compose.web}/readyz", timeout=5).status_code == 200
 
         # A report job through the published API port
-        headers = {"Authorization": f"Bearer {compose.token()}"}
-        added = requests.post(
-            f"{compose.web}/api/v1/reports",
-            json={"reportId": "q3", "rows": 1000},
-            headers=headers,
-            timeout=10,
-        )
-        assert added.status_code in (200, 201, 202), added.text
-        status_url = compose.web + added.json()["statusUrl"]
-
-        def completed():
-            job = requests.get(status_url, headers=headers, timeout=5).json()
-            assert job["state"] not in ("failed", "cancelled"), job
-            return job if job["state"] == "completed" else None
-
-        job = wait_for(completed, 60, "the report job completed")
+        job = run_report(compose, "q3", 1000, "the report job completed")
         assert job["progress"]["percent"] == 100
 
         # Flower, behind basic auth from KEEL_FLOWER_USER/KEEL_FLOWER_PASSWORD
@@ -256,21 +261,7 @@ def test_the_rabbitmq_profile_carries_celerys_messages(dockerd):
     try:
         compose("up", "-d", "--no-build")
         compose.wait_healthy(("rabbitmq", *SERVICES))
-        headers = {"Authorization": f"Bearer {compose.token()}"}
-        added = requests.post(
-            f"{compose.web}/api/v1/reports",
-            json={"reportId": "amqp", "rows": 10},
-            headers=headers,
-            timeout=10,
-        )
-        assert added.status_code in (200, 201, 202), added.text
-        status_url = compose.web + added.json()["statusUrl"]
-
-        def completed():
-            job = requests.get(status_url, headers=headers, timeout=5).json()
-            return job if job["state"] == "completed" else None
-
-        wait_for(completed, 60, "the report job completed over RabbitMQ")
+        run_report(compose, "amqp", 10, "the report job completed over RabbitMQ")
         # the worker's transport is RabbitMQ's (Celery prints it at start, password masked)
         banner = compose("logs", "--no-color", "worker")
         assert re.search(r"Connected to \S*://keel:\*+@rabbitmq:5672//", banner), banner[:3000]
