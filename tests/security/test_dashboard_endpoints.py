@@ -50,7 +50,7 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.queues_page": ("get", "/api/v1/reports/queue/health"),
 }
 # Signing in and out: no object, no role (the sign-in link is its own credential).
-SIGN_IN = {"ui.home", "ui.login", "ui.signin", "ui.logout", "ui.static"}
+SIGN_IN = {"ui.home", "ui.login", "ui.confirm_login", "ui.signin", "ui.logout", "ui.static"}
 FORMS: dict[str, dict[str, str]] = {
     "ui.retry_job": {"reason": "security matrix: retry from a page"},
     "ui.save_scheduler": {
