@@ -1,14 +1,18 @@
 """A fresh ``keel up`` as a new user meets it: a quiet console, and a stack found from anywhere.
 
-Uses the session's ``keel up`` (a fresh home, nothing configured).
+Uses the session's ``keel up`` (a fresh home, nothing configured), except the test of a
+fresh start's log: other tests kill parts of the session's stack, and say so in its log.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 from pathlib import Path
+
+import pytest
 
 from tests.support.keel_up import KEEL, KeelUp
 from tests.support.stack import wait_for
@@ -55,10 +59,18 @@ def test_periodic_system_jobs_stay_out_of_the_console_and_the_default_jobs_page(
     assert "campaign.monitor" in everything.stdout
 
 
-def test_a_fresh_keel_up_logs_no_warning_and_delivers_each_job_once(keel_up: KeelUp, tmp_path):
+@pytest.fixture(scope="module")
+def fresh_up(tmp_path_factory):
+    """A ``keel up`` of this module's own, nothing else has touched."""
+    up = KeelUp(tmp_path_factory.mktemp("fresh-up") / "home").start()
+    yield up
+    up.stop(signal.SIGINT)
+
+
+def test_a_fresh_keel_up_logs_no_warning_and_delivers_each_job_once(fresh_up: KeelUp, tmp_path):
     # Given the stack is up and its first periodic jobs have run
-    wait_for(lambda: len(monitor_runs(keel_up, tmp_path)) >= 2, timeout=60, interval=2)
-    log = keel_up.log()
+    wait_for(lambda: len(monitor_runs(fresh_up, tmp_path)) >= 2, timeout=60, interval=2)
+    log = fresh_up.log()
     # Then no broker recovery ran on the fresh broker, and no delivery was a duplicate
     assert "broker epoch was missing" not in log
     warnings = [line for line in log.splitlines() if re.search(r"WARNING/|\bERROR/", line)]
