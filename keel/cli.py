@@ -225,6 +225,24 @@ def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: 
     click.echo(f"{base}/ui/login/{issue_link(secret, tenant, user, list(roles), ttl)}")
 
 
+@main.command("ui-signout")
+@click.option("--tenant", required=True)
+@click.option("--user", required=True)
+def ui_signout(tenant: str, user: str) -> None:
+    """End every dashboard session of a user, in every browser, at once."""
+    from flask import Flask
+
+    from web.auth import ID_RULE, is_id
+    from web.ui.session import sign_out_everywhere
+
+    for name, value in (("--tenant", tenant), ("--user", user)):
+        if not is_id(value):
+            raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
+    with Flask(__name__).app_context():  # the session store keeps a per-request cache in g
+        ended = sign_out_everywhere(tenant, user)
+    click.echo(f"ended {ended} dashboard session{'s' if ended != 1 else ''} of {tenant}/{user}")
+
+
 @main.group()
 def db() -> None:
     """Database schema."""

@@ -10,6 +10,7 @@ browser sends on a cross-site navigation (the browser tier does it in Chromium).
 
 from __future__ import annotations
 
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -19,6 +20,7 @@ from flask.testing import FlaskClient
 
 from tasks.config import reload_settings
 from tests.support.client import bearer, unique
+from tests.support.keel_up import KEEL
 from tests.support.ui import PAGE, csrf_token, signed_in
 from web import create_app
 from web.ui.session import NONCE_KEY, issue_link
@@ -111,6 +113,26 @@ def test_sign_out_everywhere_ends_every_browser_of_that_user_only(app):
     assert laptop.get("/ui/jobs", headers=PAGE).status_code == 401
     assert phone.get("/ui/jobs", headers=PAGE).status_code == 401
     assert bob.get("/ui/jobs", headers=PAGE).status_code == 200
+
+
+def test_keel_ui_signout_ends_a_users_sessions_from_the_command_line(app):
+    # Given two browsers of carol's and one of dave's
+    laptop = signed_in(app, TENANT, "carol")
+    phone = signed_in(app, TENANT, "carol")
+    dave = signed_in(app, TENANT, "dave")
+    # When an operator ends carol's sessions with the CLI (the suite's settings: same Redis)
+    done = subprocess.run(
+        [KEEL, "ui-signout", "--tenant", TENANT, "--user", "carol"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ended 2 dashboard sessions of {TENANT}/carol"
+    # Then both of carol's browsers are signed out at once, and dave's is not
+    assert laptop.get("/ui/jobs", headers=PAGE).status_code == 401
+    assert phone.get("/ui/jobs", headers=PAGE).status_code == 401
+    assert dave.get("/ui/jobs", headers=PAGE).status_code == 200
 
 
 def test_a_session_nobody_uses_ends_after_the_idle_timeout(stack):
