@@ -25,7 +25,7 @@ from sqlalchemy import event
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
-from tasks.jobs import events, finish, limits, lock_renewal, metrics, registry
+from tasks.jobs import events, finish, formats, limits, lock_renewal, metrics, registry
 from tasks.jobs import quiet as quiet_jobs
 from tasks.jobs.calls import CeleryTask, RetriesExhausted, RetryRequested, running_for
 from tasks.jobs.errors import Defer
@@ -244,7 +244,19 @@ class KeelTask(CeleryTask):
     def _claim(self, args: Any, kwargs: Any) -> ClaimedJob:
         settings = get_settings()
         worker = self.request.hostname or socket.gethostname()
-        recorded = bool(getattr(self.request, KEEL_HEADER, None))
+        header = getattr(self.request, KEEL_HEADER, None)
+        if not formats.reads_message(header):
+            # A release newer than this worker's wrote it (tasks.jobs.formats): misread, it
+            # could run the wrong thing. Its record stays waiting for a worker that reads it.
+            log.error(
+                "job %s: message format %r is not one this worker reads (%s); left waiting",
+                self.request.id,
+                header,
+                sorted(formats.MESSAGE_FORMATS_READ),
+            )
+            self._announce_ignored(f"message format {header} is newer than this worker reads")
+            raise Ignore()
+        recorded = bool(header)
         claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
         try:
             if recorded:  # a Keel message's record exists: its claim is one statement

@@ -35,7 +35,7 @@ from celery.utils.time import utcoffset
 from tasks import broker
 from tasks.celery import app
 from tasks.config import get_settings
-from tasks.jobs import registry, tenancy
+from tasks.jobs import formats, registry, tenancy
 
 log = logging.getLogger(__name__)
 KEEL_HEADER = "keel"
@@ -111,7 +111,7 @@ class Message:
             argsrepr="()",
             kwargsrepr=kwargsrepr,
         )
-        message.headers[KEEL_HEADER] = "1"
+        message.headers[KEEL_HEADER] = str(formats.MESSAGE_FORMAT)
         if registry.is_control(name):
             priority = 0  # ahead of its queue's bulk jobs, whatever its party's load
         message.properties["priority"] = tenancy.broker_priority(priority)

@@ -17,6 +17,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    SmallInteger,
     String,
     Text,
     func,
@@ -76,6 +77,8 @@ class JobRecord(Base):
     celery_ctx: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     lock_token: Mapped[str | None] = mapped_column(String(64))
     locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The layout of this record (``tasks.jobs.formats``): inserts leave it to the default.
+    format: Mapped[int] = mapped_column(SmallInteger, server_default="1")
 
     __table_args__ = (
         CheckConstraint(

@@ -27,6 +27,23 @@ DESTRUCTIVE_SQL = re.compile(
 )
 
 
+def _not_null_without_default(add_column: ast.Call) -> bool:
+    """``op.add_column(table, sa.Column(..., nullable=False))`` with no ``server_default``:
+    the previous release's inserts, which do not name the column, would fail."""
+    for column in add_column.args[1:2]:
+        if not isinstance(column, ast.Call):
+            continue
+        keywords = {k.arg: k.value for k in column.keywords}
+        nullable = keywords.get("nullable")
+        if (
+            isinstance(nullable, ast.Constant)
+            and nullable.value is False
+            and "server_default" not in keywords
+        ):
+            return True
+    return False
+
+
 def destructive_steps(source: str) -> list[str]:
     """What ``upgrade()`` does that the previous release could trip over, unless declared."""
     tree = ast.parse(source)
@@ -52,6 +69,10 @@ def destructive_steps(source: str) -> list[str]:
                 for k in node.keywords
             ):
                 found.append(f"op.alter_column to NOT NULL (line {node.lineno})")
+            elif name == "add_column" and _not_null_without_default(node):
+                found.append(
+                    f"op.add_column NOT NULL without a server default (line {node.lineno})"
+                )
             for arg in node.args:
                 text = arg.value if isinstance(arg, ast.Constant) else None
                 match = DESTRUCTIVE_SQL.search(text) if isinstance(text, str) else None
@@ -86,6 +107,14 @@ def downgrade():
     assert destructive_steps(drop) == ["op.drop_column (line 4)"]
     assert destructive_steps(rename) and destructive_steps(raw)
     assert destructive_steps(additive) == []
+    not_null = (
+        'def upgrade():\n    op.add_column("jobs", sa.Column("x", sa.Integer(), nullable=False))\n'
+    )
+    defaulted = not_null.replace("nullable=False", 'server_default="1", nullable=False')
+    assert destructive_steps(not_null) == [
+        "op.add_column NOT NULL without a server default (line 2)"
+    ]
+    assert destructive_steps(defaulted) == []
     assert destructive_steps('CONTRACT = "jobs.progress unused since 0.2"\n' + drop) == []
 
 

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.db import engine, run_alone
+from tasks.jobs import formats
 from tasks.jobs.models import JobRecord, State
 from tasks.jobs.options import JobOptions
 from tasks.jobs.store import affected
@@ -66,9 +67,13 @@ _FINISH_RUN = f"""
 # promoter publishes inside its transaction, so a delivery can arrive while the row
 # is still delayed in that snapshot; the lock waits for the promoter's commit, and
 # ``before`` then holds the row as committed (the update itself follows it there).
+#
+# A record in a layout this release does not read (``tasks.jobs.formats``) is not claimed:
+# it waits for a worker of the release that wrote it.
+_FORMATS_READ = ", ".join(str(f) for f in sorted(formats.RECORD_FORMATS_READ))
 _CLAIM = text(
-    """
-    WITH before AS (SELECT id, state, locked_until FROM jobs WHERE id = :id FOR UPDATE)
+    f"""
+    WITH before AS (SELECT id, state, locked_until, format FROM jobs WHERE id = :id FOR UPDATE)
     UPDATE jobs SET
         stalled_count = jobs.stalled_count + CASE WHEN before.state = 'active' THEN 1 ELSE 0 END,
         state = 'active',
@@ -84,6 +89,7 @@ _CLAIM = text(
             'worker', CAST(:worker AS text)))
     FROM before
     WHERE jobs.id = before.id
+      AND before.format IN ({_FORMATS_READ})
       AND (before.state = 'waiting'
            OR (before.state = 'active' AND before.locked_until < clock_timestamp()))
     RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
