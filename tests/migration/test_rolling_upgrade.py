@@ -60,11 +60,14 @@ WORK = (PROJECT_ROOT / "tests" / "support" / "upgrade_work.py").read_text()
 
 
 def previous_tree(into: Path) -> Path:
-    """The previous release's source tree, from this clone's history."""
-    found = subprocess.run(
-        ["git", "-C", str(PROJECT_ROOT), "archive", "--format=tar", f"{PREVIOUS}^{{commit}}"],
-        capture_output=True,
-    )
+    """The previous release's source tree, from this clone's history (fetched from the
+    clone's origin first if the clone is shallow or came without tags)."""
+    git = ["git", "-C", str(PROJECT_ROOT)]
+    archive = [*git, "archive", "--format=tar", f"{PREVIOUS}^{{commit}}"]
+    found = subprocess.run(archive, capture_output=True)
+    if found.returncode != 0:
+        subprocess.run([*git, "fetch", "--quiet", "origin", "tag", PREVIOUS], capture_output=True)
+        found = subprocess.run(archive, capture_output=True)
     assert found.returncode == 0, (
         f"the previous release {PREVIOUS} is not in this clone's history (git fetch --tags): "
         f"{found.stderr.decode(errors='replace')}"
