@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs import canvas, events, finish
+from tasks.jobs import events, finish
 from tasks.jobs.errors import JobConflict, JobNotFound
 from tasks.jobs.models import CANCELLABLE_STATES, JobRecord, State
 from tasks.jobs.owner import Owner
@@ -61,9 +61,8 @@ def _cancel(
     session: Session, job_ids: Sequence[str], states: Sequence[State]
 ) -> list[CancelledJob]:
     done = store.cancel(session, job_ids, states)
-    for job in done:
-        finish.finished(session, job, State.CANCELLED)
-        canvas.failed(session, job, "cancelled")  # a chord waiting for it would wait forever
+    for job in done:  # announced by the caller, saying by whom
+        finish.ended(session, job, State.CANCELLED, "cancelled", announce=False)
     return done
 
 

@@ -21,7 +21,6 @@ from typing import Any, NoReturn
 from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
-from sqlalchemy import event
 
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
@@ -309,13 +308,7 @@ class KeelTask(CeleryTask):
             return
         failed = runs.fail_unsupported(session, job.id, job.name, refused)
         if failed is not None:
-            finish.finished(session, failed, State.FAILED)
-            event.listen(
-                session,
-                "after_commit",
-                lambda _s: events.emit(job.queue, "failed", job.id, job.name, failedReason=refused),
-                once=True,
-            )
+            finish.ended(session, failed, State.FAILED, refused)
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""

@@ -110,9 +110,8 @@ def failed(
         outcome = runs.fail(session, claimed, reason, failures.stack(exc), delay, data)
         if not outcome.ours:
             raise NotOurs(claimed.id)
-        if outcome.final:
-            finished(session, claimed, State.FAILED)
-            canvas.failed(session, claimed, reason)
+        if outcome.final:  # announced below, with its attempts
+            ended(session, claimed, State.FAILED, reason, announce=False)
     made = claimed.attempts_made + 1
     if outcome.retry_at is None:
         events.emit(
@@ -138,6 +137,34 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
         if not runs.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
             return
     events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+
+
+def ended(
+    session: Session, job: Any, state: State, reason: str, *, announce: bool = True, **fields: Any
+) -> None:
+    """The one way a job ends without a result (failed for good or cancelled), in the
+    transaction whose statement moved it there (``store``): every path calls this — a run
+    failing for good, a cancel or revoke, too many stalls, a message no worker can run,
+    one that arrived without a record and was refused.
+
+    It frees the dedup claim and trims by retention (``finished``), fails the chord body
+    counting on the job (Celery's ``ChordError``: the body would otherwise wait for ever),
+    and, once the transaction commits, announces the end as an event named after the
+    state (``announce=False``: the caller announces it with more to say).
+    """
+    finished(session, job, state)
+    canvas.failed(session, job, reason)
+    if not announce:
+        return
+    if state == State.FAILED:
+        fields = {"failedReason": reason, **fields}
+    queue, job_id, name = job.queue, job.id, job.name
+    event.listen(
+        session,
+        "after_commit",
+        lambda _session: events.emit(queue, str(state), job_id, name, **fields),
+        once=True,
+    )
 
 
 def finished(session: Session, job: Any, state: State) -> None:

@@ -10,9 +10,12 @@ from celery.signals import task_revoked, task_unknown, worker_init, worker_proce
 
 from tasks import db
 from tasks.db import transaction
-from tasks.jobs import canvas, events, finish, revocations
+from tasks.jobs import finish, revocations
 from tasks.jobs.models import State
+from tasks.jobs.options import JobOptions
+from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store import runs
+from tasks.jobs.store.jobs import NewJob
 
 log = logging.getLogger(__name__)
 
@@ -26,22 +29,61 @@ def fail_unknown_job(
     exc: BaseException | None = None,
     **kw: Any,
 ) -> None:
-    """A message nobody can run fails its job loudly instead of vanishing."""
+    """A message nobody can run fails its job loudly instead of vanishing.
+
+    A message sent by name from another app has no record: it is recorded first (as a
+    delivery of a known task would be, ``tasks.jobs.execute``), with its canvas, so that
+    a chord counting on it fails instead of waiting for ever.
+    """
     if id is None or name is None:
         return
     queue = (message.delivery_info or {}).get("routing_key") if message is not None else None
+    reason = f"unsupported job: {name}"
     try:
         with transaction() as session:
+            _record_unknown(session, id, name, message, queue or "unknown")
             job = runs.fail_unsupported(session, id, name)
             if job is not None:
-                finish.finished(session, job, State.FAILED)
-                canvas.failed(session, job, f"unsupported job: {name}")
-                queue = job.queue
+                finish.ended(session, job, State.FAILED, reason)
     except Exception:
         log.exception("could not record unsupported job %s (%s)", id, name)
-        return
-    if job is not None:
-        events.emit(queue or "unknown", "failed", id, name, failedReason=f"unsupported job: {name}")
+
+
+def _record_unknown(session: Any, job_id: str, name: str, message: Any, queue: str) -> None:
+    """Record a message no task of this worker knows, as it came (nothing if one exists)."""
+    args: Any = []
+    kwargs: Any = {}
+    embed: dict[str, Any] = {}
+    headers = dict(getattr(message, "headers", None) or {})
+    try:
+        decoded = message.decode() if message is not None else None
+        if isinstance(decoded, list | tuple) and len(decoded) == 3:  # Celery's protocol 2
+            args, kwargs, embed = decoded[0], decoded[1], dict(decoded[2] or {})
+    except Exception:  # a body it cannot read is recorded without its arguments
+        log.warning("job %s (%s): its message body could not be read", job_id, name)
+    ctx = {
+        "chord": embed.get("chord"),
+        "chain": embed.get("chain"),
+        "link": embed.get("callbacks"),
+        "link_error": embed.get("errbacks"),
+        "group": headers.get("group"),
+        "group_index": headers.get("group_index"),
+        "parent_id": headers.get("parent_id"),
+        "root_id": headers.get("root_id"),
+    }
+    jobs_store.insert(
+        session,
+        NewJob(
+            id=str(job_id),
+            name=name,
+            queue=queue,
+            data={"args": list(args or []), "kwargs": dict(kwargs or {})},
+            tenant_id=None,
+            user_id=None,
+            opts=JobOptions(),
+            celery_ctx={k: v for k, v in ctx.items() if v not in (None, [], ())} or None,
+        ),
+    )
 
 
 @task_revoked.connect

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import canvas, events, finish
+from tasks.jobs import events, finish
 from tasks.jobs.models import State
 from tasks.jobs.promote import publish_ready
 from tasks.jobs.store import upkeep
@@ -22,9 +22,8 @@ def requeue_stalled_once() -> int:
     with transaction() as session:
         stalled = upkeep.requeue_stalled(session, get_settings().max_stalled_count)
         given_up = [job for job in stalled if job.state == State.FAILED]
-        for job in given_up:
-            finish.finished(session, job, State.FAILED)
-            canvas.failed(session, job, upkeep.STALLED_TOO_OFTEN)
+        for job in given_up:  # announced below, after its "stalled"
+            finish.ended(session, job, State.FAILED, upkeep.STALLED_TOO_OFTEN, announce=False)
         sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
     for job in stalled:
         events.emit(job.queue, "stalled", job.id, job.name)
