@@ -78,7 +78,7 @@ _KEEL_PROGRESS = text(
 def keel_batch(
     run: Run, name: str, n: int, opts: object | None, release: Release | None = None
 ) -> Batch:
-    """Add ``n`` Keel jobs with ``tasks.jobs.add``; finished when the records say so
+    """Add ``n`` Keel jobs with ``tasks.jobs.intake``; finished when the records say so
     (timed from the first add, or from ``release`` as in ``bare_batch``)."""
     from tasks.db import transaction
     from tasks.jobs import add

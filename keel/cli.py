@@ -30,7 +30,7 @@ from tasks.config import ProcessSettings, get_settings  # noqa: E402
 STACK_CHILDREN_CWD = Path(__file__).resolve().parents[1]  # keel.stack.PROJECT_ROOT
 
 if TYPE_CHECKING:
-    from tasks.jobs.models import JobRecord
+    from tasks.jobs.model.models import JobRecord
 
 
 class KeelGroup(click.Group):
@@ -265,8 +265,8 @@ def schedulers_group() -> None:
 @schedulers_group.command("list")
 @click.option("--tenant", default="", help="a tenant's schedulers (default: all)")
 def schedulers_list(tenant: str) -> None:
-    from tasks.jobs import schedulers
-    from tasks.jobs.schedulers import Scope
+    from tasks.jobs.schedule import schedulers
+    from tasks.jobs.schedule.schedulers import Scope
 
     records = schedulers.list_all(Scope(tenant) if tenant else None)
     for record in records:
@@ -310,9 +310,9 @@ def schedulers_upsert(
 
     from tasks import quotas
     from tasks.celery import load_job_modules
-    from tasks.jobs import schedulers
-    from tasks.jobs.errors import KeelError
-    from tasks.jobs.schedulers import SchedulerSpec, Scope
+    from tasks.jobs.model.errors import KeelError
+    from tasks.jobs.schedule import schedulers
+    from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
     from web.auth import ID_RULE, is_id
 
     if bool(tenant) != bool(user):
@@ -359,9 +359,9 @@ def _json_option(name: str, raw: str) -> dict:
 @click.option("--tenant", default="")
 def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     """Remove SCHEDULER_ID: no further jobs are created."""
-    from tasks.jobs import schedulers
-    from tasks.jobs.errors import JobNotFound
-    from tasks.jobs.schedulers import Scope
+    from tasks.jobs.model.errors import JobNotFound
+    from tasks.jobs.schedule import schedulers
+    from tasks.jobs.schedule.schedulers import Scope
 
     try:
         schedulers.remove(Scope(tenant), scheduler_id)
@@ -376,12 +376,12 @@ def jobs_group() -> None:
 
 
 def _job_line(job: JobRecord) -> str:
-    from tasks.jobs.queries import describe_full
+    from tasks.jobs.observe.queries import describe_full
 
     return json.dumps({**describe_full(job), "tenantId": job.tenant_id}, default=str)
 
 
-# The job states (``tasks.jobs.models.State``), spelled out: importing the models would
+# The job states (``tasks.jobs.model.models.State``), spelled out: importing the models would
 # make every ``keel`` command pay for SQLAlchemy.
 JOB_STATES = (
     "waiting",
@@ -422,9 +422,9 @@ def jobs_list(
     left out unless --all is given or --name names them.
     """
     from tasks.celery import load_job_modules
-    from tasks.jobs import quiet
-    from tasks.jobs.errors import KeelError
-    from tasks.jobs.queries import list_jobs
+    from tasks.jobs.model.errors import KeelError
+    from tasks.jobs.observe import quiet
+    from tasks.jobs.observe.queries import list_jobs
     from tasks.jobs.store.listing import JobFilter
 
     try:
@@ -449,7 +449,7 @@ def jobs_list(
 @click.argument("job_id")
 def jobs_show(job_id: str) -> None:
     """Print one job (any tenant's) as JSON."""
-    from tasks.jobs.queries import get
+    from tasks.jobs.observe.queries import get
 
     job = get(job_id)
     if job is None:
@@ -461,8 +461,8 @@ def jobs_show(job_id: str) -> None:
 @click.argument("job_id")
 def jobs_cancel(job_id: str) -> None:
     """Cancel a waiting or delayed job: it becomes cancelled and never runs."""
-    from tasks.jobs.cancel import cancel
-    from tasks.jobs.errors import KeelError
+    from tasks.jobs.end.cancel import cancel
+    from tasks.jobs.model.errors import KeelError
 
     try:
         job = cancel(job_id, None)
@@ -478,8 +478,8 @@ def jobs_cancel(job_id: str) -> None:
 def jobs_retry(job_id: str, reason: str, actor: str) -> None:
     """Give a failed job its full attempts again, audited first (as the API's retry)."""
     from tasks.celery import load_job_modules
-    from tasks.jobs.errors import KeelError
-    from tasks.jobs.manual_retry import RetryRequest, retry
+    from tasks.jobs.intake.manual_retry import RetryRequest, retry
+    from tasks.jobs.model.errors import KeelError
 
     if not 10 <= len(reason) <= 2000:
         raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
@@ -503,8 +503,8 @@ def jobs_retry(job_id: str, reason: str, actor: str) -> None:
 )
 def jobs_republish(queue: str | None, older_than_s: float) -> None:
     """Republish waiting jobs whose message the broker no longer holds (after a purge)."""
-    from tasks.jobs.errors import KeelError
-    from tasks.jobs.reconcile import republish_lost
+    from tasks.jobs.model.errors import KeelError
+    from tasks.jobs.upkeep.reconcile import republish_lost
 
     try:
         count = republish_lost(queue, older_than_s=older_than_s)
@@ -558,7 +558,7 @@ def campaign_verify(campaign_id: str) -> None:
 def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> None:
     """Print queue events as JSON lines, whichever process wrote them."""
     from tasks.celeryconfig import QUEUES
-    from tasks.jobs import events
+    from tasks.jobs.observe import events
 
     chosen = list(queues) or list(QUEUES)
     start = since or ("$" if follow else "0")

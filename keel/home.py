@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from keel.embedded.private import private_dir
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 
 LOCK_FILE = "lock"
 PROBE_RETRIES = 4  # ``running_owner`` takes a shared lock for an instant

@@ -40,7 +40,7 @@ from tasks.config import (
     reload_settings,
     write_env_file,
 )
-from tasks.jobs import liveness
+from tasks.jobs.upkeep import liveness
 from tasks.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ class Stack:
                     "-l",
                     "INFO",
                     "-S",
-                    "tasks.jobs.beat:KeelScheduler",
+                    "tasks.jobs.schedule.beat:KeelScheduler",
                     "--pidfile=",
                 ],
             ),

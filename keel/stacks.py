@@ -28,7 +28,7 @@ from pathlib import Path
 from keel.embedded.private import private_dir, write_private
 from keel.home import running_owner
 from tasks.config import ENV_FILE_NAME, keel_home
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 
 
 class SeveralStacks(KeelError):

@@ -6,7 +6,7 @@ The job layer's own signal handlers, then the built-in apps that
 yours: ``KEEL_JOB_MODULES=myapp.jobs,myapp.more`` (or ``keel up --include
 myapp.jobs``). Celery imports them in a worker (``include``); the API, beat
 and the CLI load them too, because judging a scheduler's template or a
-submitted job needs every job type's declaration (``tasks.jobs.registry``),
+submitted job needs every job type's declaration (``tasks.jobs.model.registry``),
 not only those the process happened to import.
 
 A built-in app that is off brings nothing: no job types, no queues, no
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tasks.config import get_settings
 
-SIGNALS_MODULE = "tasks.jobs.signals"
+SIGNALS_MODULE = "tasks.jobs.calls.signals"
 DAILY_CLEANUP_ID = "daily-report-cleanup"
 CAMPAIGN_MONITOR_ID = "campaign-monitor"
 DEFAULT_QUEUE = "default"
@@ -95,7 +95,7 @@ def celery_queues() -> tuple[str, ...]:
     """The queues Celery declares up front: the built-in apps' that are on, and ``default``.
 
     A job module's own queues are declared as its tasks are loaded
-    (``tasks.celery.consume_every_job_queue``); ``tasks.jobs.registry.queues``
+    (``tasks.celery.consume_every_job_queue``); ``tasks.jobs.model.registry.queues``
     lists every queue of a loaded job type.
     """
     return (*(BUILTIN_APPS[name].queue for name in builtin_apps()), DEFAULT_QUEUE)

@@ -7,10 +7,10 @@ from importlib import import_module
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, celeryd_after_setup
+from celery.signals import celeryd_after_setup
 
-from tasks.catalog import disabled_apps, job_modules
-from tasks.jobs import registry
+from tasks.catalog import job_modules
+from tasks.jobs.model import registry
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +18,9 @@ app = Celery("keel", include=job_modules(), events="tasks.celery_events:KeelEven
 app.config_from_object("tasks.celeryconfig")
 # Named, not imported: Celery loads its bootsteps by name, and the job layer they
 # come from imports this app (to publish) — nothing here imports it back.
-app.steps["worker"].add("tasks.jobs.maintenance:Maintenance")
-app.steps["consumer"].add("tasks.jobs.liveness:Heartbeat")
-app.steps["consumer"].add("tasks.jobs.slots:PrefetchWatch")
+app.steps["worker"].add("tasks.jobs.upkeep.maintenance:Maintenance")
+app.steps["consumer"].add("tasks.jobs.upkeep.liveness:Heartbeat")
+app.steps["consumer"].add("tasks.jobs.run.slots:PrefetchWatch")
 
 
 def load_job_modules() -> list[str]:
@@ -53,27 +53,3 @@ def consume_every_job_queue(sender: Any = None, instance: Any = None, **kwargs: 
             # Declared as a publisher declares a queue it has not heard of (quorum on
             # RabbitMQ): a queue declared twice must be declared alike.
             queues.select_add(queues.new_missing(name))
-
-
-@beat_init.connect
-def retire_disabled_apps(sender: Any = None, **kwargs: Any) -> None:
-    """A built-in app turned off (``KEEL_BUILTIN_JOBS``) loses the schedulers it stored.
-
-    Its job types are gone from every process, so a scheduler an earlier run
-    upserted would fire jobs no worker knows. Only its own standing ids go.
-    """
-    from tasks.jobs.errors import JobNotFound
-    from tasks.jobs.schedulers import Scope, remove
-
-    for builtin in disabled_apps():
-        for scheduler_id in builtin.schedulers:
-            try:
-                remove(Scope(), scheduler_id)
-            except JobNotFound:
-                continue
-            except Exception:
-                log.exception("could not remove %s; beat goes on", scheduler_id)
-                continue
-            log.info(
-                "removed system scheduler %s: its app is off (KEEL_BUILTIN_JOBS)", scheduler_id
-            )

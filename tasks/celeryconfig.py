@@ -18,7 +18,7 @@ from kombu import Exchange, Queue
 
 from tasks.catalog import celery_queues
 from tasks.config import Settings, get_settings
-from tasks.jobs.tenancy import PRIORITY_STEPS
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.rabbitmq import CONFIRM_TIMEOUT_S
 
 # The built-in apps' queues that are on (KEEL_BUILTIN_JOBS), and "default".
@@ -52,7 +52,8 @@ def redis_broker(settings: Settings) -> dict[str, Any]:
             "unacked_mutex_expire": 30,
             "socket_timeout": 0.5,
             "socket_connect_timeout": 0.5,
-            # A tenant's load on a queue lowers the priority of its next job (tasks.jobs.tenancy).
+            # A tenant's load on a queue lowers the priority of its next job
+            # (tasks.jobs.intake.tenancy).
             "priority_steps": list(PRIORITY_STEPS),
         },
         "task_queues": [
@@ -116,8 +117,8 @@ task_acks_late = True
 task_reject_on_worker_lost = True
 # No task results are stored (job records hold them); the backend is there so
 # Celery chords can count their parts (the campaign fan-in).
-# Chords whose body is a Keel task are counted in the records (tasks.jobs.canvas).
-result_backend = f"tasks.jobs.canvas:KeelBackend+{_settings.redis_url}"
+# Chords whose body is a Keel task are counted in the records (tasks.jobs.end.canvas).
+result_backend = f"tasks.jobs.end.canvas:KeelBackend+{_settings.redis_url}"
 task_ignore_result = True
 task_track_started = False
 task_serializer = "json"
@@ -127,6 +128,6 @@ worker_concurrency = _settings.worker_concurrency
 worker_send_task_events = True
 task_send_sent_event = True
 worker_hijack_root_logger = False
-beat_scheduler = "tasks.jobs.beat:KeelScheduler"
+beat_scheduler = "tasks.jobs.schedule.beat:KeelScheduler"
 enable_utc = True
 timezone = "UTC"

@@ -163,14 +163,16 @@ class Settings(BaseSettings):
     stalled_interval_s: float = 5
     max_stalled_count: int = 1
     visibility_timeout_s: int = 60
-    # A container health check passes through a Redis outage this long (tasks.jobs.healthcheck).
+    # A container health check passes through a Redis outage this long
+    # (tasks.jobs.upkeep.healthcheck).
     health_redis_grace_s: float = Field(default=60.0, gt=0)
     # How long a worker's task event waits for others to leave with it (tasks.celery_events).
     event_flush_s: float = Field(default=0.05, ge=0, le=60)
-    # Waiting jobs whose message left the broker (a purge) are republished (tasks.jobs.reconcile).
+    # Waiting jobs whose message left the broker (a purge) are republished
+    # (tasks.jobs.upkeep.reconcile).
     reconcile_interval_s: float = 15
     reconcile_grace_s: float = 10
-    queue_limits: str = ""  # JSON; parsed by tasks.jobs.limits
+    queue_limits: str = ""  # JSON; parsed by tasks.jobs.run.limits
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
     # Keel's own job apps that run (tasks.catalog): "reports,notifications"; "" or "none": neither.
@@ -201,7 +203,7 @@ class Settings(BaseSettings):
     @classmethod
     def _rabbitmq(cls, url: str | None) -> str | None:
         # Not a second Redis: the broker epoch and the reconciler read Celery's queues
-        # through Keel's own Redis (tasks.jobs.broker_reset, tasks.jobs.reconcile).
+        # through Keel's own Redis (tasks.jobs.upkeep.broker_reset, tasks.jobs.upkeep.reconcile).
         if url is not None and not is_amqp(url):
             raise ValueError("must be an amqp:// URL (RabbitMQ); unset, messages go through Redis")
         return url

@@ -82,7 +82,7 @@ def _postgres() -> Finding:
 
 
 def _redis() -> Finding:
-    from tasks.jobs import liveness
+    from tasks.jobs.upkeep import liveness
 
     liveness.quick_client().ping()
     return None, "ok"
@@ -98,7 +98,7 @@ def _rabbitmq() -> Finding:
 
 
 def _heartbeats(role: str) -> Finding:
-    from tasks.jobs import liveness
+    from tasks.jobs.upkeep import liveness
 
     seen = liveness.fresh(liveness.quick_client(), role)
     if not seen:
@@ -116,7 +116,7 @@ def _beat() -> Finding:
 
 def _dead_letters() -> Finding:
     from tasks import deadletters
-    from tasks.jobs import liveness
+    from tasks.jobs.upkeep import liveness
 
     client = liveness.quick_client()
     held = {queue: client.llen(deadletters.key(queue)) for queue in deadletters.queues(client)}

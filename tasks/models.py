@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tasks.db import Base
-from tasks.jobs.models import (
+from tasks.jobs.model.models import (
     ArchivedJob,
     DedupClaim,
     JobCount,

@@ -17,13 +17,21 @@ app and beat at start with a message naming it, rather than being ignored.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.config import get_settings
-from tasks.jobs.schedulers import Quota
-from tasks.jobs.tenancy import TenantLimits
+from tasks.jobs.intake.tenancy import TenantLimits
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's limits on schedulers: how many, and the limits of the jobs they fire."""
+
+    schedulers: int
+    jobs: TenantLimits
 
 
 class TenantQuotas(BaseModel):

@@ -55,8 +55,8 @@ from kombu.utils.json import dumps, loads
 
 from tasks import deadletters
 from tasks.deadletters import DeadLetter
-from tasks.jobs import events
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
+from tasks.jobs.observe import events
 
 log = logging.getLogger(__name__)
 DEAD_LETTERED = "dead-lettered"

@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
 from tasks.db import STORE_UNAVAILABLE
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 
 log = logging.getLogger(__name__)
 

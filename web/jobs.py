@@ -5,7 +5,7 @@ an operator every job of its tenant; another tenant's (or, for a user, another
 user's) job answers exactly like a missing one (404). Listing is newest
 first, a page at a time (``?cursor=`` from the previous page's ``nextCursor``).
 
-``POST`` adds a job of a type declared ``submittable`` (``tasks.jobs.submit``):
+``POST`` adds a job of a type declared ``submittable`` (``tasks.jobs.intake.submit``):
 ``{name, data?, args?, kwargs?, opts?}``. ``opts`` is a bounded subset of the
 job options — ``attempts``, ``backoff``, ``delay`` (at most the tenant quota
 ``maxDelaySeconds``, as is the longest backoff wait), ``removeOnComplete``,
@@ -23,13 +23,20 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import quotas
 from tasks.celery import load_job_modules
-from tasks.jobs.cancel import cancel
-from tasks.jobs.manual_retry import RetryRequest, retry
-from tasks.jobs.models import STATES, JobRecord
-from tasks.jobs.options import JobOptions, backoff_max_ms
-from tasks.jobs.queries import DEFAULT_PAGE, MAX_PAGE, describe, describe_full, get_owned, list_jobs
+from tasks.jobs.end.cancel import cancel
+from tasks.jobs.intake.manual_retry import RetryRequest, retry
+from tasks.jobs.intake.submit import Submission, submit
+from tasks.jobs.model.models import STATES, JobRecord
+from tasks.jobs.model.options import JobOptions, backoff_max_ms
+from tasks.jobs.observe.queries import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    describe,
+    describe_full,
+    get_owned,
+    list_jobs,
+)
 from tasks.jobs.store.listing import JobFilter
-from tasks.jobs.submit import Submission, submit
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError

@@ -8,7 +8,7 @@ from flask import Blueprint, current_app, g
 from pydantic import AwareDatetime, Field, field_validator
 
 from tasks import quotas
-from tasks.jobs.queries import describe, iso
+from tasks.jobs.observe.queries import describe, iso
 from tasks.jobs.store.counts import counts
 from tasks.reports import service
 from tasks.reports.jobs import QUEUE, ReportRequest

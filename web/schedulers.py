@@ -16,10 +16,10 @@ from pydantic import ConfigDict, Field, model_validator
 
 from tasks import quotas
 from tasks.celery import load_job_modules
-from tasks.jobs import schedulers
-from tasks.jobs.options import Backoff, JobOptions, KeepJobs
-from tasks.jobs.schedule_rules import JobTemplate, first_fire, next_fire
-from tasks.jobs.schedulers import SchedulerSpec, Scope
+from tasks.jobs.model.options import Backoff, JobOptions, KeepJobs
+from tasks.jobs.model.schedule_rules import JobTemplate, first_fire, next_fire
+from tasks.jobs.schedule import schedulers
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError

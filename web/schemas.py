@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.jobs.models import STATES
+from tasks.jobs.model.models import STATES
 
 
 class Strict(BaseModel):

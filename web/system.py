@@ -8,8 +8,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from tasks import health
 from tasks.celeryconfig import QUEUES
-from tasks.jobs import metrics as job_metrics
-from tasks.jobs import registry
+from tasks.jobs.model import registry
+from tasks.jobs.observe import metrics as job_metrics
 from tasks.jobs.store.counts import counts
 from web.api import operation
 from web.auth import OPERATOR

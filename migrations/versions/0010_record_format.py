@@ -7,7 +7,7 @@ Create Date: 2026-12-03 07:00:00.000000
 An expand step: the column has a server default, so the previous release's
 inserts (which do not name it) write format 1, the only layout there is so
 far. A release that changes what a record's JSON columns hold bumps
-``tasks.jobs.formats.RECORD_FORMAT`` and writes the new number only once the
+``tasks.jobs.model.formats.RECORD_FORMAT`` and writes the new number only once the
 release before it reads that layout (see README, Upgrading).
 """
 

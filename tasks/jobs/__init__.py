@@ -3,6 +3,26 @@
 It knows nothing of reports or campaigns; domain modules register handlers
 with ``handler(name, queue=...)`` and add jobs with ``add(...)``.
 
+Its packages, each importing only from those listed after it (the
+``[tool.importlinter]`` contracts in ``pyproject.toml``, checked by the tests):
+
+- ``schedule/``  job schedulers and Celery beat's ``KeelScheduler``
+- ``upkeep/``    the maintenance loop: promotion, stalled runs, reconciling,
+  broker resets; liveness and the container health check
+- ``run/``       a delivery's run: limits, claim, handler, lock renewal
+  (``execute``: ``KeelTask``, ``handler``, ``JobContext``)
+- ``calls/``     Celery's API over the records: ``apply_async``, retries,
+  ``recorded_together`` (``celery_task``); Celery's signals
+- ``end/``       how a job ends: ``finish`` (``ended`` is the one way a job ends
+  without a result), ``canvas`` (chains, links, chords), cancel, revoke, stalls
+- ``intake/``    how a job gets in: ``enqueue`` (``add``), ``bulk``, ``submit``,
+  its message (``messages``), publishing (``promote``), tenants' admission
+  (``tenancy``), Celery's call options (``celery_options``), manual retry
+- ``observe/``   events, metrics, queries of the records and the broker
+- ``store/``     the SQL: records, runs, upkeep, counts, listing, dedup
+- ``model/``     records and states, options, owner (and ``acting_as``),
+  job types (``registry``), errors, formats, schedule rules
+
 The names below are loaded when first used (PEP 562), so that importing a
 light part of the layer — ``Owner`` for the CLI's token command, say — does
 not import Celery with the task base class.
@@ -14,34 +34,34 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tasks.jobs.bulk import BulkJob, add_bulk
-    from tasks.jobs.calls import acting_as, recorded_together
-    from tasks.jobs.enqueue import AddedJob, add
-    from tasks.jobs.errors import (
+    from tasks.jobs.calls.celery_task import recorded_together
+    from tasks.jobs.intake.bulk import BulkJob, add_bulk
+    from tasks.jobs.intake.enqueue import AddedJob, add
+    from tasks.jobs.model.errors import (
         InvalidJobState,
         JobConflict,
         JobNotFound,
         KeelError,
         UnrecoverableError,
     )
-    from tasks.jobs.execute import JobContext, KeelTask, handler
-    from tasks.jobs.options import Backoff, Deduplication, JobOptions, KeepJobs
-    from tasks.jobs.owner import Owner
+    from tasks.jobs.model.options import Backoff, Deduplication, JobOptions, KeepJobs
+    from tasks.jobs.model.owner import Owner, acting_as
+    from tasks.jobs.run.execute import JobContext, KeelTask, handler
 
 _HOMES = {
-    "tasks.jobs.errors": (
+    "tasks.jobs.model.errors": (
         "InvalidJobState",
         "JobConflict",
         "JobNotFound",
         "KeelError",
         "UnrecoverableError",
     ),
-    "tasks.jobs.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
-    "tasks.jobs.enqueue": ("AddedJob", "add"),
-    "tasks.jobs.calls": ("acting_as", "recorded_together"),
-    "tasks.jobs.bulk": ("BulkJob", "add_bulk"),
-    "tasks.jobs.owner": ("Owner",),
-    "tasks.jobs.execute": ("JobContext", "KeelTask", "handler"),
+    "tasks.jobs.model.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
+    "tasks.jobs.intake.enqueue": ("AddedJob", "add"),
+    "tasks.jobs.calls.celery_task": ("recorded_together",),
+    "tasks.jobs.intake.bulk": ("BulkJob", "add_bulk"),
+    "tasks.jobs.model.owner": ("Owner", "acting_as"),
+    "tasks.jobs.run.execute": ("JobContext", "KeelTask", "handler"),
 }
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 

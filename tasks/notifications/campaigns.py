@@ -12,8 +12,9 @@ from sqlalchemy import select, text
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobNotFound, Owner, events
-from tasks.jobs.queries import iso
+from tasks.jobs import JobNotFound, Owner
+from tasks.jobs.observe import events
+from tasks.jobs.observe.queries import iso
 from tasks.notifications import generations, templates
 from tasks.notifications.models import (
     Campaign,

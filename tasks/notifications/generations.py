@@ -24,7 +24,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 
 
 class Rollover(KeelError):

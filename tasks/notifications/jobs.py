@@ -24,8 +24,8 @@ from tasks.jobs import (
     handler,
     recorded_together,
 )
-from tasks.jobs.errors import Defer, KeelError
-from tasks.jobs.queries import get as get_job
+from tasks.jobs.model.errors import Defer, KeelError
+from tasks.jobs.observe.queries import get as get_job
 from tasks.notifications import campaigns, generations
 from tasks.notifications.generations import Rollover
 from tasks.notifications.provider import GroupConflict, ProviderClient, ProviderRejected
@@ -96,7 +96,7 @@ def plan_campaign(job: JobContext) -> dict:
     The chord's chunk jobs are recorded in one statement and published in one
     pipeline (``recorded_together``), owned by the campaign's owner. They queue
     behind what their tenant already has on the queue, like any burst of adds
-    (``tasks.jobs.tenancy``): a big campaign does not hold others up, and the
+    (``tasks.jobs.intake.tenancy``): a big campaign does not hold others up, and the
     campaign's control jobs (group creation, sends, the finalizer) go ahead of its
     own chunks. They were admitted with the campaign (its recipients quota), so the
     live-jobs quota does not refuse them here. A re-run of the plan names the same

@@ -18,7 +18,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from tasks.config import get_settings
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 
 # The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000

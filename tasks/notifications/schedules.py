@@ -8,8 +8,8 @@ from celery.signals import beat_init
 
 from tasks.catalog import CAMPAIGN_MONITOR_ID as MONITOR_ID
 from tasks.jobs import JobOptions
-from tasks.jobs.schedule_rules import JobTemplate
-from tasks.jobs.schedulers import SchedulerSpec, Scope, upsert
+from tasks.jobs.model.schedule_rules import JobTemplate
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
 from tasks.notifications.jobs import MONITOR, QUEUE
 
 log = logging.getLogger(__name__)

@@ -10,12 +10,13 @@ from sqlalchemy.orm import Session
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobOptions, Owner, add, tenancy
-from tasks.jobs.enqueue import new_job_id
-from tasks.jobs.errors import InvalidJobState, LimitExceeded
-from tasks.jobs.manual_retry import RetryRequest, retry_failed
-from tasks.jobs.models import JobRecord
-from tasks.jobs.queries import get as get_job
+from tasks.jobs import JobOptions, Owner, add
+from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.enqueue import new_job_id
+from tasks.jobs.intake.manual_retry import RetryRequest, retry_failed
+from tasks.jobs.model.errors import InvalidJobState, LimitExceeded
+from tasks.jobs.model.models import JobRecord
+from tasks.jobs.observe.queries import get as get_job
 from tasks.notifications import campaigns, generations, jobs, templates
 from tasks.notifications.models import Campaign, CampaignRecipient
 from tasks.quotas import TenantQuotas

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.jobs import events
+from tasks.jobs.observe import events
 from tasks.notifications import campaigns
 from tasks.notifications.provider import ProviderClient
 

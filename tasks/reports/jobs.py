@@ -21,8 +21,8 @@ from tasks.jobs import (
     UnrecoverableError,
     handler,
 )
-from tasks.jobs.manual_retry import RetryRules, declare_rules
-from tasks.jobs.models import JobRecord
+from tasks.jobs.intake.manual_retry import RetryRules, declare_rules
+from tasks.jobs.model.models import JobRecord
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key

@@ -8,8 +8,8 @@ from celery.signals import beat_init
 
 from tasks.catalog import DAILY_CLEANUP_ID
 from tasks.jobs import Backoff, JobOptions
-from tasks.jobs.schedule_rules import JobTemplate
-from tasks.jobs.schedulers import SchedulerSpec, Scope, upsert
+from tasks.jobs.model.schedule_rules import JobTemplate
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
 from tasks.reports.jobs import CLEANUP, QUEUE
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from datetime import datetime
 
 from tasks import quotas
 from tasks.jobs import Owner, add
-from tasks.jobs.manual_retry import RetryRequest, retry_failed
-from tasks.jobs.models import JobRecord
-from tasks.jobs.queries import get_owned
+from tasks.jobs.intake.manual_retry import RetryRequest, retry_failed
+from tasks.jobs.model.models import JobRecord
+from tasks.jobs.observe.queries import get_owned
 from tasks.reports.jobs import GENERATE, QUEUE, RETRY_RULES, report_options
 from tasks.reports.operation_key import operation_key
 

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from tasks.db import transaction
 from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add
-from tasks.jobs.models import RetryAudit
+from tasks.jobs.model.models import RetryAudit
 from tasks.jobs.store.counts import counts
 from tests.support import events as job_events
 from tests.support.client import bearer, record, unique, wait_state

@@ -130,7 +130,7 @@ def test_accepted_job_is_readable_by_its_owner_only(client):
 
 
 def test_owner_comes_from_the_token(client):
-    from tasks.jobs.queries import get
+    from tasks.jobs.observe.queries import get
 
     response = client.post(
         URL, json={"reportId": unique(), "rows": 5}, headers=bearer(tenant="initech", user="peter")

@@ -422,7 +422,7 @@ def test_the_api_docs_page_renders_every_operation(served, fresh_browser, screen
 
 @pytest.fixture
 def drop_schedulers():
-    from tasks.jobs import schedulers
+    from tasks.jobs.schedule import schedulers
 
     tenants: list[str] = []
     yield tenants

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tasks.jobs.messages import Message, publish
+from tasks.jobs.intake.messages import Message, publish
 from tasks.reports.jobs import GENERATE
 from tests.support.chaos import (
     add_reports,

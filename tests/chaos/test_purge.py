@@ -1,7 +1,7 @@
 """Scenario: ``celery purge`` deletes the messages of 20 waiting jobs, then a worker starts.
 
 Why: the records still say waiting but nothing in the broker will ever wake
-those jobs. The reconciler (``tasks.jobs.reconcile``) must give each one a
+those jobs. The reconciler (``tasks.jobs.upkeep.reconcile``) must give each one a
 message again — within the bound the README states (a minute) — so each
 runs exactly once, and must leave alone a backlog whose messages are still
 in the broker.
@@ -23,7 +23,9 @@ from tests.support.chaos import ensure_broker_epoch, priority_lists
 from tests.support.client import unique, wait_state
 from tests.support.stack import PROJECT_ROOT
 
-BOUND_S = 60  # "republished and run within a minute of a purge" (README, tasks.jobs.reconcile)
+BOUND_S = (
+    60  # "republished and run within a minute of a purge" (README, tasks.jobs.upkeep.reconcile)
+)
 
 
 def queued_ids(queue: str) -> list[str]:

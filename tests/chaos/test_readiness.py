@@ -21,7 +21,7 @@ from contextlib import contextmanager, suppress
 
 import psutil
 
-from tasks.jobs import liveness
+from tasks.jobs.upkeep import liveness
 from tests.support.client import bearer
 from tests.support.keel_up import KEEL, command_line
 from tests.support.outages import embedded_postgres, redis_down
@@ -139,7 +139,7 @@ def test_the_system_status_is_for_operators(client):
 
 def test_the_container_health_check_sees_this_hosts_worker(worker):
     # Given the session's worker on this host; when compose's health check runs
-    check = [sys.executable, "-m", "tasks.jobs.healthcheck"]
+    check = [sys.executable, "-m", "tasks.jobs.upkeep.healthcheck"]
     alive = subprocess.run([*check, "worker"], capture_output=True, text=True, timeout=60)
     nobody = subprocess.run([*check, "nobody"], capture_output=True, text=True, timeout=60)
     # Then it passes for the worker, and fails for a kind of process that never beat
@@ -149,7 +149,7 @@ def test_the_container_health_check_sees_this_hosts_worker(worker):
 
 
 def test_the_worker_health_check_rides_out_a_short_redis_outage(stack, worker):
-    check = [sys.executable, "-m", "tasks.jobs.healthcheck", "worker"]
+    check = [sys.executable, "-m", "tasks.jobs.upkeep.healthcheck", "worker"]
 
     def health(grace_s: str | None = None) -> subprocess.CompletedProcess:
         env = {**os.environ, **({"KEEL_HEALTH_REDIS_GRACE_S": grace_s} if grace_s else {})}

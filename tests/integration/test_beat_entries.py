@@ -19,8 +19,8 @@ from sqlalchemy import text
 from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.db import transaction
-from tasks.jobs import beat_entries, schedulers
-from tasks.jobs.schedulers import Scope, fire_job_id
+from tasks.jobs.schedule import beat_entries, schedulers
+from tasks.jobs.schedule.schedulers import Scope, fire_job_id
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 
@@ -48,7 +48,10 @@ def test_entries_are_upserted_refused_and_removed_by_name(caplog):
         "ping": {"task": "elsewhere.ping", "schedule": crontab(minute=0), "args": [1]},
         "bad": {"task": "test.echo", "schedule": 60.0, "options": {"queue": "reports"}},
     }
-    with caplog.at_level(logging.INFO, logger="tasks.jobs.beat_entries"), beat_schedule(entries):
+    with (
+        caplog.at_level(logging.INFO, logger="tasks.jobs.schedule.beat_entries"),
+        beat_schedule(entries),
+    ):
         synced = beat_entries.sync(app)
     # Then the good ones are system schedulers, and the bad one is one error line naming it
     assert system_ids() == {"beat:echo", "beat:ping"}

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from keel.cli import main
 from tasks.celeryconfig import broker_options
 from tasks.config import Settings, reload_settings
-from tasks.jobs.tenancy import PRIORITY_STEPS, broker_priority
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS, broker_priority
 
 REDIS = "redis://:secret@redis-host:6379/0"
 REDIS_ONLY_OPTIONS = {

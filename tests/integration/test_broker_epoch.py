@@ -14,7 +14,7 @@ import pytest
 
 from tasks.broker import redis_client
 from tasks.jobs import add
-from tasks.jobs.broker_reset import EPOCH_KEY, check_epoch
+from tasks.jobs.upkeep.broker_reset import EPOCH_KEY, check_epoch
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 

@@ -162,7 +162,7 @@ def chunk_jobs(campaign_id: str, count: int) -> list[tuple[str, dict]]:
 
 
 def run_under_faults(client, stack, sandbox, seed: int) -> None:
-    from tasks.jobs.messages import Message, publish
+    from tasks.jobs.intake.messages import Message, publish
     from tasks.notifications.jobs import LOAD, QUEUE
 
     # Given a flaky provider: 10% 503s, 5% lost responses after commit, jittery latency

@@ -18,9 +18,10 @@ from sqlalchemy.exc import OperationalError
 from keel.embedded import free_port
 from tasks.broker import redis_client
 from tasks.db import transaction
-from tasks.jobs import JobOptions, add, revocations
-from tasks.jobs.cancel import cancel
-from tasks.jobs.errors import JobConflict
+from tasks.jobs import JobOptions, add
+from tasks.jobs.end import revocations
+from tasks.jobs.end.cancel import cancel
+from tasks.jobs.model.errors import JobConflict
 from tasks.jobs.store import runs
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique, wait_state

@@ -214,7 +214,7 @@ def test_a_message_sent_without_keel_is_recorded_on_arrival():
 
 def test_a_job_delivered_before_its_record_commits_runs_once_it_commits():
     # Given a job recorded and published inside a transaction that then stays open, as a
-    # chain's next step is inside its parent's completing transaction (tasks.jobs.canvas)
+    # chain's next step is inside its parent's completing transaction (tasks.jobs.end.canvas)
     job_id = published_before_commit(
         "test.celery_add", "default", {"args": [20, 22], "kwargs": {}}, hold_s=1.5
     )

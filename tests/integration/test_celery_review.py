@@ -7,8 +7,8 @@ from celery import chain, chord
 from sqlalchemy import text
 
 from tasks.db import transaction
-from tasks.jobs.cancel import cancel
-from tasks.jobs.stalls import requeue_stalled_once
+from tasks.jobs.end.cancel import cancel
+from tasks.jobs.end.stalls import requeue_stalled_once
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.jobs import (
     celery_add,
@@ -193,7 +193,7 @@ def test_a_chain_step_with_an_eta_can_be_sent():
 
 def test_a_message_without_a_record_held_by_its_queues_limit_is_not_lost(monkeypatch):
     from tasks.celery import app
-    from tasks.jobs import limits
+    from tasks.jobs.run import limits
 
     # Given the default queue capped at one run at a time, and its slot taken
     monkeypatch.setattr(limits, "configured", lambda: {"default": limits.QueueLimit(concurrency=1)})
@@ -232,7 +232,8 @@ ROUTED = """
 from celery import shared_task
 
 from tasks.celery import app, load_job_modules
-from tasks.jobs import KeelTask, registry
+from tasks.jobs import KeelTask
+from tasks.jobs.model import registry
 
 app.conf.task_routes = {"routedtest.*": {"queue": "routed-q"}}
 

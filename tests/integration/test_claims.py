@@ -1,6 +1,6 @@
 """The claim against a job whose promotion has not committed yet (real Postgres).
 
-A promoter publishes inside its transaction (``tasks.jobs.promote``), so a
+A promoter publishes inside its transaction (``tasks.jobs.intake.promote``), so a
 worker may try to claim a job whose row is still locked by that transaction
 and still *delayed* in the claim's snapshot. The claim must wait for the
 commit and then take the job — not skip it as "not waiting" and strand it.
@@ -80,7 +80,7 @@ def test_a_limit_parks_a_job_whose_promotion_has_not_committed_yet():
 
 def test_a_claim_of_a_job_whose_insert_has_not_committed_waits_for_it_and_takes_it():
     """A canvas child is recorded and published inside its parent's completing transaction
-    (``tasks.jobs.canvas``): its delivery can arrive before that commit. The claim alone
+    (``tasks.jobs.end.canvas``): its delivery can arrive before that commit. The claim alone
     cannot see an uncommitted insert; ``await_insert`` waits for the inserting transaction,
     and the claim after it takes the job."""
     job = NewJob(

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from tasks.db import transaction
 from tasks.jobs import Deduplication, JobOptions, add
-from tasks.jobs.models import JobRecord
+from tasks.jobs.model.models import JobRecord
 from tasks.jobs.store.dedup import holder_of
 from tasks.reports.operation_key import operation_key
 from tests.support import events

@@ -188,7 +188,7 @@ def test_the_event_stream_is_described_in_openapi(client):
 def test_a_long_runs_active_event_is_in_the_stream_while_it_runs():
     # A run's `active` is held back to go out with its end when the run is short; a long
     # run's goes out on its own meanwhile
-    from tasks.jobs import events
+    from tasks.jobs.observe import events
     from tests.support.client import record
     from tests.support.jobs import celery_part
     from tests.support.stack import wait_for

@@ -1,5 +1,5 @@
 """Formats: a worker reads the message and record layouts of its release and the one before,
-and leaves a newer one alone (``tasks.jobs.formats``).
+and leaves a newer one alone (``tasks.jobs.model.formats``).
 
 The fast tier: records in the module's Postgres, messages in the session's
 Redis, a Celery worker in this process (``inline_worker``).
@@ -15,8 +15,9 @@ from sqlalchemy import text
 
 from tasks.broker import redis_client
 from tasks.db import transaction
-from tasks.jobs import add, formats
-from tasks.jobs.messages import KEEL_HEADER
+from tasks.jobs import add
+from tasks.jobs.intake.messages import KEEL_HEADER
+from tasks.jobs.model import formats
 from tasks.jobs.store import runs
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 
 from tasks.config import get_settings
-from tasks.jobs import canvas
+from tasks.jobs.end import canvas
 from tests.support.client import record, unique, wait_state
 from tests.support.jobs import celery_collect
 

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from keel.cli import main as keel
 from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
-from tasks.jobs.models import RetryAudit
+from tasks.jobs.model.models import RetryAudit
 from tests.support.client import record, unique, wait_state
 from tests.support.inline import join
 

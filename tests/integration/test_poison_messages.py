@@ -20,7 +20,7 @@ from keel.cli import main
 from tasks import deadletters
 from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.jobs import events
+from tasks.jobs.observe import events
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
 

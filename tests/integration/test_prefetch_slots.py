@@ -3,7 +3,7 @@
 kombu's Redis consumer sends BRPOP only while a prefetch slot is free. Here
 every slot of a real worker (in this process) is taken by a delivery that no
 request carries — what a lost ack used to leave behind — and a job added
-after that must still run: ``tasks.jobs.slots`` gives the orphaned slots back.
+after that must still run: ``tasks.jobs.run.slots`` gives the orphaned slots back.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from unittest.mock import patch
 import pytest
 from kombu.transport import virtual
 
-from tasks.jobs import slots
-from tasks.jobs.enqueue import add
+from tasks.jobs.intake.enqueue import add
+from tasks.jobs.run import slots
 from tests.support.inline import join
 
 pytestmark = pytest.mark.usefixtures("inline_worker")

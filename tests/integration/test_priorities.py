@@ -19,8 +19,8 @@ from sqlalchemy import text
 from tasks.broker import redis_client
 from tasks.db import transaction
 from tasks.jobs import Owner, add
-from tasks.jobs.calls import wake_if_waiting
-from tasks.jobs.tenancy import PRIORITY_STEPS
+from tasks.jobs.calls.celery_task import wake_if_waiting
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.notifications.jobs import CREATE
 
 pytestmark = pytest.mark.usefixtures("stack")

@@ -16,7 +16,7 @@ from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
-from tasks.jobs.reconcile import LOCK_KEY, Busy, republish_lost
+from tasks.jobs.upkeep.reconcile import LOCK_KEY, Busy, republish_lost
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 

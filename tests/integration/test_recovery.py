@@ -9,7 +9,7 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
 from tasks.db import transaction
-from tasks.jobs.models import RetryAudit
+from tasks.jobs.model.models import RetryAudit
 from tests.support.client import bearer, unique, wait_state
 
 pytestmark = pytest.mark.usefixtures("inline_worker")

@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 
 from tasks.db import transaction
 from tasks.jobs import Backoff, JobOptions, add
-from tasks.jobs.models import ArchivedJob, JobRecord
+from tasks.jobs.model.models import ArchivedJob, JobRecord
 from tasks.reports.service import report_options
 from tests.support.client import bearer, unique
 from tests.support.stack import wait_for

@@ -11,8 +11,8 @@ from sqlalchemy import select, text
 from tasks.broker import redis_client
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
-from tasks.jobs.models import JobRecord
-from tasks.jobs.schedulers import Scope, fire_prefix, get
+from tasks.jobs.model.models import JobRecord
+from tasks.jobs.schedule.schedulers import Scope, fire_prefix, get
 from tasks.reports.schedules import DAILY_CLEANUP_ID
 from tests.support.chaos import priority_lists
 from tests.support.client import bearer, unique, wait_state

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
-from tasks.jobs.models import JobRecord
+from tasks.jobs.model.models import JobRecord
 from tasks.notifications.jobs import MONITOR, QUEUE
 from tests.support.events import celery_events
 from tests.support.inline import join

@@ -90,7 +90,7 @@ def test_health_checks():
             "CMD",
             "python",
             "-m",
-            "tasks.jobs.healthcheck",
+            "tasks.jobs.upkeep.healthcheck",
             name,
         ]
     assert "pg_isready" in " ".join(services["postgres"]["healthcheck"]["test"])

@@ -47,7 +47,7 @@ from sqlalchemy import text
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.schedulers import SYSTEM, fire_prefix
+from tasks.jobs.schedule.schedulers import SYSTEM, fire_prefix
 from tests.support.chaos import completed_runs, job_rows, settle, stragglers
 from tests.support.databases import _admin, _named, using
 from tests.support.stack import PROJECT_ROOT, wait_for
@@ -145,7 +145,7 @@ class Release:
             "-l",
             "INFO",
             "-S",
-            "tasks.jobs.beat:KeelScheduler",
+            "tasks.jobs.schedule.beat:KeelScheduler",
             "--pidfile=",
             "-s",
             str(schedule),

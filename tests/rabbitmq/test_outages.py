@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tasks.jobs.bulk import BulkJob, add_bulk
+from tasks.jobs.intake.bulk import BulkJob, add_bulk
 from tests.rabbitmq.conftest import own_node
 from tests.support.chaos import add_reports, completed_runs, job_rows, settle, stragglers
 from tests.support.client import bearer, unique, wait_state

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tasks.jobs import schedulers
+from tasks.jobs.schedule import schedulers
 from web import create_app
 
 OPENAPI = "/api/v1/openapi.json"

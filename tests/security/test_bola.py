@@ -33,9 +33,9 @@ import pytest
 from sqlalchemy import func, select
 
 from tasks.db import transaction
-from tasks.jobs.enqueue import new_job_id
-from tasks.jobs.models import JobRecord, JobSchedulerRecord, RetryAudit
-from tasks.jobs.queries import describe, get
+from tasks.jobs.intake.enqueue import new_job_id
+from tasks.jobs.model.models import JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.jobs.observe.queries import describe, get
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
 from tests.support.client import bearer, unique
 

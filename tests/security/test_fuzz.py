@@ -30,7 +30,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tasks import db
 from tasks.config import reload_settings
-from tasks.jobs import schedulers
+from tasks.jobs.schedule import schedulers
 from tests.security.conftest import OPENAPI, documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web import create_app

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from tasks.db import transaction
-from tasks.jobs.models import JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.jobs.model.models import JobRecord, JobSchedulerRecord, RetryAudit
 from tests.security.conftest import documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web.api import OPERATIONS

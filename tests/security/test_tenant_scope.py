@@ -23,7 +23,7 @@ import pytest
 
 from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
-from tasks.jobs.enqueue import new_job_id
+from tasks.jobs.intake.enqueue import new_job_id
 from tasks.notifications import campaigns
 from tasks.notifications.models import Campaign, CampaignRecipient
 from tasks.notifications.templates import MAX_TEXT_LENGTH, TEXT_PER_REQUEST

@@ -18,8 +18,8 @@ from sqlalchemy import text
 
 from tasks.db import transaction
 from tasks.jobs import Owner
-from tasks.jobs.enqueue import add
-from tasks.jobs.tenancy import PRIORITY_STEPS
+from tasks.jobs.intake.enqueue import add
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.reports.jobs import GENERATE
 from tasks.reports.operation_key import operation_key
 from tasks.reports.service import report_options
@@ -31,7 +31,7 @@ PRIORITY_SEPARATOR = "\x06\x16"
 
 
 def priority_lists(queue: str) -> list[str]:
-    """Every Redis list that holds messages of ``queue`` (see ``tasks.jobs.tenancy``)."""
+    """Every Redis list that holds messages of ``queue`` (see ``tasks.jobs.intake.tenancy``)."""
     return [queue, *(f"{queue}{PRIORITY_SEPARATOR}{step}" for step in PRIORITY_STEPS if step)]
 
 
@@ -212,9 +212,9 @@ def ensure_broker_epoch() -> None:
     """Make sure the broker epoch exists before a test publishes messages by hand.
 
     In a fresh Redis the first promoter to look finds no epoch and republishes
-    every waiting job (``tasks.jobs.broker_reset``) — a message the test did
+    every waiting job (``tasks.jobs.upkeep.broker_reset``) — a message the test did
     not ask for. Claiming the epoch first keeps the test's deliveries its own.
     """
-    from tasks.jobs.broker_reset import check_epoch
+    from tasks.jobs.upkeep.broker_reset import check_epoch
 
     check_epoch()

@@ -8,7 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from tasks.jobs.queries import describe, get
+from tasks.jobs.observe.queries import describe, get
 from tests.support.stack import wait_for
 from web.auth import issue_token
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tasks.db import transaction
 from tasks.jobs import JobOptions
-from tasks.jobs.promote import publish_ready
+from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
 from tests.support.client import unique
@@ -16,7 +16,7 @@ from tests.support.client import unique
 def published_before_commit(name: str, queue: str, data: dict[str, Any], hold_s: float) -> str:
     """Record a system job and publish its message inside one transaction, kept open
     ``hold_s`` seconds after the publish (a chain's next step is recorded and published
-    inside its parent's completing transaction: ``tasks.jobs.canvas``); its id."""
+    inside its parent's completing transaction: ``tasks.jobs.end.canvas``); its id."""
     job = NewJob(
         id=unique("early"),
         name=name,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.celery import app
-from tasks.jobs import events
+from tasks.jobs.observe import events
 from tests.support.stack import wait_for
 
 

@@ -17,7 +17,7 @@ from unittest.mock import patch
 
 from celery.contrib.testing.worker import start_worker
 
-from tasks.jobs.models import FINISHED_STATES
+from tasks.jobs.model.models import FINISHED_STATES
 from tests.support.client import record
 from tests.support.stack import wait_for
 

@@ -5,7 +5,7 @@
 | ``db`` | Postgres, Redis, the provider sandbox | lan :5432, bus :6379, lan :8025 |
 | ``api`` | ``gunicorn -c python:web.gunicorn_conf ... 'web:create_app()'`` | lan :8000 |
 | ``w1``, ``w2`` | ``celery -A tasks worker -n w1@%h`` / ``-n w2@%h`` | — |
-| ``beat`` | ``celery -A tasks beat -S tasks.jobs.beat:KeelScheduler`` | — |
+| ``beat`` | ``celery -A tasks beat -S tasks.jobs.schedule.beat:KeelScheduler`` | — |
 | ``client`` | the test's own clients (HTTP, SQL) and ``keel`` commands | — |
 
 Only the documented commands and ``KEEL_*`` variables are used: TCP URLs
@@ -39,7 +39,7 @@ WORKERS = ("w1", "w2")
 # The documented commands (README, "Run on several hosts"), run with ``python -m``.
 GUNICORN = "gunicorn -c python:web.gunicorn_conf -b {bind} web:create_app()"
 WORKER = "celery -A tasks worker -n {name}@%h -l INFO --without-mingle --without-gossip"
-BEAT = "celery -A tasks beat -l INFO -S tasks.jobs.beat:KeelScheduler --pidfile="
+BEAT = "celery -A tasks beat -l INFO -S tasks.jobs.schedule.beat:KeelScheduler --pidfile="
 
 
 def python_m(command: str) -> list[str]:

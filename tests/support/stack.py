@@ -165,7 +165,7 @@ class BeatProcess:
             "-l",
             "INFO",
             "-S",
-            "tasks.jobs.beat:KeelScheduler",
+            "tasks.jobs.schedule.beat:KeelScheduler",
             "--pidfile=",
             "-s",
             str(self.home / f"beat-{self.name}-schedule"),

@@ -2,7 +2,7 @@
 
 The upgrade test runs this file's source with ``python -c`` in a release's
 own tree (the previous release from git, or this checkout), so it uses only
-what both releases have: ``tasks.jobs.add``, the report service, the test
+what both releases have: ``tasks.jobs.intake``, the report service, the test
 job types and Celery's canvas. It prints one JSON line: the ids of what it
 added, by kind.
 """

@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from tasks.config import reload_settings
 from tasks.db import transaction
-from tasks.jobs.cancel import cancel_many
-from tasks.jobs.models import CANCELLABLE_STATES, JobRecord
+from tasks.jobs.end.cancel import cancel_many
+from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord
 from tests.support.client import bearer, unique, wait_state
 from tests.support.ui import PAGE, csrf_token, signed_in
 

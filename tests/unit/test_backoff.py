@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tasks.jobs.options import Backoff, backoff_delay_ms, backoff_max_ms
+from tasks.jobs.model.options import Backoff, backoff_delay_ms, backoff_max_ms
 
 REPORTS = Backoff(type="exponential", delay=1000, jitter=0.5)
 

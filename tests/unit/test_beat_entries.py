@@ -10,9 +10,9 @@ from celery.schedules import crontab, schedule, solar
 from pydantic import ValidationError
 
 from tasks.celery import app
-from tasks.jobs.beat_entries import EntryRefused, convert, cron_pattern
-from tasks.jobs.schedule_rules import Rule, first_fire, next_fire
-from tasks.jobs.schedulers import SchedulerSpec, StoredSpec
+from tasks.jobs.model.schedule_rules import Rule, first_fire, next_fire
+from tasks.jobs.schedule.beat_entries import EntryRefused, convert, cron_pattern
+from tasks.jobs.schedule.schedulers import SchedulerSpec, StoredSpec
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from tasks.jobs.schedule_rules import JobTemplate, Rule, first_fire, next_fire
+from tasks.jobs.model.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 
 NOW = datetime(2026, 11, 29, 9, 30, 15, 250_000, tzinfo=UTC)  # 18:30:15.25 in Seoul
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tasks.jobs.tenancy import PRIORITY_STEPS, priority_for
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS, priority_for
 from tasks.notifications.templates import Shape, batches, longest, render
 from tasks.quotas import parse
 

@@ -29,7 +29,7 @@ from werkzeug.exceptions import HTTPException
 from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 from web.errors import RETRY_AFTER_S, ApiError, error_response
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import requests
 from flask import g, render_template, request, url_for
 
 from tasks import catalog
-from tasks.jobs.errors import KeelError
+from tasks.jobs.model.errors import KeelError
 from tasks.notifications import campaigns
 from tasks.notifications.verify import verify
 from web.auth import OPERATOR

@@ -7,7 +7,7 @@ from typing import Any
 
 from flask import flash, redirect
 
-from tasks.jobs.errors import JobNotFound, KeelError
+from tasks.jobs.model.errors import JobNotFound, KeelError
 
 
 def explained(error: KeelError) -> str:

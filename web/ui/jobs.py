@@ -21,9 +21,9 @@ from typing import Any
 from flask import g, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
-from tasks.jobs import registry
-from tasks.jobs.models import CANCELLABLE_STATES, STATES, JobRecord, State
-from tasks.jobs.queries import audit_trail, count_states, describe, describe_full, list_jobs
+from tasks.jobs.model import registry
+from tasks.jobs.model.models import CANCELLABLE_STATES, STATES, JobRecord, State
+from tasks.jobs.observe.queries import audit_trail, count_states, describe, describe_full, list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR
 from web.events import stream_response

@@ -13,10 +13,10 @@ from typing import Any
 from flask import g, render_template
 
 from tasks.celeryconfig import QUEUES
-from tasks.jobs import registry
-from tasks.jobs.limits import configured
-from tasks.jobs.models import STATES
-from tasks.jobs.queries import activity
+from tasks.jobs.model import registry
+from tasks.jobs.model.models import STATES
+from tasks.jobs.observe.queries import activity
+from tasks.jobs.run.limits import configured
 from tasks.jobs.store.counts import by_queue
 from web.auth import OPERATOR
 from web.ui import bp

@@ -16,9 +16,10 @@ from typing import Any
 from flask import flash, g, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
-from tasks.jobs import registry, schedulers
-from tasks.jobs.errors import KeelError
-from tasks.jobs.queries import describe, list_jobs
+from tasks.jobs.model import registry
+from tasks.jobs.model.errors import KeelError
+from tasks.jobs.observe.queries import describe, list_jobs
+from tasks.jobs.schedule import schedulers
 from tasks.jobs.store.listing import JobFilter
 from web.api import check_payload, load_json, validate
 from web.auth import OPERATOR

@@ -9,7 +9,7 @@ committed before the lock was held; the statement then inserts the job
 unless the id was held. Over the quota the function raises and the whole
 statement — the dedup claim with it — is rolled back, as the transaction
 was. Debounce rules (``extend``, ``replace``), which touch the held job, keep
-the transaction (``tasks.jobs.enqueue``).
+the transaction (``tasks.jobs.intake.enqueue``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from tasks.db import run_alone
-from tasks.jobs.options import Deduplication
+from tasks.jobs.model.options import Deduplication
 from tasks.jobs.store.jobs import INSERT_IF, NewJob, row_of
 
 OVER_QUOTA = "KQ001"  # keel_admit_job's SQLSTATE: the tenant is at its live-jobs quota

@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from tasks.db import transaction
-from tasks.jobs.models import STATES
+from tasks.jobs.model.models import STATES
 from tasks.jobs.store import affected
 
 _COMPACT_LOCK = 0x6B65656C  # "keel"

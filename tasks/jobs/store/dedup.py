@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.jobs.options import Deduplication
+from tasks.jobs.model.options import Deduplication
 
 _CLAIM_INTO = """
     INSERT INTO dedup_claims (queue, dedup_id, job_id, expires_at)
@@ -35,7 +35,7 @@ _CLAIM_INTO = """
 """
 _CLAIM = text(_CLAIM_INTO.format(source=""))
 # The same claim, first taking an advisory transaction lock (``lock_key``): a tenant's
-# quota lock and its dedup claim in one round trip (``tasks.jobs.enqueue``).
+# quota lock and its dedup claim in one round trip (``tasks.jobs.intake.enqueue``).
 _CLAIM_LOCKED = text(
     "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(:lock_key, 0)))"
     + _CLAIM_INTO.format(source="FROM locked")

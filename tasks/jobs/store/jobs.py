@@ -18,8 +18,8 @@ from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
 from tasks.db import run_alone
-from tasks.jobs.models import JobRecord, RetryAudit, State
-from tasks.jobs.options import JobOptions
+from tasks.jobs.model.models import JobRecord, RetryAudit, State
+from tasks.jobs.model.options import JobOptions
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ _INSERT_ONE = """
 _INSERT = text(_INSERT_ONE)
 # The insert, and (in the same statement, from its snapshot: without the new job) how
 # many jobs its party has running or waiting on its queue — what places it among the
-# queue's priorities (``tasks.jobs.tenancy``).
+# queue's priorities (``tasks.jobs.intake.tenancy``).
 _INSERT_COUNTING = """
     WITH load AS (SELECT count(*) AS on_queue FROM (
                       SELECT 1 FROM jobs

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from tasks.jobs.models import STATES, JobRecord, RetryAudit
+from tasks.jobs.model.models import STATES, JobRecord, RetryAudit
 
 Selection = TypeVar("Selection", bound=Select[*tuple[Any, ...]])
 

@@ -19,9 +19,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.db import engine, run_alone
-from tasks.jobs import formats
-from tasks.jobs.models import JobRecord, State
-from tasks.jobs.options import JobOptions
+from tasks.jobs.model import formats
+from tasks.jobs.model.models import JobRecord, State
+from tasks.jobs.model.options import JobOptions
 from tasks.jobs.store import affected
 from tasks.jobs.store.jobs import Job, get
 
@@ -68,7 +68,7 @@ _FINISH_RUN = f"""
 # is still delayed in that snapshot; the lock waits for the promoter's commit, and
 # ``before`` then holds the row as committed (the update itself follows it there).
 #
-# A record in a layout this release does not read (``tasks.jobs.formats``) is not claimed:
+# A record in a layout this release does not read (``tasks.jobs.model.formats``) is not claimed:
 # it waits for a worker of the release that wrote it.
 _FORMATS_READ = ", ".join(str(f) for f in sorted(formats.RECORD_FORMATS_READ))
 _CLAIM = text(
@@ -141,7 +141,7 @@ def await_insert(job_id: str) -> bool:
 
     A delivery can outrun the transaction that records its job: a chain's next step and
     a task's links are recorded and published inside the transaction that completes
-    their parent (``tasks.jobs.canvas``). Its claim finds no row and does not wait, since
+    their parent (``tasks.jobs.end.canvas``). Its claim finds no row and does not wait, since
     an uncommitted insert is invisible to it, unlike a locked row. An insert of the same
     id does wait for that transaction. This one is tried only if no row is visible, and
     always rolled back: it never records anything, and a job that has no record stays

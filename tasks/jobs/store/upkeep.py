@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.jobs.models import State
+from tasks.jobs.model.models import State
 from tasks.jobs.store import affected
 from tasks.jobs.store.jobs import ReadyJob, ready_job
 from tasks.jobs.store.runs import NOW_ISO

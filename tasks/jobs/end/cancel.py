@@ -1,0 +1,72 @@
+"""Cancel: a job that has not started a run never will.
+
+A waiting, delayed or waiting-children job becomes ``cancelled`` in one
+guarded statement on its locked row (``store.jobs.cancel``), and in the same
+transaction it is finished like a completed or failed one (``finish.finished``):
+its simple-mode deduplication claim is released, and retention counts it with
+``removeOnFail``, separately from failed records. A cancelled job is final:
+the claim only takes waiting jobs, so a message still on its way is
+acknowledged and ignored, and the promoter only wakes delayed ones.
+
+An active job is running and cannot be cancelled (409), nor can a finished
+one; cancelling a cancelled job again answers it as it is. For an owner,
+another tenant's or user's job is indistinguishable from a missing one (404).
+Celery's ``revoke`` lands here too (``tasks.jobs.end.revocations``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.end import finish
+from tasks.jobs.model.errors import JobConflict, JobNotFound
+from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord, State
+from tasks.jobs.model.owner import Owner
+from tasks.jobs.observe import events
+from tasks.jobs.observe.queries import owned_by
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import CancelledJob
+
+
+def cancel(job_id: str, owner: Owner | None, *, tenant_wide: bool = False) -> JobRecord:
+    """Cancel ``job_id`` for ``owner`` (``None``: the system, any job); the job as it is now."""
+    with transaction() as session:
+        job = store.lock(session, job_id)
+        if job is None or (owner is not None and not owned_by(job, owner, tenant_wide=tenant_wide)):
+            raise JobNotFound("job not found")
+        if job.state == State.CANCELLED:
+            return job
+        if job.state not in CANCELLABLE_STATES:
+            raise JobConflict(
+                f"a {job.state} job cannot be cancelled: only waiting or delayed jobs can",
+                details=[{"jobId": job.id, "state": job.state}],
+            )
+        done = _cancel(session, [job.id], CANCELLABLE_STATES)
+        session.refresh(job)
+    _announce(done, by="owner" if owner is not None else "system")
+    return job
+
+
+def cancel_many(job_ids: Sequence[str], states: Sequence[State], *, by: str) -> list[str]:
+    """Cancel those of ``job_ids`` still in ``states`` (others are left alone); their ids."""
+    with transaction() as session:
+        done = _cancel(session, job_ids, states)
+    _announce(done, by=by)
+    return [job.id for job in done]
+
+
+def _cancel(
+    session: Session, job_ids: Sequence[str], states: Sequence[State]
+) -> list[CancelledJob]:
+    done = store.cancel(session, job_ids, states)
+    for job in done:  # announced by the caller, saying by whom
+        finish.ended(session, job, State.CANCELLED, "cancelled", announce=False)
+    return done
+
+
+def _announce(done: list[CancelledJob], *, by: str) -> None:
+    for job in done:
+        events.emit(job.queue, "cancelled", job.id, job.name, by=by)

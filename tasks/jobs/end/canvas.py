@@ -1,0 +1,280 @@
+"""Canvas: what a job's end triggers, recorded in the transaction that records the end.
+
+Celery fires a chain's next step, a task's links and a chord's count from the
+worker's tracer, after the task returned: a worker killed in between loses
+them, and a Redis restart loses a chord's count. For Keel tasks, Keel fires
+them itself, inside the transaction that records the job completed (or
+failed for good):
+
+- the chain's next step and each ``link`` become job records (their ids are
+  the ones Celery froze into the signatures, else derived from the parent's),
+  and are published before that transaction commits, like promoted jobs
+  (``tasks.jobs.intake.promote``): the end and what it triggers commit together, and
+  a second end — impossible under the claim — would find the children there.
+  A child's delivery that outruns the commit finds no record yet; its claim
+  then waits for the inserting transaction and tries again
+  (``store.runs.await_insert``), instead of dropping the delivery and leaving
+  the child to the reconciler;
+- a chord's part adds its result to the chord's body record
+  (``tasks.jobs.store.canvas``); the part that brings the last result
+  releases the body, with every result in the header's order; a part failing
+  for good fails the body (Celery's ``ChordError``) without running it.
+
+A step that is not a Keel task (a plain Celery task, a nested group or chord)
+is sent the Celery way once the transaction commits. ``link_error`` stays
+Celery's: it is kept on the record and fires when the job fails for good.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import Any
+
+from celery import signature
+from celery.backends.redis import RedisBackend
+from celery.canvas import Signature
+from celery.states import FAILURE
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs.intake.celery_options import canvas_context, job_options
+from tasks.jobs.intake.promote import publish_ready
+from tasks.jobs.model.models import State
+from tasks.jobs.model.owner import Owner, acting_as, current_owner
+from tasks.jobs.observe import events
+from tasks.jobs.store import canvas as store
+from tasks.jobs.store import jobs as jobs_store
+from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.jobs.store.runs import ClaimedJob
+
+log = logging.getLogger(__name__)
+
+
+def _keel_task(name: str) -> Any | None:
+    """The Keel task called ``name``, or ``None`` for a plain Celery task (or none)."""
+    task = app.tasks.get(name)
+    return task if task is not None and hasattr(task, "data_for") else None
+
+
+body_id_of = store.chord_body_id
+
+
+def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
+    """Record a chord's body before its parts are sent: ``waiting-children``, no due time.
+
+    ``False`` if a job with the body's id exists already (recorded by its sender,
+    as campaigns do): that chord is left to Celery's own count.
+    """
+    args, kwargs = list(body.args or ()), dict(body.kwargs or {})
+    options = dict(body.options or {})
+    ctx = canvas_context(options)
+    ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
+    if body.immutable:  # ``.si()``: called with its own arguments, without the results
+        ctx.update(chordImmutable=True)
+    given = options.get("owner") or current_owner()
+    owner = given if isinstance(given, Owner) else None
+    job = NewJob(
+        id=str(options["task_id"]),
+        name=task.name,
+        queue=str(options.get("queue") or task.job_queue()),
+        data={},
+        tenant_id=owner.tenant_id if owner else None,
+        user_id=owner.user_id if owner else None,
+        opts=task.default_options({}, owner),
+        celery_ctx=ctx,
+        waiting_children=True,
+    )
+    with transaction() as session:
+        return jobs_store.insert(session, job)
+
+
+def is_keel_chord(body_id: str) -> bool:
+    with transaction() as session:
+        return store.is_keel_chord(session, body_id)
+
+
+def triggers(ctx: dict[str, Any] | None) -> bool:
+    """Whether a job's end does anything here: a chain's next step, links, a chord to count
+    (a failure: the chord body to fail)."""
+    ctx = ctx or {}
+    return bool(ctx.get("chain") or ctx.get("link") or body_id_of(ctx))
+
+
+def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
+    """In the completing transaction: record and publish what the job's end triggers."""
+    ctx = claimed.celery_ctx or {}
+    ready: list[ReadyJob] = []
+    chain = list(ctx.get("chain") or [])
+    if chain:
+        step = chain.pop()  # Celery keeps a chain's remaining steps last-first
+        more = {"chain": chain} if chain else {}
+        ready += _child(session, claimed, step, result, f"{claimed.id}.next", more)
+    for index, link in enumerate(ctx.get("link") or []):
+        ready += _child(session, claimed, link, result, f"{claimed.id}.link{index}", {})
+    body_id = body_id_of(ctx)
+    if body_id:
+        ready += part_ended(session, body_id, claimed.id, result)
+    if ready:
+        publish_ready(session, ready)
+
+
+def failed(session: Session, job: Any, reason: str) -> None:
+    """In the transaction that ends a job without a result — failed for good, stalled too
+    often, cancelled or revoked: its chord's body fails too (Celery's ``ChordError``).
+
+    ``job`` is anything with the record's ``id`` and ``celery_ctx``.
+    """
+    body_id = body_id_of(job.celery_ctx)
+    if body_id is not None:
+        _fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
+
+
+def _fail_body(session: Session, body_id: str, reason: str) -> None:
+    body = store.fail_body(session, body_id, reason)
+    if body is not None:
+        _after_commit(
+            session,
+            lambda: events.emit(body.queue, "failed", body.id, body.name, failedReason=reason),
+        )
+
+
+#: Bound parts counted per statement by ``count_bound_parts``.
+BOUND_BATCH = 100
+
+
+def count_bound_parts() -> int:
+    """Count the chord parts that stand for another job (``store.canvas.bind_part``) once
+    that job has ended: its result, or the body fails with its reason (maintenance runs
+    this). A job with no record the body may read — trimmed, or another owner's — fails
+    the body too: its result is not there to count."""
+    with transaction() as session:
+        bound = store.ended_bound_parts(session, BOUND_BATCH)
+        ready: list[ReadyJob] = []
+        for part in bound:
+            if part.state == State.COMPLETED:
+                ready += part_ended(session, part.body_id, part.part_id, part.result)
+            elif part.state is None:
+                why = f"chord part {part.part_id} stands for job {part.job_id}, which is not found"
+                _fail_body(session, part.body_id, why)
+            else:
+                why = part.failed_reason or part.state
+                _fail_body(session, part.body_id, f"chord part {part.part_id} failed: {why}")
+        if ready:
+            publish_ready(session, ready)
+    return len(bound)
+
+
+def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> list[ReadyJob]:
+    """Keep a part's result on the body; the body, released, if this was the last part."""
+    ctx = store.record_part(session, body_id, part_id, result)
+    if ctx is None:
+        return []
+    parts, results = ctx["chordParts"], ctx.get("chordResults") or {}
+    if any(part not in results for part in parts):
+        return []
+    row = jobs_store.get(session, body_id)
+    task = _keel_task(row.name) if row is not None else None
+    if row is None or task is None:
+        return []
+    ordered = [results[part] for part in parts]
+    given = list(ctx.get("chordArgs", []))
+    if ctx.get("chordImmutable"):
+        data = task.data_for(given, ctx.get("chordKwargs", {}))
+    elif task.job_style == "context":
+        data = {**ctx.get("chordKwargs", {}), "results": ordered}
+    else:
+        data = task.data_for([ordered, *given], ctx.get("chordKwargs", {}))
+    released = store.release_body(session, body_id, data, ctx)
+    return [released] if released is not None else []
+
+
+def _child(
+    session: Session,
+    parent: ClaimedJob,
+    step: dict[str, Any],
+    result: Any,
+    fallback_id: str,
+    more: dict[str, Any],
+) -> list[ReadyJob]:
+    """Record one triggered step (a Keel task), or send it after the commit (anything else)."""
+    sig = signature(step, app=app)
+    args = tuple(sig.args or ()) if sig.immutable else (result, *(sig.args or ()))
+    options = {
+        **dict(sig.options or {}),
+        **more,
+        "parent_id": parent.id,
+        "root_id": (parent.celery_ctx or {}).get("root_id") or parent.id,
+    }
+    task = _keel_task(sig.task)
+    owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
+    if task is None:  # a group, chord or plain task: the Keel jobs in it keep the owner
+
+        def send() -> None:
+            with acting_as(owner) if owner is not None else nullcontext():
+                sig.apply_async(args=args, **more)
+
+        _after_commit(session, send)
+        return []
+    data = task.data_for(args, sig.kwargs)
+    opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
+    job = NewJob(
+        id=str(options.get("task_id") or fallback_id),
+        name=task.name,
+        queue=str(options.get("queue") or task.job_queue()),
+        data=data,
+        tenant_id=parent.tenant_id,
+        user_id=parent.user_id,
+        opts=opts,
+        celery_ctx=canvas_context(options) or None,
+    )
+    if not jobs_store.insert(session, job):
+        return []  # recorded already
+    _after_commit(session, lambda: events.emit(job.queue, job.state, job.id, job.name))
+    if job.state != State.WAITING:
+        return []
+    return [jobs_store.ready_job(job)]
+
+
+def _after_commit(session: Session, action: Any) -> None:
+    def run(_session: Session) -> None:
+        try:
+            action()
+        except Exception:  # the records are right; a lost event or plain send is logged
+            log.warning("after-commit canvas step failed", exc_info=True)
+
+    event.listen(session, "after_commit", run, once=True)
+
+
+class KeelBackend(RedisBackend):
+    """Celery's Redis result backend, except that a chord whose body is a Keel task is
+    counted in the records (``open_chord``, ``part_ended``) instead of in Redis.
+
+    Configured as ``tasks.jobs.end.canvas:KeelBackend+redis://…`` (``tasks.celeryconfig``).
+    """
+
+    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
+        _group_id, results = header_result_args
+        task = _keel_task(body.task) if isinstance(body, Signature) else None
+        simple = all(not getattr(result, "results", None) for result in results)
+        keel = task is not None and simple and bool((body.options or {}).get("task_id"))
+        if keel and open_chord(task, body, [str(result.id) for result in results]):
+            return None
+        return super().apply_chord(header_result_args, body, **kwargs)
+
+    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
+        body_id = body_id_of({"chord": request.chord})
+        if body_id is None or not is_keel_chord(body_id):
+            super().on_chord_part_return(request, state, result, **kwargs)
+            return
+        if _keel_task(request.task) is not None:
+            return  # counted when its end was recorded (``completed``/``failed``)
+        with transaction() as session:  # a plain Celery task in a Keel chord
+            if state == FAILURE:
+                store.fail_body(session, body_id, f"chord part {request.id} failed: {result!r}")
+                return
+            ready = part_ended(session, body_id, str(request.id), result)
+            if ready:
+                publish_ready(session, ready)

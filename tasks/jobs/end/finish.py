@@ -1,0 +1,207 @@
+"""Finish: record how a run ended, and what follows in the same transaction.
+
+A run ends completed, failed (for good, or delayed for a retry by BullMQ's
+rules: attempts, backoff with jitter, ``UnrecoverableError``), or deferred
+without using an attempt (``Defer``). Each is one guarded statement
+(``store.runs``); a transition that is no longer ours (the job was taken
+over) raises ``NotOurs`` and records nothing.
+
+When a job reaches completed or failed, in the same transaction, its
+simple-mode deduplication claim (if it has a rule) is released; retention (``removeOnComplete``
+/ ``removeOnFail``) trims finished records of the same kind once that
+transaction commits. The count is kept per (queue, tenant), and per job name
+for system jobs (no tenant): a queue is shared, and one tenant's traffic must
+never push another tenant's finished records out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.end import canvas
+from tasks.jobs.model import failures
+from tasks.jobs.model.errors import Defer, KeelError, UnrecoverableError
+from tasks.jobs.model.models import State
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.observe import events, metrics
+from tasks.jobs.store import dedup, runs, upkeep
+from tasks.jobs.store.runs import ClaimedJob
+from tasks.jobs.store.upkeep import Partition
+
+log = logging.getLogger(__name__)
+
+
+class NotOurs(KeelError):
+    """The job was taken over (its lock ran out): this worker's outcome is not recorded."""
+
+    code = "not_ours"
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """The run failed and the job runs again at ``at`` (the durable delayed set)."""
+
+    at: datetime
+    reason: str
+
+
+def retry_delay_ms(opts: JobOptions, attempts_made: int, exc: BaseException) -> int | None:
+    """Milliseconds until the next run after this failure, or ``None`` when it is final."""
+    if isinstance(exc, UnrecoverableError):
+        return None
+    return opts.retry_in_ms(attempts_made + 1)
+
+
+def _one_statement(claimed: ClaimedJob) -> bool:
+    """Whether recording this job's end is its one guarded statement (sent without
+    BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers."""
+    return claimed.opts.deduplication is None and not canvas.triggers(claimed.celery_ctx)
+
+
+def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
+    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
+    try:
+        if _one_statement(claimed):  # nothing else in its transaction: the statement alone
+            if not runs.complete_alone(claimed, result):
+                raise NotOurs(claimed.id)
+            trim = retention(claimed, State.COMPLETED)
+            if trim is not None:
+                trim()
+        else:
+            with transaction() as session:
+                if not runs.complete(session, claimed, result):
+                    raise NotOurs(claimed.id)
+                finished(session, claimed, State.COMPLETED)
+                canvas.completed(session, claimed, result)
+    except BaseException:
+        if duration_s is not None:  # the run happened: its duration counts all the same
+            metrics.observe(claimed.queue, "duration", duration_s)
+        raise
+    observed = ("duration", duration_s) if duration_s is not None else None
+    events.emit(
+        claimed.queue, "completed", claimed.id, claimed.name, observed=observed, returnvalue=result
+    )
+
+
+def failed(
+    claimed: ClaimedJob,
+    exc: BaseException,
+    *,
+    by_rules: bool = True,
+    retry_in_ms: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Retrying | None:
+    """Record a failed run; ``Retrying`` when the job runs again, ``None`` when it failed.
+
+    ``by_rules``: the job's options decide (attempts, backoff, ``UnrecoverableError``);
+    otherwise the caller has decided — Celery's ``self.retry`` — and ``retry_in_ms``
+    is the wait before the next run (``None``: this failure is final), and ``data``, if
+    given, what the next run gets (``self.retry(args=, kwargs=)``).
+    """
+    delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
+    reason = failures.reason(exc)
+    with transaction(one_statement=_one_statement(claimed)) as session:
+        outcome = runs.fail(session, claimed, reason, failures.stack(exc), delay, data)
+        if not outcome.ours:
+            raise NotOurs(claimed.id)
+        if outcome.final:  # announced below, with its attempts
+            ended(session, claimed, State.FAILED, reason, announce=False)
+    made = claimed.attempts_made + 1
+    if outcome.retry_at is None:
+        events.emit(
+            claimed.queue,
+            "failed",
+            claimed.id,
+            claimed.name,
+            failedReason=reason,
+            attemptsMade=made,
+        )
+        return None
+    events.emit(
+        claimed.queue, "retrying", claimed.id, claimed.name, failedReason=reason, attemptsMade=made
+    )
+    events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
+    return Retrying(outcome.retry_at, reason)
+
+
+def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
+    """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``)."""
+    state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
+    with transaction() as session:
+        if not runs.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
+            return
+    events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+
+
+def ended(
+    session: Session, job: Any, state: State, reason: str, *, announce: bool = True, **fields: Any
+) -> None:
+    """The one way a job ends without a result (failed for good or cancelled), in the
+    transaction whose statement moved it there (``store``): every path calls this — a run
+    failing for good, a cancel or revoke, too many stalls, a message no worker can run,
+    one that arrived without a record and was refused.
+
+    It frees the dedup claim and trims by retention (``finished``), fails the chord body
+    counting on the job (Celery's ``ChordError``: the body would otherwise wait for ever),
+    and, once the transaction commits, announces the end as an event named after the
+    state (``announce=False``: the caller announces it with more to say).
+    """
+    finished(session, job, state)
+    canvas.failed(session, job, reason)
+    if not announce:
+        return
+    if state == State.FAILED:
+        fields = {"failedReason": reason, **fields}
+    queue, job_id, name = job.queue, job.id, job.name
+    event.listen(
+        session,
+        "after_commit",
+        lambda _session: events.emit(queue, str(state), job_id, name, **fields),
+        once=True,
+    )
+
+
+def finished(session: Session, job: Any, state: State) -> None:
+    """In the finishing transaction: free the job's dedup claim; trim once it commits.
+
+    Trimming inside the finishing transaction would not see jobs finishing
+    concurrently (their rows are not committed yet), and two last jobs could
+    each leave one record too many. After the commit every finish is visible.
+    ``job`` is anything with the record's ``id, queue, name, tenant_id, opts``.
+    """
+    opts = _options(job)
+    if opts.deduplication is not None:  # only a job with a rule ever holds a claim
+        dedup.release(session, job.id)
+    trim = retention(job, state)
+    if trim is not None:
+        event.listen(session, "after_commit", lambda _session: trim(), once=True)
+
+
+def _options(job: Any) -> JobOptions:
+    return job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+
+
+def retention(job: Any, state: State) -> Callable[[], None] | None:
+    """What trims the finished records of ``job``'s kind once its end has committed
+    (``removeOnComplete`` / ``removeOnFail``); ``None`` if it keeps them all."""
+    keep = _options(job).retention(completed=state == State.COMPLETED)
+    if keep is None:
+        return None
+    partition = Partition(job.queue, job.tenant_id, job.name)
+
+    def trim() -> None:
+        try:
+            with transaction() as fresh:
+                upkeep.trim(fresh, partition, state, keep.count, keep.age_s)
+        except Exception:  # retention is best effort; the next finish trims again
+            log.warning("could not trim %s records of %s", state, partition, exc_info=True)
+
+    return trim

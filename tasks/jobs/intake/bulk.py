@@ -1,0 +1,113 @@
+"""Bulk: many jobs added at once (BullMQ's ``addBulk``).
+
+One statement records them all, in one transaction with the tenant's quota
+check (the whole batch fits, or nothing is added); their events go to Redis
+in one pipeline. The waiting ones are published once that transaction has
+committed, as a single ``add`` does (``tasks.jobs.intake.enqueue``): published
+inside it, a message could reach a worker before its record was visible
+there (the claim finds no row, the delivery is dropped, and the job waited
+for the reconciler, up to ~25 s). Their messages go out in kombu's publish
+batches (``tasks.jobs.intake.promote.publish_ready``); a broker that fails parks
+the rest for the promoter, and a producer killed between the commit and the
+publish leaves waiting jobs without messages, which the reconciler
+republishes (``tasks.jobs.upkeep.reconcile``). Jobs with a deduplication rule are
+added one by one (``add``), since each takes its own claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.db import transaction
+from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id
+from tasks.jobs.intake.promote import publish_ready
+from tasks.jobs.intake.tenancy import TenantLimits
+from tasks.jobs.model.models import State
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.model.owner import Owner
+from tasks.jobs.observe import events
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import NewJob, ready_job
+
+
+@dataclass(frozen=True)
+class BulkJob:
+    """One job of a bulk add."""
+
+    name: str
+    data: dict[str, Any]
+    queue: str
+    opts: JobOptions = field(default_factory=JobOptions)
+    ctx: dict[str, Any] | None = None
+
+
+def add_bulk(
+    jobs: Sequence[BulkJob], *, owner: Owner | None = None, limits: TenantLimits | None = None
+) -> list[AddedJob]:
+    """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order."""
+    single = {i for i, job in enumerate(jobs) if job.opts.deduplication is not None}
+    records = [
+        NewJob(
+            id=job.opts.job_id or new_job_id(),
+            name=job.name,
+            queue=job.queue,
+            data=job.data,
+            tenant_id=owner.tenant_id if owner else None,
+            user_id=owner.user_id if owner else None,
+            opts=job.opts,
+            celery_ctx=job.ctx,
+        )
+        for i, job in enumerate(jobs)
+        if i not in single
+    ]
+    created: set[str] = set()
+    if records:
+        with transaction() as session:
+            _admit(session, owner, records, limits)
+            created = store.insert_many(session, records)
+        waiting = [
+            ready_job(job, state=job.state)
+            for job in records
+            if job.id in created and job.state == State.WAITING
+        ]
+        if waiting:  # after the commit: a worker that takes a message finds its record
+            with transaction() as session:
+                publish_ready(session, waiting)
+        events.emit_many(
+            [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
+        )
+    added = iter(records)
+    results: list[AddedJob] = []
+    for i, job in enumerate(jobs):
+        if i in single:
+            results.append(
+                add(job.name, job.data, queue=job.queue, opts=job.opts, owner=owner, limits=limits)
+            )
+            continue
+        record = next(added)
+        new = record.id in created
+        results.append(AddedJob(record.id, new, str(record.state) if new else "existing"))
+    return results
+
+
+def _admit(
+    session: Any, owner: Owner | None, records: Sequence[NewJob], limits: TenantLimits | None
+) -> None:
+    """The tenant's quotas for the whole batch: every delay within bounds, the live count too."""
+    if owner is None or limits is None:
+        return
+    if any(job.opts.delay > limits.max_delay_ms for job in records):
+        raise tenancy.delay_too_long(limits)
+    tenancy.lock(session, owner.tenant_id, "jobs")
+    live = tenancy.load(session, owner.tenant_id, records[0].queue).live  # every queue's
+    if live + len(records) > limits.live_jobs:
+        raise tenancy.exceeded(
+            "liveJobs",
+            limits.live_jobs,
+            live,
+            f"the tenant has {live} live jobs; {len(records)} more would pass its quota "
+            f"of {limits.live_jobs}",
+        )

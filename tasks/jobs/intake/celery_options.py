@@ -1,0 +1,101 @@
+"""How a Celery call's options map to a job's: ``countdown``/``eta`` → ``delay``,
+``expires`` → ``expiresAt``, ``task_id`` → the job id, Keel's ``job_options``; and
+the canvas options kept on the record (see ``tasks.jobs.calls.celery_task``)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.model.owner import Owner
+
+
+class HasDefaultOptions(Protocol):
+    """A Keel task: its own options for a job's data and owner."""
+
+    def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions: ...
+
+
+# Canvas options kept on the record (Celery's option name → the context's key).
+CANVAS_OPTIONS = {
+    "chord": "chord",
+    "group_id": "group",
+    "group_index": "group_index",
+    "chain": "chain",
+    "parent_id": "parent_id",
+    "root_id": "root_id",
+}
+
+
+def _moment(value: Any, now: datetime) -> datetime:
+    """A Celery ``eta``/``expires`` value (datetime, ISO text, or seconds from now)."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str):
+        return _moment(datetime.fromisoformat(value), now)
+    if isinstance(value, timedelta):
+        return now + value
+    return now + timedelta(seconds=float(value))
+
+
+def delay_ms(options: dict[str, Any], now: datetime) -> int:
+    """Milliseconds until the job may run, from ``countdown`` or ``eta``."""
+    if options.get("countdown") is not None:
+        return max(0, math.ceil(float(options["countdown"]) * 1000))
+    if options.get("eta") is not None:
+        due = _moment(options["eta"], now)
+        return max(0, math.ceil((due - now).total_seconds() * 1000))
+    return 0
+
+
+def job_options(
+    task: HasDefaultOptions, data: dict[str, Any], owner: Owner | None, options: dict[str, Any]
+) -> JobOptions:
+    """The task's own options for this data, then what the call gives, then its delay."""
+    base = task.default_options(data, owner).stored()
+    given = options.get("job_options")
+    if isinstance(given, JobOptions):
+        base.update(given.stored())
+    elif isinstance(given, dict):
+        base.update(JobOptions.model_validate(given).stored())
+    task_id = options.get("task_id")
+    if task_id:
+        base["jobId"] = str(task_id)
+    now = datetime.now(UTC)
+    wait = delay_ms(options, now)
+    if wait:
+        base["delay"] = wait
+    if options.get("expires") is not None:
+        base["expiresAt"] = _moment(options["expires"], now).isoformat()
+    return JobOptions.model_validate(base)
+
+
+def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
+    """The canvas options of a call, as the record keeps them (signatures as plain dicts)."""
+    ctx: dict[str, Any] = {}
+    for option, key in CANVAS_OPTIONS.items():
+        if options.get(option) is not None:
+            ctx[key] = options[option]
+    for option in ("link", "link_error"):
+        linked = options.get(option)
+        if linked:
+            ctx[option] = list(linked) if isinstance(linked, list | tuple) else [linked]
+    plain: dict[str, Any] = _plain(ctx)
+    return plain
+
+
+def _plain(value: Any) -> Any:
+    """Signatures are dicts; make them (and their nested parts) JSON-ready plain values.
+
+    A step's ``eta``/``expires`` may be a datetime: kept as ISO text, which ``_moment``
+    reads back when the step is recorded.
+    """
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,220 @@
+"""Enqueue: commit the job's record, then publish its message.
+
+The order is the guarantee: a job the caller was told about is always in
+the records. If publishing fails after the commit (broker down or hung), the
+job is parked as due-now in the durable delayed set, and a worker's promoter
+publishes it once the broker is back — accepted work is never lost.
+
+Publishing is bounded so that a hung broker cannot hold the API: the
+broker's socket timeout (``tasks.celeryconfig``; on RabbitMQ the confirm
+timeout, ``tasks.rabbitmq``) bounds one attempt, there is no retry after a
+timeout (a retry against a hung server only doubles the wait; a stale
+connection is retried at once, ``tasks.broker.publish``), and while the
+broker is known to be unreachable the job is parked without trying.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tasks import broker
+from tasks.celery import app
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.messages import Message, publish
+from tasks.jobs.intake.tenancy import TenantLimits
+from tasks.jobs.model.models import State
+from tasks.jobs.model.options import Deduplication, JobOptions
+from tasks.jobs.model.owner import Owner
+from tasks.jobs.observe import events
+from tasks.jobs.store import canvas as canvas_store
+from tasks.jobs.store import dedup, upkeep
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store.jobs import NewJob
+from tasks.transport import riding
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AddedJob:
+    job_id: str
+    created: bool
+    state: str
+
+
+def new_job_id() -> str:
+    """Opaque and unguessable: 128 random bits, as 32 hex digits."""
+    return os.urandom(16).hex()
+
+
+def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
+    """A job whose message could not be published goes back to the durable delayed set."""
+    with transaction() as session:
+        upkeep.park(session, job_ids, in_s)
+
+
+def add(
+    name: str,
+    data: dict[str, Any],
+    *,
+    queue: str,
+    opts: JobOptions | None = None,
+    owner: Owner | None = None,
+    publish_now: bool = True,
+    limits: TenantLimits | None = None,
+    ctx: dict[str, Any] | None = None,
+) -> AddedJob:
+    """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing.
+
+    ``publish_now=False`` records the job for a caller that publishes it
+    itself, e.g. as part of a Celery chord. ``limits`` (with an ``owner``)
+    applies the tenant's quota: what tenant-facing doors pass, so that
+    ``QuotaExceeded`` refuses the add and nothing is recorded. ``ctx`` is the
+    Celery canvas context (``publish``) recorded with the job.
+    """
+    opts = opts or JobOptions()
+    job = NewJob(
+        id=opts.job_id or new_job_id(),
+        name=name,
+        queue=queue,
+        data=data,
+        tenant_id=owner.tenant_id if owner else None,
+        user_id=owner.user_id if owner else None,
+        opts=opts,
+        celery_ctx=ctx or None,
+    )
+    rule = opts.deduplication
+    priority = 0
+    created = False
+    kept: str | None = None
+    replaced: str | None = None
+    body_id = canvas_store.chord_body_id(ctx)
+    # Unless a debounce rule touches the held job or a chord counts its part, the add is
+    # one statement on its own (no BEGIN/COMMIT, no Session), its dedup claim and quota
+    # check included.
+    debounce = rule is not None and (rule.extend or rule.replace)
+    one_statement = body_id is None and not debounce
+    if one_statement and (rule is not None or limits is not None):
+        admitted = tenancy.admit(job, limits, rule)
+        kept, created = admitted.kept, admitted.created
+        priority = tenancy.priority_for(admitted.on_queue)
+    elif one_statement and publish_now and job.state == State.WAITING:
+        created, on_queue = store.insert_counting_alone(job, tenancy.LOAD_STEPS[-1])
+        priority = tenancy.priority_for(on_queue)
+    elif one_statement:
+        created = store.insert_alone(job)
+    else:
+        with transaction() as session:
+            # A tenant's quota lock goes with its dedup claim: one round trip for both.
+            quota_lock = None
+            if rule is not None and limits is not None and job.tenant_id is not None:
+                quota_lock = tenancy.lock_key(job.tenant_id, "jobs")
+            if rule is not None:
+                kept, replaced = _deduplicate(session, queue, rule, job.id, quota_lock)
+            if kept is None and limits is not None:
+                load = tenancy.admit_insert(session, job, limits, locked=quota_lock is not None)
+                created = load is not None
+                priority = tenancy.priority_for(load.on_queue if load else 0)
+            elif kept is None and publish_now and job.state == State.WAITING:
+                created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
+                priority = tenancy.priority_for(on_queue)
+            elif kept is None:
+                created = store.insert(session, job)
+            if body_id is not None and not created:  # a chord part counts the job it names
+                canvas_store.bind_part(session, body_id, job.id, kept or job.id)
+    dedup_id = rule.id if rule else None
+    if kept is not None:
+        events.emit(
+            queue, "deduplicated", kept, name, deduplicationId=dedup_id, deduplicatedJobId=job.id
+        )
+        return AddedJob(job_id=kept, created=False, state="deduplicated")
+    if not created:
+        return AddedJob(job_id=job.id, created=False, state="existing")
+    if replaced is not None:
+        events.emit(
+            queue,
+            "deduplicated",
+            job.id,
+            name,
+            deduplicationId=dedup_id,
+            deduplicatedJobId=replaced,
+        )
+    delay: dict[str, Any] = {"delay": opts.delay} if opts.delay else {}
+    added = events.Event(queue, job.state, job.id, name, **delay)
+    if job.state == State.WAITING and publish_now:
+        publish_or_park(job.id, name, queue, data, ctx, priority=priority, event=added)
+    else:
+        added.send()
+    return AddedJob(job_id=job.id, created=True, state=job.state)
+
+
+def _deduplicate(
+    session: Session, queue: str, rule: Deduplication, job_id: str, lock_key: str | None = None
+) -> tuple[str | None, str | None]:
+    """``(kept, replaced)``: the live job that absorbs this add, or the one this add replaces
+    (``lock_key``: an advisory lock the claim takes first, in its statement)."""
+    held = dedup.claim(session, queue, rule, job_id, lock_key)
+    if held is None:
+        return None, None
+    if rule.extend and rule.ttl:
+        dedup.extend(session, queue, rule)
+    if rule.replace and store.delete_delayed(session, held.job_id):
+        dedup.hand_over(session, queue, rule, job_id)
+        return None, held.job_id
+    return held.job_id, None
+
+
+def publish_or_park(
+    job_id: str,
+    name: str,
+    queue: str,
+    data: dict[str, Any],
+    ctx: dict[str, Any] | None = None,
+    *,
+    priority: int = 0,
+    event: events.Event | None = None,
+) -> None:
+    """Publish a waiting job; if the broker is down or hung, park it for the promoter.
+
+    ``event`` (the job's ``waiting``) goes out with the message, in the same Redis
+    round trip (``tasks.transport.riding``), else on its own before the job is parked.
+    """
+    if broker.publish_unreachable():
+        log.info("broker unreachable; job %s parked for republish", job_id)
+        if event is not None:
+            event.send()
+        park_for_republish([job_id])
+        return
+    if event is not None and get_settings().broker_on_amqp:
+        event.send()  # before the message, which a worker may take at once
+        event = None
+    started = time.monotonic()
+    failed: Exception | None = None
+    with riding(event.add_to) if event is not None else nullcontext(_nothing) as rode:
+        try:
+            # On Redis, kombu's publish batch sends the message and its task-sent event in
+            # one pipeline, and the job's event rides in it too: one round trip in all.
+            with app.producer_or_acquire() as producer, producer.batch():
+                publish(Message(job_id, name, queue, data, ctx, priority=priority), producer)
+        except Exception as exc:  # the record is safe; the promoter publishes it later
+            failed = exc
+    if failed is not None:  # first: an event sent next is dropped at once if Redis hangs
+        broker.publish_failed(failed, started)
+    if event is not None and (failed is not None or not rode()):
+        event.send()  # its pipeline failed, or never went out
+    if failed is not None:
+        log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
+        park_for_republish([job_id])
+
+
+def _nothing() -> bool:
+    return True

@@ -1,0 +1,100 @@
+"""Promote: delayed jobs whose time has come become waiting, and get their message.
+
+Delayed jobs (the ``delay`` option, retry backoff, deferrals, parked
+publishes) live in Postgres, not in Celery ETA messages: nothing is held in
+worker memory, and no broker visibility timeout can redeliver them early.
+Every worker promotes (``tasks.jobs.upkeep.maintenance``); ``FOR UPDATE SKIP LOCKED``
+lets them share the work without promoting a job twice.
+
+The messages are published *inside* the promoting transaction, before it
+commits. A worker that receives one waits on the row lock, then finds the job
+waiting and claims it. Published after the commit instead, a promoter killed
+in between would leave a waiting job with no message, stranded. Published
+before a commit that then fails, a message finds its job still delayed and is
+ignored; the job is promoted again later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tasks import broker
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.messages import Message, announce
+from tasks.jobs.observe import events
+from tasks.jobs.store import upkeep
+from tasks.jobs.store.jobs import ReadyJob
+
+log = logging.getLogger(__name__)
+BATCH = 200
+PARK_S = 1.0
+
+
+def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
+    """Publish jobs that just became waiting in ``session``'s transaction; returns those sent.
+
+    After the first failed publish the rest are parked again (in the same
+    transaction) without trying: each try against a hung broker costs its
+    socket timeout, and a batch of them would hold the promoter for long.
+    """
+    priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
+    sent: list[ReadyJob] = []
+    events_due: list[dict[str, Any]] = []
+    started = time.monotonic()
+    batched = False
+    try:
+        # One producer (one pooled connection) for the batch, not one acquired per job; on
+        # Redis, kombu's publish batch sends the messages in pipelines (up to 1,000 commands
+        # a round trip), and their task-sent events as one message. RabbitMQ publishes each
+        # at once.
+        parent = app.current_worker_task  # the same for every message of the batch
+        with app.producer_or_acquire() as producer:
+            batched = producer.supports_batch_publish
+            with producer.batch():
+                for job in jobs:
+                    if broker.publish_unreachable():
+                        break
+                    started = time.monotonic()
+                    message = Message(
+                        job.id,
+                        job.name,
+                        job.queue,
+                        job.data,
+                        job.celery_ctx,
+                        priority=priority.get(job.id, 0),
+                        parent=parent,
+                    )
+                    broker.publish(message.publish, producer)
+                    sent.append(job)
+                    if message.sent is not None:
+                        events_due.append(message.sent)
+                if events_due:
+                    announce(producer, events_due)
+    except Exception as exc:
+        broker.publish_failed(exc, started)
+        if batched:
+            # A failed batch may have sent any part of itself: every job of it is parked.
+            # A message that did go out finds its record delayed and is ignored (the
+            # claim runs waiting jobs only); the promoter sends the job again when due.
+            sent = []
+    unsent = [job.id for job in jobs[len(sent) :]]
+    if unsent:
+        log.warning("broker unavailable; %d jobs parked again", len(unsent))
+        upkeep.park(session, unsent, PARK_S)
+    return sent
+
+
+def promote_once() -> int:
+    """Promote and publish every job that is due now (one batch); returns how many were due."""
+    with transaction() as session:
+        due = upkeep.promote_due(session, BATCH)
+        sent = publish_ready(session, due)
+    events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
+    return len(due)

@@ -1,0 +1,233 @@
+"""The job record: Postgres is the system of record for every job.
+
+A row is committed before its message is published, so the records always
+hold every job the API accepted; the broker only carries the wake-up call.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Identity,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from tasks.db import Base
+
+
+class State(StrEnum):
+    """A job's state (BullMQ's names). Stored as text; the table's CHECK lists the same."""
+
+    WAITING = "waiting"
+    ACTIVE = "active"
+    DELAYED = "delayed"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    WAITING_CHILDREN = "waiting-children"
+    CANCELLED = "cancelled"
+
+
+STATES = tuple(State)
+# Final: nothing moves a job out of these but an operator's retry (failed only).
+FINISHED_STATES = (State.COMPLETED, State.FAILED, State.CANCELLED)
+LIVE_STATES = (State.WAITING, State.ACTIVE, State.DELAYED, State.WAITING_CHILDREN)
+# What a cancel (or Celery's revoke) may stop: a job that has not started a run.
+CANCELLABLE_STATES = (State.WAITING, State.DELAYED, State.WAITING_CHILDREN)
+
+
+class JobRecord(Base):
+    """One job: its data, options, owner, lifecycle and counters."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    opts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(20))
+    progress: Mapped[Any | None] = mapped_column(JSONB)
+    attempts_made: Mapped[int] = mapped_column(Integer, server_default="0")
+    attempts_started: Mapped[int] = mapped_column(Integer, server_default="0")
+    stalled_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    result: Mapped[Any | None] = mapped_column(JSONB)
+    runs: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    processed_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    celery_ctx: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    lock_token: Mapped[str | None] = mapped_column(String(64))
+    locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The layout of this record (``tasks.jobs.model.formats``): inserts leave it to the default.
+    format: Mapped[int] = mapped_column(SmallInteger, server_default="1")
+
+    __table_args__ = (
+        CheckConstraint(
+            "state IN ('waiting','active','delayed','completed','failed','waiting-children',"
+            "'cancelled')",
+            name="state",
+        ),
+        Index("ix_jobs_queue_state", "queue", "state"),
+        Index(
+            "ix_jobs_due",
+            "run_at",
+            postgresql_where=text("state IN ('delayed', 'waiting-children')"),
+        ),
+        Index(
+            "ix_jobs_finished",
+            "queue",
+            "tenant_id",
+            "state",
+            "finished_on",
+            postgresql_where=text("state IN ('completed','failed','cancelled')"),
+        ),
+        Index(
+            "ix_jobs_tenant_live",
+            "tenant_id",
+            "queue",
+            "state",
+            postgresql_where=text("state IN ('waiting', 'active', 'delayed', 'waiting-children')"),
+        ),
+        # Listings, newest first by (created_at, id): a user's jobs, a tenant's jobs.
+        Index("ix_jobs_owner", "tenant_id", "user_id", "created_at", "id"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
+    )
+
+
+class DedupClaim(Base):
+    """Which job holds a deduplication id (BullMQ's ``de:<id>`` key, durable).
+
+    ``expires_at`` NULL means "until the job completes or fails" (simple
+    mode); otherwise the claim lapses at that time (throttle / debounce).
+    """
+
+    __tablename__ = "dedup_claims"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    dedup_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RetryAudit(Base):
+    """Append-only record of a manual retry: what it cleared, who asked and why.
+
+    The database itself refuses UPDATE, DELETE and TRUNCATE on this table.
+    """
+
+    __tablename__ = "job_retry_audit"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    job_name: Mapped[str] = mapped_column(String(200))
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    owner_id: Mapped[str | None] = mapped_column(String(200))
+    ids: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB)
+    attempts_made: Mapped[int] = mapped_column(Integer)
+    attempts_started: Mapped[int] = mapped_column(Integer)
+    retried_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+class ArchivedJob(Base):
+    """A failed job record trimmed by retention, kept so operators can still read why."""
+
+    __tablename__ = "failed_jobs_archive"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    opts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    user_id: Mapped[str | None] = mapped_column(String(200))
+    attempts_made: Mapped[int] = mapped_column(Integer)
+    attempts_started: Mapped[int] = mapped_column(Integer)
+    failed_reason: Mapped[str | None] = mapped_column(Text)
+    stacktrace: Mapped[list[str]] = mapped_column(JSONB)
+    runs: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    archived_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+class JobSchedulerRecord(Base):
+    """A job scheduler (BullMQ's ``upsertJobScheduler``): a stable id, a rule, a job template.
+
+    ``tenant_id`` is ``""`` for system schedulers (managed by the CLI and at
+    startup); API schedulers belong to the operator's tenant.
+    """
+
+    __tablename__ = "job_schedulers"
+
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    created_by: Mapped[str | None] = mapped_column(String(200))
+    iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
+    next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        Index(
+            "ix_job_schedulers_due", "next_run_at", postgresql_where=text("next_run_at IS NOT NULL")
+        ),
+    )
+
+
+class JobCount(Base):
+    """Compacted job counts per queue, tenant (``""``: system jobs) and state.
+
+    See ``tasks.jobs.store.counts``.
+    """
+
+    __tablename__ = "job_counts"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")
+    state: Mapped[str] = mapped_column(String(20), primary_key=True)
+    n: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+
+class JobCountDelta(Base):
+    """State changes not yet folded into ``job_counts``; written by a trigger, insert-only."""
+
+    __tablename__ = "job_count_deltas"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100), index=True)
+    tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
+    state: Mapped[str] = mapped_column(String(20))
+    n: Mapped[int] = mapped_column(Integer)

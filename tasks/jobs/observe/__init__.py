@@ -1,0 +1,1 @@
+"""What can be seen of jobs: events, metrics, reads of the records and of the broker."""

@@ -1,0 +1,223 @@
+"""Queue events in a bounded Redis stream per queue, readable from any process.
+
+Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
+completed, failed, retrying, delayed, deduplicated, stalled``, plus
+``cancelled`` (a job cancelled or revoked before it ran, ``tasks.jobs.end.cancel``) and
+``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
+best effort: a job never fails because its event could not be written, and
+while Redis is unreachable (``tasks.broker``) events are dropped at once
+rather than each waiting for a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from tasks import broker
+from tasks.broker import redis_client
+from tasks.jobs.observe import metrics
+
+log = logging.getLogger(__name__)
+STREAM_MAXLEN = 10_000
+EVENT_NAMES = (
+    "waiting",
+    "active",
+    "progress",
+    "completed",
+    "failed",
+    "retrying",
+    "delayed",
+    "deduplicated",
+    "stalled",
+    "cancelled",
+    "dead-lettered",
+)
+
+
+def stream_key(queue: str) -> str:
+    return f"keel:events:{queue}"
+
+
+def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
+    """``(queue, event, job id, name)`` of many jobs, in one round trip (a bulk add's)."""
+    if entries:
+        _send([*_held.take(), *(Event(*entry) for entry in entries)])
+
+
+class Event:
+    """One event as Redis commands: its stream entry, its counter and (``observed``: a
+    ``(kind, seconds)`` histogram observation, ``tasks.jobs.observe.metrics``) what the
+    transition measured. ``emit`` sends it; a publish can take it along (``tasks.transport``).
+    """
+
+    __slots__ = ("entry", "event", "job_id", "observed", "queue")
+
+    def __init__(
+        self,
+        queue: str,
+        event: str,
+        job_id: str,
+        name: str | None = None,
+        *,
+        observed: tuple[str, float] | None = None,
+        **fields: Any,
+    ) -> None:
+        # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
+        entry: dict[Any, Any] = {
+            "event": event,
+            "jobId": job_id,
+            "queue": queue,
+            "time": f"{time.time():.3f}",
+        }
+        if name:
+            entry["name"] = name
+        for key, value in fields.items():
+            entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
+        self.queue, self.event, self.job_id = queue, event, job_id
+        self.entry, self.observed = entry, observed
+
+    def add_to(self, pipe: Any, *, counted: bool = True) -> None:
+        """Its commands; ``counted=False``: without its counter (the caller adds it)."""
+        pipe.xadd(stream_key(self.queue), self.entry, maxlen=STREAM_MAXLEN, approximate=True)
+        if counted:
+            metrics.count_event(pipe, self.queue, self.event)
+        if self.observed is not None:
+            metrics.add_observation(pipe, self.queue, *self.observed)
+
+    def send(self) -> None:
+        """In one round trip, after whatever this process holds back (``later``)."""
+        _send([*_held.take(), self])
+
+
+def _send(batch: list[Event]) -> None:
+    if not batch:
+        return
+    last = batch[-1]
+    if broker.unreachable():
+        log.info("Redis unreachable: %d events up to %s dropped", len(batch), last.event)
+        return
+    started = time.monotonic()
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        counts: Counter[tuple[str, str]] = Counter()
+        for event in batch:
+            event.add_to(pipe, counted=False)
+            counts[event.queue, event.event] += 1
+        for (queue, name), n in counts.items():  # a bulk add's 10,000 are one HINCRBY
+            metrics.count_event(pipe, queue, name, n)
+        pipe.execute()
+    except broker.UNREACHABLE_ERRORS as exc:
+        broker.failed(exc, started)
+        log.warning("could not emit %s for job %s: %s", last.event, last.job_id, exc)
+    except Exception:
+        log.warning("could not emit %s for job %s", last.event, last.job_id, exc_info=True)
+
+
+#: How long an event may be held back (``later``) before it goes out on its own.
+HOLD_S = 0.05
+
+
+class _Held:
+    """Events held back in this process, oldest first; a thread sends those held too long."""
+
+    def __init__(self) -> None:
+        self._events: list[tuple[float, Event]] = []
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+
+    def add(self, event: Event) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use in this (forked) process
+                self._pid, self._events = os.getpid(), []
+                threading.Thread(
+                    target=self._flush_forever, name="keel-events", daemon=True
+                ).start()
+            self._events.append((time.monotonic() + HOLD_S, event))
+
+    def take(self) -> list[Event]:
+        # Read without the lock: an event added meanwhile waits its turn. A forked child
+        # never sends what its parent held.
+        if not self._events or self._pid != os.getpid():
+            return []
+        with self._lock:
+            taken = [event for _, event in self._events]
+            self._events = []
+        return taken
+
+    def _flush_forever(self) -> None:
+        while True:
+            time.sleep(HOLD_S)
+            with self._lock:
+                due = bool(self._events) and self._events[0][0] <= time.monotonic()
+            if due:
+                _send(self.take())
+
+
+_held = _Held()
+
+
+def later(event: Event) -> None:
+    """Send ``event`` with this process's next event, or on its own within twice ``HOLD_S``.
+
+    A job's ``active`` goes out with its ``completed`` when the run is short (one
+    round trip instead of two), and on its own while a longer run goes on. Order is
+    kept: every event sent from this process goes after those held before it.
+    """
+    _held.add(event)
+
+
+def emit(
+    queue: str,
+    event: str,
+    job_id: str,
+    name: str | None = None,
+    *,
+    observed: tuple[str, float] | None = None,
+    **fields: Any,
+) -> None:
+    """One event (``Event``), in one round trip."""
+    Event(queue, event, job_id, name, observed=observed, **fields).send()
+
+
+def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, raw in fields.items():
+        value = raw.decode()
+        k = key.decode()
+        if k in ("event", "jobId", "queue", "name", "time"):
+            out[k] = value
+            continue
+        try:
+            out[k] = json.loads(value)
+        except ValueError:
+            out[k] = value
+    return out
+
+
+def read(
+    queues: list[str], *, since: str = "0", follow: bool = False, block_ms: int = 250
+) -> Iterator[dict[str, Any]]:
+    """Events of ``queues`` after id ``since`` (``$``: new ones only); forever if ``follow``.
+
+    ``block_ms`` stays under the client's socket timeout (``tasks.broker``):
+    a blocking read that outlasts it would look like a hung Redis.
+    """
+    cursors: dict[Any, Any] = {stream_key(q): since for q in queues}
+    client = redis_client()
+    while True:
+        batch: Any = client.xread(cursors, block=block_ms if follow else None, count=500)
+        if not batch and not follow:
+            return
+        for stream, entries in batch or []:
+            for entry_id, fields in entries:
+                cursors[stream.decode()] = entry_id.decode()
+                yield {"id": entry_id.decode(), **_decode(fields)}
+        if not follow and batch and all(len(e) < 500 for _, e in batch):
+            return

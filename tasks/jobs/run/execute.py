@@ -1,0 +1,407 @@
+"""Execute: ``KeelTask``, the Celery base class that claims a job's record and runs it.
+
+Celery delivers the message; the record decides. A delivery runs the
+handler only if it can claim the record (waiting, or active with an expired
+lock); any other delivery — a duplicate, a stale redelivery, a job that
+already finished — is acknowledged and ignored. How the run ended is
+recorded by ``tasks.jobs.end.finish``: failures follow BullMQ's rules and retries
+go through the durable delayed set rather than Celery ETA messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from celery import Task, shared_task
+from celery.exceptions import Ignore, Reject, Retry
+from pydantic import BaseModel
+
+from tasks.config import get_settings
+from tasks.db import STORE_UNAVAILABLE, transaction
+from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
+from tasks.jobs.end import finish
+from tasks.jobs.intake.messages import KEEL_HEADER
+from tasks.jobs.model import formats, registry
+from tasks.jobs.model.errors import Defer
+from tasks.jobs.model.models import State
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.model.owner import Owner, running_for
+from tasks.jobs.observe import events, metrics
+from tasks.jobs.observe import quiet as quiet_jobs
+from tasks.jobs.run import limits, lock_renewal
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store import runs, upkeep
+from tasks.jobs.store.jobs import NewJob
+from tasks.jobs.store.runs import ClaimedJob
+
+log = logging.getLogger(__name__)
+
+# How long a delivery that found the records unreachable waits before going back to the queue.
+STORE_UNAVAILABLE_PAUSE_S = 1.0
+
+
+class JobExpired(Exception):
+    """The job had not started by its ``expiresAt`` (Celery's ``expires``)."""
+
+
+class UnrecordedEnd(Exception):
+    """A run ended but its result, or what its end triggers, could not be recorded."""
+
+
+class JobContext:
+    """What a handler sees of its job: data, counters, and progress reporting."""
+
+    def __init__(self, claimed: ClaimedJob) -> None:
+        self._claimed = claimed
+        self.id = claimed.id
+        self.name = claimed.name
+        self.queue = claimed.queue
+        self.data = claimed.data
+        self.opts: JobOptions = claimed.opts
+        self.tenant_id = claimed.tenant_id
+        self.user_id = claimed.user_id
+        self.attempts_made = claimed.attempts_made
+        self.attempts_started = claimed.attempts_started
+
+    def update_progress(self, progress: Any) -> None:
+        with transaction() as session:
+            runs.set_progress(session, self._claimed, progress)
+        events.emit(self.queue, "progress", self.id, self.name, data=progress)
+
+
+class KeelTask(CeleryTask):
+    """Base class of every Keel job: claims its record, runs the handler, records the end.
+
+    How Celery sends, retries and declares it is ``CeleryTask``'s
+    (``tasks.jobs.calls.celery_task``).
+    """
+
+    typing = False
+    acks_late = True
+    reject_on_worker_lost = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        admission = self._admit(args, kwargs)
+        try:
+            return self._run_claimed(admission, args, kwargs)
+        finally:
+            limits.release(admission)
+
+    def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
+        """Wait out the queue's global limits before claiming, so waiting costs no attempt.
+
+        A held job goes back to the durable delayed set (the promoter
+        publishes it again) and this delivery is acknowledged: nothing is
+        held in worker memory, and a worker dying here loses nothing. A
+        delivery without a record is recorded first, or acknowledging it
+        would lose it.
+        """
+        try:
+            return limits.admit(self._delivered_queue())
+        except limits.LimitReached as held:
+            try:
+                with transaction() as session:
+                    recorded = bool(getattr(self.request, KEEL_HEADER, None))
+                    if not recorded:
+                        self._record_on_arrival(session, args, kwargs)
+                    parked = upkeep.park(session, [self.request.id], held.wait_s)
+                if not parked and recorded and runs.await_insert(self.request.id):
+                    with transaction() as session:  # its record committed since (see _claim)
+                        upkeep.park(session, [self.request.id], held.wait_s)
+            except STORE_UNAVAILABLE as exc:
+                self._requeue_while_store_unavailable(exc)
+            self._announce_ignored("held by its queue's limits; it runs again later")
+            raise Ignore() from None
+
+    def _delivered_queue(self) -> str:
+        """The queue this delivery came from: a job may be added on any queue."""
+        info = self.request.delivery_info or {}
+        return str(info.get("routing_key") or self.queue)
+
+    def _run_claimed(self, admission: limits.Admission, args: Any, kwargs: Any) -> Any:
+        claimed = self._claim(args, kwargs)
+        limits.started(admission)
+        if claimed.stalled:
+            events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
+        active = events.Event(
+            claimed.queue,
+            "active",
+            claimed.id,
+            claimed.name,
+            observed=("wait", claimed.wait_s),
+            attemptsStarted=claimed.attempts_started,
+        )
+        events.later(active)  # with its end's event if the run is short: one round trip
+        lock_renewal.track(claimed.token)
+        started = time.monotonic()
+        ran: float | None = None  # how long a run that returned took (its end reports it)
+        try:
+            result = self._run_handler(claimed)
+            asked: RetryRequested | None = getattr(self.request, "keel_retry", None)
+            if asked is not None:  # ``self.retry(throw=False)``: the run ends as that retry
+                raise asked
+            ran = time.monotonic() - started
+        except Defer as deferral:
+            finish.deferred(claimed, deferral)
+            self._announce_ignored(f"deferred: {deferral}")
+            raise Ignore() from None
+        except RetryRequested as requested:
+            self._failed(
+                claimed, requested.exc or requested, requested.delay_ms, data=requested.data
+            )
+            raise
+        except RetriesExhausted as exhausted:
+            self._failed(claimed, exhausted.original, retry_in_ms=None)
+            raise exhausted.original from None
+        except Reject as rejected:
+            # Requeued: run again at once, as Celery would, but a requeue is a retry here,
+            # bounded like one (``max_retries``): a message that always rejects ends failed.
+            if rejected.requeue and claimed.attempts_made < self.retry_limit():
+                self._failed(claimed, rejected, retry_in_ms=0)
+                raise
+            self._failed(claimed, rejected, retry_in_ms=None)
+            raise Reject(rejected.reason, requeue=False) from None  # not back to the broker
+        except Exception as exc:
+            self._failed(claimed, exc)
+            raise
+        finally:
+            lock_renewal.untrack(claimed.token)
+            if ran is None:
+                metrics.observe(claimed.queue, "duration", time.monotonic() - started)
+        try:
+            finish.completed(claimed, result, ran)
+        except finish.NotOurs:
+            self._announce_ignored("taken over by another worker; this result is not recorded")
+            raise Ignore() from None
+        except STORE_UNAVAILABLE:
+            raise  # the record stays active: its lock runs out and the run is tried again
+        except Exception as exc:
+            # The run happened but its end cannot be recorded (a result JSON cannot hold, a
+            # chain step its task cannot take): left active, the job would stall and run
+            # again, and again fail to record. It fails for good, saying why.
+            self._failed(claimed, UnrecordedEnd(f"its end could not be recorded: {exc}"), None)
+            raise
+        # Its chain's next step and its links were recorded with its end (tasks.jobs.end.canvas):
+        # Celery's tracer must not send them a second time.
+        self.request.chain = None
+        self.request.callbacks = None
+        return result
+
+    def _run_handler(self, claimed: ClaimedJob) -> Any:
+        """Call the handler its way: ``run(job)``, or ``run(*args, **kwargs)`` like Celery."""
+        expires = claimed.opts.expires_at
+        if expires is not None and expires <= datetime.now(UTC):
+            raise RetriesExhausted(JobExpired(f"expired at {expires.isoformat()}"))
+        self.request.retries = claimed.attempts_made
+        self.request.keel_retry = None
+        context = JobContext(claimed)
+        self.request.keel_job = context
+        # What the handler sends the Celery way (``.delay()``, canvas) belongs to the job's
+        # tenant and user, as its chain steps and links do (``owner.running_for``).
+        owner = None
+        if claimed.tenant_id is not None:
+            owner = Owner(claimed.tenant_id, claimed.user_id or "")
+        with running_for(owner):
+            if self.job_style == "context":
+                return self.run(context)
+            args = list(claimed.data.get("args", ()))
+            kwargs = dict(claimed.data.get("kwargs", {}))
+            # As Celery's request shows them (the wake-up message carries the record's data)
+            self.request.args, self.request.kwargs = args, kwargs
+            return self.run(*args, **kwargs)
+
+    _NO_RULES: Any = object()
+
+    def _failed(
+        self,
+        claimed: ClaimedJob,
+        exc: BaseException,
+        retry_in_ms: Any = _NO_RULES,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        """Record the failure; a retry is Celery's ``Retry`` (state RETRY, no message sent).
+
+        By the job's options, or — ``retry_in_ms`` given — as ``self.retry`` decided.
+        """
+        by_rules = retry_in_ms is self._NO_RULES
+        try:
+            retrying = finish.failed(
+                claimed,
+                exc,
+                by_rules=by_rules,
+                retry_in_ms=None if by_rules else retry_in_ms,
+                data=data,
+            )
+        except finish.NotOurs:
+            self._announce_ignored("taken over by another worker; this failure is not recorded")
+            raise Ignore() from None
+        if retrying is not None:
+            raise Retry(retrying.reason, exc=exc, when=retrying.at)
+
+    def _claim(self, args: Any, kwargs: Any) -> ClaimedJob:
+        settings = get_settings()
+        worker = self.request.hostname or socket.gethostname()
+        header = getattr(self.request, KEEL_HEADER, None)
+        if not formats.reads_message(header):
+            # A release newer than this worker's wrote it (tasks.jobs.model.formats): misread, it
+            # could run the wrong thing. Its record stays waiting for a worker that reads it.
+            log.error(
+                "job %s: message format %r is not one this worker reads (%s); left waiting",
+                self.request.id,
+                header,
+                sorted(formats.MESSAGE_FORMATS_READ),
+            )
+            self._announce_ignored(f"message format {header} is newer than this worker reads")
+            raise Ignore()
+        recorded = bool(header)
+        claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
+        try:
+            if recorded:  # a Keel message's record exists: its claim is one statement
+                claimed = runs.claim_alone(*claim, self._canvas_context())
+                if claimed is None and runs.await_insert(self.request.id):
+                    # The record may have been committed since the claim looked: a canvas
+                    # child is published inside the transaction that records it.
+                    claimed = runs.claim_alone(*claim, self._canvas_context())
+            else:
+                with transaction() as session:
+                    self._record_on_arrival(session, args, kwargs)
+                    claimed = runs.claim(session, *claim, self._canvas_context())
+        except STORE_UNAVAILABLE as exc:
+            self._requeue_while_store_unavailable(exc)
+        if claimed is None:
+            # Not ours to run: a duplicate delivery, or a job that finished. Say so to
+            # Flower, which would otherwise show this delivery as started forever.
+            self._announce_ignored("the job's record is not waiting")
+            raise Ignore()
+        return claimed
+
+    def _record_on_arrival(self, session: Any, args: Any, kwargs: Any) -> None:
+        """A message sent without Keel (``send_task`` by name, another app): record it now.
+
+        Its record is added as waiting in the claim's transaction (nothing if a
+        job with its id exists), so the claim runs it like any other job. Arguments
+        the handler cannot take (positional ones for a ``handler(job)`` task) are
+        recorded as given, and the job fails at once saying why: run, it would
+        read them as its data.
+        """
+        refused = None
+        try:
+            data = self.data_for(args, kwargs)
+        except TypeError as exc:
+            data, refused = {"args": list(args), "kwargs": dict(kwargs)}, str(exc)
+        job = NewJob(
+            id=str(self.request.id),
+            name=self.name,
+            queue=self._delivered_queue(),
+            data=data,
+            tenant_id=None,
+            user_id=None,
+            opts=self.default_options(data, None),
+            celery_ctx=self._canvas_context(),
+        )
+        if not store.insert(session, job):
+            return
+        log.info("job %s (%s) arrived without a record; recorded on arrival", job.id, job.name)
+        if refused is None:
+            return
+        failed = runs.fail_unsupported(session, job.id, job.name, refused)
+        if failed is not None:
+            finish.ended(session, failed, State.FAILED, refused)
+
+    def _announce_ignored(self, reason: str) -> None:
+        """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""
+        if not self.send_events:
+            return  # a task kept out of Flower (``handler(events=False)``) had no STARTED either
+        try:
+            self.send_event("task-ignored", reason=reason)
+        except Exception as exc:  # events are for watching; a lost one changes nothing
+            log.debug("could not announce ignored delivery %s: %s", self.request.id, exc)
+
+    def _requeue_while_store_unavailable(self, exc: Exception) -> NoReturn:
+        """The records cannot be reached: put the message back rather than lose it.
+
+        Nothing has run and nothing was recorded, so the delivery is simply
+        given back to the broker (at the back of its queue) after a short
+        pause, and is tried again until the database answers. Acknowledging
+        it — what a plain exception here does — would leave a waiting record
+        that no message will ever wake.
+        """
+        log.warning(
+            "job store unavailable; job %s goes back to its queue: %s",
+            self.request.id,
+            exc.__class__.__name__,
+        )
+        time.sleep(STORE_UNAVAILABLE_PAUSE_S)
+        raise Reject(str(exc), requeue=True) from exc
+
+    def _canvas_context(self) -> dict[str, Any] | None:
+        """The canvas this delivery belongs to (chord, chain, links), kept on the record so a
+        later run — retried, promoted, redelivered — still counts toward its chord and
+        still triggers its children."""
+        request = self.request
+        ctx = {
+            "chord": request.chord,
+            "group": request.group,
+            "group_index": request.group_index,
+            "chain": request.chain,
+            "link": request.callbacks,
+            "link_error": request.errbacks,
+            "parent_id": request.parent_id,
+            "root_id": request.root_id,
+        }
+        kept = {key: value for key, value in ctx.items() if value not in (None, [], ())}
+        return kept or None
+
+
+def handler(
+    name: str,
+    *,
+    queue: str,
+    schedulable: registry.Schedulable = "system",
+    data: type[BaseModel] | None = None,
+    submittable: bool = False,
+    options: Callable[[dict[str, Any], Owner | None], JobOptions] | None = None,
+    events: bool = True,
+    control: bool = False,
+    quiet: bool = False,
+) -> Callable[[Callable[[JobContext], Any]], Task]:
+    """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
+
+    ``schedulable`` says who may put it in a job scheduler (``"tenant"`` or only
+    the ``"system"``); ``data`` is the model of the data a tenant may give it;
+    ``submittable`` lets a tenant's user add it over HTTP (``POST /api/v1/jobs``);
+    ``options(data, owner)`` gives the options of a job sent the Celery way
+    (``.delay()``, ``.apply_async()``, canvas) unless the call gives its own.
+    ``events=False``: no Celery task events (``send_events``), so a periodic system job
+    does not fill Flower's task list; its records and Keel's own events stay.
+    ``quiet=True``: its routine log lines (received, succeeded, fired) are DEBUG, not INFO,
+    and ``keel jobs list`` leaves it out unless asked (``tasks.jobs.observe.quiet``).
+    ``control=True``: a control job, published at the front of its queue (the top broker
+    priority) whatever its party's load, so it never waits behind the bulk jobs it unblocks.
+    """
+
+    limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
+    registry.declare(registry.JobType(name, queue, schedulable, data, submittable, control))
+    if quiet:
+        quiet_jobs.declare(name)
+
+    def register(fn: Callable[[JobContext], Any]) -> Task:
+        attributes: dict[str, Any] = {
+            "job_style": "context",
+            "schedulable": schedulable,
+            "data_model": data,
+            "submittable": submittable,
+            "send_events": events,
+            "control": control,
+        }
+        if options is not None:
+            attributes["default_options"] = lambda _task, d, o: options(d, o)
+        return shared_task(name=name, base=KeelTask, queue=queue, **attributes)(fn)
+
+    return register

@@ -1,0 +1,318 @@
+"""Global limits per queue, shared by every worker process: a concurrency cap and a rate limit.
+
+Celery's ``-c`` and ``rate_limit`` hold per worker or per process; BullMQ's
+global concurrency and limiter hold for the whole queue, whatever the number
+of workers. ``KEEL_QUEUE_LIMITS`` (JSON) sets them per queue, e.g.
+``{"reports": {"concurrency": 4, "rate": {"max": 10, "duration_ms": 1000}}}``;
+a queue it does not name is unlimited.
+
+Both live in Redis sorted sets and read Redis's clock, so all hosts agree.
+
+- Concurrency: a semaphore of holder tokens scored by lease expiry. A
+  holder renews its lease while its job runs, like the job lock, so a dead
+  worker's slot frees itself within ``KEEL_LOCK_DURATION_S``. The slot is
+  taken before the claim and given back after the outcome is recorded, so
+  every recorded run lies inside its slot.
+- Rate: a moving window of starts. A start is first *reserved* (it counts
+  as if it were in the future) and, once the claim is committed, *stamped*
+  with the time it happened. The recorded start (in Postgres) comes a
+  variable few milliseconds after the token — hundreds on a loaded host —
+  so stamping the token's time would let ``max + 1`` recorded starts share
+  a window; stamping after the claim cannot. A delivery that turns out not
+  to start (duplicate, finished job) withdraws its reservation.
+
+A delivery that finds no slot or no start raises ``LimitReached``; the task
+parks the job in the durable delayed set without claiming it, so waiting
+costs no attempt and survives the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import uuid
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tasks.broker import redis_client
+from tasks.config import get_settings
+from tasks.jobs.model.errors import KeelError
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "keel:limits"
+# A job turned away by the concurrency cap asks again after 0.25 to 0.5 s.
+CONCURRENCY_HOLD_S = 0.25
+# When Redis cannot say, hold rather than run past a limit.
+UNKNOWN_HOLD_S = 1.0
+
+_NOW_US = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+"""
+
+# KEYS[1] holders; ARGV: token, concurrency, lease ms. 1 when the slot is taken.
+_TAKE_SLOT = (
+    _NOW_US
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]) * 1000, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+)
+
+# KEYS: holders keys; ARGV: lease ms, then one token per key.
+_RENEW_SLOTS = (
+    _NOW_US
+    + """
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]) * 1000, ARGV[i + 1])
+  redis.call('PEXPIRE', key, ARGV[1])
+end
+return #KEYS
+"""
+)
+
+# KEYS[1] starts; ARGV: token, max, window ms, reservation ms.
+# 0 when reserved, else the µs until the oldest start leaves the window.
+_RESERVE_START = (
+    _NOW_US
+    + """
+local window_us = tonumber(ARGV[3]) * 1000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window_us)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]) * 1000, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[4]))
+  return 0
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return math.min(window_us, math.max(1, tonumber(oldest[2]) + window_us - now))
+"""
+)
+
+# KEYS[1] starts; ARGV: token, key ttl ms. Stamps the start with the time now.
+_STAMP_START = (
+    _NOW_US
+    + """
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+)
+
+
+class Rate(BaseModel):
+    """At most ``max`` job starts in any window of ``duration_ms``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max: int = Field(ge=1)
+    duration_ms: int = Field(ge=1)
+
+
+class QueueLimit(BaseModel):
+    """One queue's limits; either may be absent (unlimited)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    concurrency: int | None = Field(default=None, ge=1)
+    rate: Rate | None = None
+
+
+class LimitReached(KeelError):
+    """The queue's global concurrency or rate limit is reached; try again later."""
+
+    code = "limit_reached"
+
+    def __init__(self, wait_s: float, reason: str) -> None:
+        super().__init__(f"{reason} limit reached; try again in {wait_s:.2f}s")
+        self.wait_s = wait_s
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Token:
+    """One member of a limit's sorted set."""
+
+    key: str
+    member: str
+
+
+@dataclass
+class Admission:
+    """What one delivery took from its queue's limits: a slot and/or a reserved start."""
+
+    slot: Token | None = None
+    start: Token | None = None
+    start_ttl_ms: int = 0
+    started: bool = False
+
+
+@lru_cache(maxsize=4)
+def parse(raw: str) -> dict[str, QueueLimit]:
+    """``KEEL_QUEUE_LIMITS`` → limits per queue; a bad value is a ``ValueError`` naming it."""
+    if not raw.strip():
+        return {}
+    try:
+        loaded = json.loads(raw)
+        if not isinstance(loaded, dict):
+            raise ValueError("expected an object keyed by queue name")
+        return {queue: QueueLimit.model_validate(limit) for queue, limit in loaded.items()}
+    except (ValueError, ValidationError) as exc:
+        raise ValueError(f"KEEL_QUEUE_LIMITS is invalid: {exc}") from None
+
+
+def configured() -> dict[str, QueueLimit]:
+    return parse(get_settings().queue_limits)
+
+
+def admit(queue: str) -> Admission:
+    """Take what one job start on ``queue`` needs: a concurrency slot, then a start.
+
+    The slot comes first because it is cheap to give back; a reserved start
+    given back is a token another job could have used meanwhile.
+    """
+    admission = Admission()
+    limit = configured().get(queue)
+    if limit is None:
+        return admission
+    if limit.concurrency:
+        admission.slot = _take_slot(queue, limit.concurrency)
+    if limit.rate is not None:
+        try:
+            admission.start, admission.start_ttl_ms = _reserve_start(queue, limit.rate)
+        except LimitReached:
+            release(admission)
+            raise
+    return admission
+
+
+def started(admission: Admission) -> None:
+    """The job was claimed: stamp its reserved start with the time now (after the claim)."""
+    admission.started = True
+    if admission.start is None:
+        return
+    start = admission.start
+    try:
+        redis_client().eval(_STAMP_START, 1, start.key, start.member, admission.start_ttl_ms)
+    except Exception:  # the reservation stays, counting for longer than needed: safe
+        log.warning("could not stamp a start on %s", start.key, exc_info=True)
+
+
+def release(admission: Admission) -> None:
+    """The run is over: free the slot; withdraw the start if the job never started.
+
+    Best effort: an unreleased slot lapses with its lease, a reservation
+    once its time has passed by a window.
+    """
+    if admission.slot is not None:
+        _leases.untrack(admission.slot)
+        _remove(admission.slot)
+    if admission.start is not None and not admission.started:
+        _remove(admission.start)
+
+
+def slot_key(queue: str) -> str:
+    return f"{KEY_PREFIX}:{queue}:active"
+
+
+def starts_key(queue: str) -> str:
+    return f"{KEY_PREFIX}:{queue}:starts"
+
+
+def _lease_ms() -> int:
+    return int(get_settings().lock_duration_s * 1000)
+
+
+def _remove(token: Token) -> None:
+    try:
+        redis_client().zrem(token.key, token.member)
+    except Exception:
+        log.warning("could not give back a token of %s", token.key, exc_info=True)
+
+
+def _eval(what: str, queue: str, script: str, key: str, *args: str | int | float) -> int:
+    try:
+        return int(redis_client().eval(script, 1, key, *args))
+    except Exception:
+        log.warning("could not check the %s limit of %s; holding", what, queue, exc_info=True)
+        raise LimitReached(UNKNOWN_HOLD_S, what) from None
+
+
+def _take_slot(queue: str, concurrency: int) -> Token:
+    slot = Token(slot_key(queue), uuid.uuid4().hex)
+    if not _eval("concurrency", queue, _TAKE_SLOT, slot.key, slot.member, concurrency, _lease_ms()):
+        raise LimitReached(
+            random.uniform(CONCURRENCY_HOLD_S, 2 * CONCURRENCY_HOLD_S), "concurrency"
+        )
+    _leases.track(slot)
+    return slot
+
+
+def _reserve_start(queue: str, rate: Rate) -> tuple[Token, int]:
+    """A reserved start and the ttl its key needs; ``LimitReached`` if the window is full."""
+    start = Token(starts_key(queue), uuid.uuid4().hex)
+    reserve_ms = max(_lease_ms(), rate.duration_ms)  # outlasts any claim, however slow
+    wait_us = _eval(
+        "rate",
+        queue,
+        _RESERVE_START,
+        start.key,
+        start.member,
+        rate.max,
+        rate.duration_ms,
+        reserve_ms,
+    )
+    if wait_us:
+        # Ask again somewhere in the window after the oldest start leaves it,
+        # so held jobs spread out instead of all asking at the same instant.
+        wait_s = wait_us / 1e6 + random.uniform(0, rate.duration_ms / 1000)
+        raise LimitReached(wait_s, "rate")
+    return start, rate.duration_ms + reserve_ms
+
+
+class _Leases:
+    """Renews the leases of the slots this process holds, every third of a lease."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, str] = {}
+        self._guard = threading.Lock()
+        self._thread_pid: int | None = None
+
+    def track(self, slot: Token) -> None:
+        with self._guard:
+            self._held[slot.member] = slot.key
+            if self._thread_pid != os.getpid():  # the first slot of this (forked) process
+                self._thread_pid = os.getpid()
+                renewer = threading.Thread(target=self._renew_forever, name="keel-leases")
+                renewer.daemon = True
+                renewer.start()
+
+    def untrack(self, slot: Token) -> None:
+        with self._guard:
+            self._held.pop(slot.member, None)
+
+    def _renew_forever(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(_lease_ms() / 3000):
+            with self._guard:
+                held = list(self._held.items())
+            if not held:
+                continue
+            members = [member for member, _ in held]
+            keys = [key for _, key in held]
+            try:
+                redis_client().eval(_RENEW_SLOTS, len(keys), *keys, _lease_ms(), *members)
+            except Exception:
+                log.warning("could not renew concurrency slots", exc_info=True)
+
+
+_leases = _Leases()

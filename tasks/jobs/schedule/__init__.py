@@ -1,0 +1,1 @@
+"""Job schedulers (BullMQ's Job Scheduler) and the Celery beat scheduler that fires them."""

@@ -1,0 +1,115 @@
+"""``KeelScheduler``: Celery beat's scheduler class for Keel's job schedulers.
+
+``celery -A tasks beat -S tasks.jobs.schedule.beat:KeelScheduler`` (the default in
+Keel's config). Each tick fires the schedulers that are due and sleeps until
+the next one, at most ``max_interval`` so changes made through the API reach
+a running beat within a second. Several beats may run at once: row locks
+with SKIP LOCKED and derived job ids keep it at one job per scheduled time.
+A tenant's scheduler fires under the tenant's quotas (``tasks.quotas``).
+
+The app's ``beat_schedule`` entries become system schedulers when beat
+starts (``tasks.jobs.schedule.beat_entries``), so they too fire once per scheduled
+time however many beats run; if the database is away at start, each tick
+tries again until it is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any
+
+import redis
+from celery.beat import Scheduler
+
+from tasks import quotas
+from tasks.catalog import disabled_apps
+from tasks.celery import load_job_modules
+from tasks.jobs.model.errors import JobNotFound
+from tasks.jobs.observe import quiet
+from tasks.jobs.schedule import beat_entries, schedulers
+from tasks.jobs.upkeep import liveness
+
+log = logging.getLogger(__name__)
+
+
+class KeelScheduler(Scheduler):
+    """Fires Postgres-stored job schedulers, ``beat_schedule`` entries among them."""
+
+    max_interval = 1.0
+    _last_heartbeat = 0.0
+    _alive: redis.Redis | None = None
+    _redis_ok_at: float | None = None
+    _synced = False
+
+    def setup_schedule(self) -> None:
+        quotas.current()  # a malformed KEEL_TENANT_QUOTAS stops beat at start, loudly
+        load_job_modules()  # every job type (KEEL_JOB_MODULES too) declared before any fire
+        retire_disabled_apps()
+        self._sync_entries()
+
+    def _sync_entries(self) -> None:
+        try:
+            beat_entries.sync(self.app)
+        except Exception:  # the database may be away at start: the next tick tries again
+            log.warning("beat_schedule entries not stored yet; retrying", exc_info=True)
+            return
+        self._synced = True
+
+    def tick(self, *args: Any, **kwargs: Any) -> float:
+        self._heartbeat()
+        if not self._synced:
+            self._sync_entries()
+        try:
+            fired = schedulers.fire_due(job_limits=quotas.current().jobs)
+            for job_id in fired.job_ids:
+                name = fired.names.get(job_id, "")
+                log.log(quiet.level_for(name), "scheduler fired job %s (%s)", job_id, name)
+            if fired.unsent:  # the broker is away: try those fires again in a while
+                return self.max_interval
+            return schedulers.seconds_until_next(self.max_interval)
+        except Exception:  # the database may be briefly away; try again shortly
+            log.warning("firing job schedulers failed; retrying", exc_info=True)
+            return self.max_interval
+
+    def _heartbeat(self) -> None:
+        """Say this beat is alive (``python -m tasks.jobs.upkeep.healthcheck beat``)."""
+        if time.monotonic() - self._last_heartbeat < liveness.HEARTBEAT_S:
+            return
+        self._last_heartbeat = time.monotonic()
+        member = f"beat@{socket.gethostname()}"
+        try:
+            self._alive = self._alive or liveness.quick_client()
+            liveness.beat(self._alive, "beat", member)
+            self._redis_ok_at = time.time()
+        except redis.RedisError as exc:
+            log.warning("beat heartbeat not recorded: %s", exc)
+        liveness.beat_locally("beat", member, self._redis_ok_at)
+
+    def sync(self) -> None:
+        """Nothing to flush: every fire is committed as it happens."""
+
+    @property
+    def info(self) -> str:
+        return "    . job schedulers: postgres (keel), beat_schedule entries as beat:<name>"
+
+
+def retire_disabled_apps() -> None:
+    """A built-in app turned off (``KEEL_BUILTIN_JOBS``) loses the schedulers it stored.
+
+    Its job types are gone from every process, so a scheduler an earlier run
+    upserted would fire jobs no worker knows. Only its own standing ids go.
+    """
+    for builtin in disabled_apps():
+        for scheduler_id in builtin.schedulers:
+            try:
+                schedulers.remove(schedulers.Scope(), scheduler_id)
+            except JobNotFound:
+                continue
+            except Exception:
+                log.exception("could not remove %s; beat goes on", scheduler_id)
+                continue
+            log.info(
+                "removed system scheduler %s: its app is off (KEEL_BUILTIN_JOBS)", scheduler_id
+            )

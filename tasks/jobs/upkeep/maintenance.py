@@ -1,0 +1,67 @@
+"""Maintenance: a worker bootstep that runs the job layer's periodic work.
+
+In a thread of every worker's main process, every ``KEEL_PROMOTE_INTERVAL_S``:
+promote due delayed jobs (``promote``) and notice a broker that lost its data
+(``broker_reset``); every ``KEEL_STALLED_INTERVAL_S``: recover stalled jobs
+(``stalls``), count the chord parts that stand for another job once it ended
+(``canvas``) and fold the state counters' pending deltas (``store.counts``).
+Any number of workers run it at once; each piece is safe to share.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from celery import bootsteps
+
+from tasks.config import get_settings
+from tasks.jobs.end import canvas, revocations, stalls
+from tasks.jobs.intake import promote
+from tasks.jobs.store import counts
+from tasks.jobs.upkeep import broker_reset, reconcile
+
+log = logging.getLogger(__name__)
+
+
+class Maintenance(bootsteps.StartStopStep):
+    """Runs the periodic work of the job layer beside the worker's pool."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        self._thread = threading.Thread(target=self._loop, name="keel-maintenance", daemon=True)
+        self._thread.start()
+
+    def stop(self, worker: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def terminate(self, worker: Any) -> None:
+        """A cold shutdown stops the thread too (bootsteps call ``terminate``, not ``stop``)."""
+        self.stop(worker)
+
+    def _loop(self) -> None:
+        settings = get_settings()
+        next_stalled_check = time.monotonic()
+        while not self._stop.wait(settings.promote_interval_s):
+            try:
+                revocations.cancel_revoked()  # before promotion: a revoked job is never published
+                while promote.promote_once() >= promote.BATCH:
+                    pass
+                broker_reset.check_epoch()
+                reconcile.when_due()
+                if time.monotonic() >= next_stalled_check:
+                    next_stalled_check = time.monotonic() + settings.stalled_interval_s
+                    stalls.requeue_stalled_once()
+                    canvas.count_bound_parts()
+                    counts.compact()
+            except Exception:  # a database blip must not stop maintenance
+                log.warning("job maintenance failed; retrying", exc_info=True)
