@@ -55,7 +55,7 @@ from kombu.utils.json import dumps, loads
 
 from tasks import deadletters
 from tasks.deadletters import DeadLetter
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import ControlFlow
 from tasks.jobs.observe import events
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ DEAD_LETTERED = "dead-lettered"
 UNACKED = "unacked"
 
 
-class Poison(KeelError):
+class Poison(ControlFlow):
     """A popped item kombu cannot take as a message (raised from a response callback)."""
 
     code = "poison_message"

@@ -10,7 +10,14 @@ from werkzeug.exceptions import HTTPException
 
 from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
 from tasks.db import STORE_UNAVAILABLE
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import (
+    JobConflict,
+    JobNotFound,
+    KeelError,
+    QuotaExceeded,
+    Refused,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +36,20 @@ HTTP_CODES = {
 }
 RETRY_AFTER_S = 5
 
+# How each of Keel's errors answers over HTTP: the nearest class in its MRO decides.
+# A refusal is the caller's (4xx); ``Unavailable`` is a part that is away (503, with
+# Retry-After); anything else of Keel's reaching a view — ``ControlFlow`` included — is a
+# bug, answered 500 and logged.
+STATUSES: dict[type[KeelError], int] = {
+    JobNotFound: 404,
+    JobConflict: 409,
+    QuotaExceeded: 429,
+    Refused: 400,
+    Unavailable: 503,
+}
+# The codes of the families themselves say nothing a status does not: the HTTP name is used.
+_GENERIC_CODES = {"keel_error", "refused", "unavailable", "control_flow"}
+
 
 class ApiError(KeelError):
     """An HTTP error of the web layer itself (authentication, parsing, ...)."""
@@ -42,22 +63,52 @@ class ApiError(KeelError):
         details: list | None = None,
         headers: dict | None = None,
     ) -> None:
-        super().__init__(message, details=details, headers=headers)
+        super().__init__(message, details=details)
         self.status = status
         self.code = code or HTTP_CODES.get(status, "error")
+        self.headers = headers or {}
+
+
+def status_of(error: KeelError) -> int:
+    """The HTTP status of one of Keel's errors (``STATUSES``; an ``ApiError`` says its own)."""
+    if isinstance(error, ApiError):
+        return error.status
+    for klass in type(error).__mro__:
+        if klass in STATUSES:
+            return STATUSES[klass]
+    return 500
+
+
+def code_of(error: KeelError) -> str:
+    """The ``error`` field: the error's own code, or the status's name for a generic one."""
+    if error.code in _GENERIC_CODES:
+        return HTTP_CODES.get(status_of(error), "error")
+    return error.code
+
+
+def headers_of(error: KeelError) -> dict:
+    if isinstance(error, ApiError):
+        return error.headers
+    if isinstance(error, Unavailable):
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return {}
 
 
 def error_response(error: KeelError):
     """The one JSON shape, for every error of the tree."""
-    code = error.code if error.code != KeelError.code else HTTP_CODES.get(error.status, "error")
-    body = {"error": code, "message": str(error), "details": error.details}
-    return jsonify(body), error.status, error.headers
+    status = status_of(error)
+    if status == 500:
+        log.error("%s reached the API: %s", type(error).__name__, error)
+        body = {"error": "internal_error", "message": "internal error", "details": []}
+        return jsonify(body), 500, {}
+    body = {"error": code_of(error), "message": str(error), "details": error.details}
+    return jsonify(body), status, headers_of(error)
 
 
 def init_app(app: Flask) -> None:
     @app.errorhandler(KeelError)
     def _keel(error: KeelError):
-        """Every Keel error carries its own status and code (``ApiError`` included)."""
+        """Every Keel error answers by ``STATUSES`` (an ``ApiError`` by its own status)."""
         return error_response(error)
 
     @app.errorhandler(HTTPException)

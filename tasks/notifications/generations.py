@@ -24,10 +24,10 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import ControlFlow
 
 
-class Rollover(KeelError):
+class Rollover(ControlFlow):
     """Another chunk is closing this generation: join the next one shortly."""
 
     code = "rollover"

@@ -24,7 +24,7 @@ from tasks.jobs import (
     handler,
     recorded_together,
 )
-from tasks.jobs.model.errors import Defer, KeelError
+from tasks.jobs.model.errors import ControlFlow, Defer, Unavailable
 from tasks.jobs.observe.queries import get as get_job
 from tasks.notifications import campaigns, generations
 from tasks.notifications.generations import Rollover
@@ -59,13 +59,13 @@ GROUP_WAIT_MAX_MS = 5000
 ROLLOVER_WAIT_MS = 100
 
 
-class Stragglers(KeelError):
+class Stragglers(ControlFlow):
     """A chunk assigned to this generation is still loading; the send waits for it."""
 
     code = "stragglers"
 
 
-class GroupUnavailable(KeelError):
+class GroupUnavailable(Unavailable):
     """The generation's group creator failed for good; the chunk cannot load (yet)."""
 
     code = "group_unavailable"

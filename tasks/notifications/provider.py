@@ -18,7 +18,7 @@ from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
 from tasks.config import get_settings
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import KeelError, Unavailable
 
 # The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000
@@ -39,18 +39,16 @@ TRANSPORT_RETRY = Retry(
 )
 
 
-class ProviderUnavailable(KeelError):
+class ProviderUnavailable(Unavailable):
     """The provider did not answer usefully; retry later."""
 
     code = "provider_unavailable"
-    status = 502
 
 
 class ProviderRejected(KeelError):
     """The provider refused the request for good (``provider_status`` says how)."""
 
     code = "provider_rejected"
-    status = 502
 
     def __init__(self, message: str, provider_status: int) -> None:
         super().__init__(message)

@@ -16,12 +16,12 @@ from tasks.jobs import (
     Deduplication,
     JobContext,
     JobOptions,
-    KeelError,
     Owner,
     UnrecoverableError,
     handler,
 )
 from tasks.jobs.intake.manual_retry import RetryRules, declare_rules
+from tasks.jobs.model.errors import Unavailable
 from tasks.jobs.model.models import JobRecord
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
@@ -68,7 +68,7 @@ class ReportRequest(BaseModel):
     rows: int = Field(ge=1, le=MAX_ROWS)
 
 
-class TemporaryStorageFailure(KeelError):
+class TemporaryStorageFailure(Unavailable):
     """The artifact storage failed for now (injected in tests with ``failUntilAttempt``)."""
 
     code = "storage_unavailable"

@@ -30,7 +30,7 @@ from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE
 from tasks.jobs.model.errors import KeelError
-from web.errors import RETRY_AFTER_S, ApiError, error_response
+from web.errors import RETRY_AFTER_S, ApiError, code_of, error_response, status_of
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +129,11 @@ def error_page(status: int, message: str, code: str) -> Any:
 def _keel_error(error: KeelError) -> Any:
     if not wants_page():
         return error_response(error)
-    code = error.code if error.code != KeelError.code else "error"
-    return error_page(error.status, str(error), code)
+    status = status_of(error)
+    if status == 500:
+        log.error("%s reached the dashboard: %s", type(error).__name__, error)
+        return error_page(500, "internal error", "internal_error")
+    return error_page(status, str(error), code_of(error))
 
 
 @bp.errorhandler(CSRFError)

@@ -17,12 +17,13 @@ from flask import flash, g, redirect, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import KeelError, Refused
 from tasks.jobs.observe.queries import describe, list_jobs
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.store.listing import JobFilter
 from web.api import check_payload, load_json, validate
 from web.auth import OPERATOR
+from web.errors import status_of
 from web.schedulers import UpsertScheduler, scope_of, upsert_for
 from web.ui import bp
 from web.ui.forms import explained
@@ -111,7 +112,7 @@ def _body(form: MultiDict) -> dict[str, Any]:
 def _integer(form: MultiDict, field: str) -> int:
     raw = (form.get(field) or "").strip()
     if not WHOLE_NUMBER.fullmatch(raw):
-        raise KeelError(
+        raise Refused(
             f"{field} must be a whole number",
             details=[{"field": field, "type": "int", "message": "a whole number"}],
         )
@@ -130,7 +131,7 @@ def save_scheduler() -> Any:
         assert isinstance(body, UpsertScheduler)
         upsert_for(g.principal, scheduler_id, body)
     except KeelError as refused:
-        return _editor(form, refused.status, error=explained(refused), new=True)
+        return _editor(form, status_of(refused), error=explained(refused), new=True)
     flash(f"Scheduler {scheduler_id} saved.", "ok")
     return redirect(url_for("ui.scheduler", scheduler_id=scheduler_id), 303)
 

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from tasks.db import transaction
 from tasks.jobs.end import canvas
 from tasks.jobs.model import failures
-from tasks.jobs.model.errors import Defer, KeelError, UnrecoverableError
+from tasks.jobs.model.errors import ControlFlow, Defer, UnrecoverableError
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events, metrics
@@ -39,7 +39,7 @@ from tasks.jobs.store.upkeep import Partition
 log = logging.getLogger(__name__)
 
 
-class NotOurs(KeelError):
+class NotOurs(ControlFlow):
     """The job was taken over (its lock ran out): this worker's outcome is not recorded."""
 
     code = "not_ours"

@@ -26,12 +26,12 @@ from pydantic import ValidationError
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import Refused
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 
 
-class SubmissionRefused(KeelError):
+class SubmissionRefused(Refused):
     """The job cannot be submitted as asked."""
 
     code = "validation_failed"

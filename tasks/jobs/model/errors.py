@@ -1,4 +1,15 @@
-"""The job layer's exceptions: one root, and the control-flow errors handlers raise."""
+"""The job layer's exceptions, in three families under one root, none of them HTTP's.
+
+- ``Refused``: a caller asked for something Keel will not do (no such job, a
+  state that forbids it, a conflict, a quota, a shape limit). Each has a
+  ``code`` clients can branch on; how it answers over HTTP is the web
+  layer's business (``web/errors.py``, one table).
+- ``Unavailable``: a part Keel needs cannot be reached right now.
+- ``ControlFlow``: not an error anyone is shown, but how a handler or the job
+  layer says what happens next (``UnrecoverableError``, ``Defer``, a run that
+  is no longer ours, a limit that holds a delivery). One reaching the API is
+  a bug, answered as such (500).
+"""
 
 from __future__ import annotations
 
@@ -6,81 +17,86 @@ from typing import Any
 
 
 class KeelError(Exception):
-    """Keel could not do what was asked.
+    """Keel could not do what was asked: the root of every error Keel raises.
 
-    The root of every error Keel raises. ``status`` and ``code`` say how the
-    HTTP API answers it — the web layer has one handler that maps them — and
-    ``details`` (a list) and ``headers`` travel with the answer.
+    It carries a message and ``details`` (a list, for a client or a log);
+    nothing about HTTP.
     """
 
     code = "keel_error"
-    status = 400
 
-    def __init__(
-        self,
-        message: str | None = None,
-        *,
-        details: list[Any] | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, message: str | None = None, *, details: list[Any] | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
         self.details = details or []
-        self.headers = headers or {}
 
 
-class JobNotFound(KeelError):
+class Refused(KeelError):
+    """Keel refused what a caller asked; ``code`` names the refusal for clients."""
+
+    code = "refused"
+
+
+class Unavailable(KeelError):
+    """A part Keel needs cannot be reached right now; try again shortly."""
+
+    code = "unavailable"
+
+
+class ControlFlow(KeelError):
+    """How a handler or the job layer says what happens next; never a caller's error."""
+
+    code = "control_flow"
+
+
+class JobNotFound(Refused):
     """No such job."""
 
     code = "not_found"
-    status = 404
 
 
-class InvalidJobState(KeelError):
+class InvalidJobState(Refused):
     """The job is not in a state that allows this."""
 
     code = "invalid_state"
 
 
-class JobConflict(KeelError):
+class JobConflict(Refused):
     """Another job or result already covers this operation."""
 
     code = "conflict"
-    status = 409
 
 
-class TemplateRefused(KeelError):
+class TemplateRefused(Refused):
     """A scheduler's job template asks for something its owner may not schedule."""
 
     code = "validation_failed"
 
 
-class QuotaExceeded(KeelError):
+class QuotaExceeded(Refused):
     """The tenant is at one of its quotas (``details`` name the limit)."""
 
     code = "quota_exceeded"
-    status = 429
 
 
-class LimitExceeded(KeelError):
+class LimitExceeded(Refused):
     """The request is bigger or further out than a tenant may ask for (a shape limit)."""
 
     code = "validation_failed"
 
 
-class UnrecoverableError(KeelError):
+class BrokerUnavailable(Unavailable):
+    """The broker could not be reached."""
+
+    code = "broker_unavailable"
+
+
+class UnrecoverableError(ControlFlow):
     """Fail the job now, whatever attempts remain (BullMQ's ``UnrecoverableError``)."""
 
     code = "unrecoverable"
 
 
-class BrokerUnavailable(KeelError):
-    """The broker could not be reached."""
-
-    code = "broker_unavailable"
-    status = 503
-
-
-class Defer(KeelError):
+class Defer(ControlFlow):
     """Run this job again after ``delay_ms`` without using up an attempt.
 
     BullMQ's ``moveToDelayed`` + ``DelayedError``; with ``waiting_children``

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.celery import app
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import Refused
 
 PAGE = 1000
 MAX_DEPTH = 32  # of nested signatures in a message body; deeper ones are not searched
 
 
-class TooMany(KeelError):
+class TooMany(Refused):
     """The broker holds more messages there than one reconcile round reads."""
 
     code = "too_many_messages"

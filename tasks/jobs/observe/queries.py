@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import text
 
 from tasks.db import transaction
-from tasks.jobs.model.errors import JobNotFound, KeelError
+from tasks.jobs.model.errors import JobNotFound, Refused
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.store import jobs as store
@@ -83,7 +83,7 @@ def get(job_id: str) -> JobRecord | None:
         return store.get(session, job_id)
 
 
-class InvalidCursor(KeelError):
+class InvalidCursor(Refused):
     """The cursor is not one this API gave out."""
 
     code = "validation_failed"
@@ -137,7 +137,7 @@ class JobPage:
 def list_jobs(where: JobFilter, *, cursor: str | None = None, limit: int = DEFAULT_PAGE) -> JobPage:
     """A page of the jobs ``where`` selects, newest first, after ``cursor`` if given."""
     if not 1 <= limit <= MAX_PAGE:
-        raise KeelError(f"limit must be 1..{MAX_PAGE}")
+        raise Refused(f"limit must be 1..{MAX_PAGE}")
     after = decode_cursor(cursor) if cursor is not None else None
     with transaction() as session:
         found = list(listing.page(session, where, after, limit + 1))

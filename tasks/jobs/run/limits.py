@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.broker import redis_client
 from tasks.config import get_settings
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import ControlFlow
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class QueueLimit(BaseModel):
     rate: Rate | None = None
 
 
-class LimitReached(KeelError):
+class LimitReached(ControlFlow):
     """The queue's global concurrency or rate limit is reached; try again later."""
 
     code = "limit_reached"

@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import KeelError, TemplateRefused
+from tasks.jobs.model.errors import Refused, TemplateRefused
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.run.execute import KeelTask
 from tasks.jobs.schedule import schedulers
@@ -58,7 +58,7 @@ CRON_FIELDS = (
 )
 
 
-class EntryRefused(KeelError):
+class EntryRefused(Refused):
     """The beat_schedule entry cannot become a job scheduler."""
 
     code = "beat_entry_refused"

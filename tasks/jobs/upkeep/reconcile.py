@@ -53,7 +53,7 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.intake.enqueue import publish_or_park
-from tasks.jobs.model.errors import KeelError
+from tasks.jobs.model.errors import Refused, Unavailable
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import Contents, TooMany
 from tasks.jobs.store import upkeep
@@ -69,13 +69,13 @@ LOCK_S = 60  # longer than any bounded round; a worker that died holding it free
 _next_round = {"at": 0.0}
 
 
-class Busy(KeelError):
+class Busy(Refused):
     """Another reconcile round is running."""
 
     code = "reconcile_busy"
 
 
-class NotReadable(KeelError):
+class NotReadable(Unavailable):
     """The broker's queues cannot be read (RabbitMQ): Keel cannot tell which jobs lost a message."""
 
     code = "broker_not_readable"
