@@ -12,11 +12,18 @@ import os
 import shlex
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from tasks.setting_types import QueueLimit, TenantQuotas, parse_queue_limits, parse_tenant_quotas
 
 ENV_FILE_NAME = "env"
 PREFIX = "KEEL_"
@@ -172,14 +179,15 @@ class Settings(BaseSettings):
     # (tasks.jobs.upkeep.reconcile).
     reconcile_interval_s: float = 15
     reconcile_grace_s: float = 10
-    queue_limits: str = ""  # JSON; parsed by tasks.jobs.run.limits
+    # Per-queue concurrency and rate limits (JSON; tasks.setting_types, tasks.jobs.run.limits).
+    queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
     # Keel's own job apps that run (tasks.catalog): "reports,notifications"; "" or "none": neither.
     # An empty variable means none here (not "unset"); `keel up` writes it as "none".
     builtin_jobs: str = Field(default_factory=_builtin_jobs_default)
     # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
-    tenant_quotas: str = ""
+    tenant_quotas: Annotated[TenantQuotas, NoDecode] = Field(default_factory=TenantQuotas)
     token_max_ttl_s: int = 30 * 86_400
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
     # A dashboard session nobody used (no page opened, no form sent) for this long ends.
@@ -207,6 +215,18 @@ class Settings(BaseSettings):
         if url is not None and not is_amqp(url):
             raise ValueError("must be an amqp:// URL (RabbitMQ); unset, messages go through Redis")
         return url
+
+    @field_validator("queue_limits", mode="before")
+    @classmethod
+    def _queue_limits(cls, value: Any) -> Any:
+        # The variable is JSON text; an empty one means no limits. Parsed here, so a
+        # malformed value stops every process at start, naming KEEL_QUEUE_LIMITS.
+        return parse_queue_limits(value) if isinstance(value, str) else value
+
+    @field_validator("tenant_quotas", mode="before")
+    @classmethod
+    def _tenant_quotas(cls, value: Any) -> Any:
+        return parse_tenant_quotas(value) if isinstance(value, str) else value
 
     @field_validator("builtin_jobs")
     @classmethod

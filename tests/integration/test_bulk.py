@@ -7,9 +7,9 @@ from sqlalchemy import func, select
 
 from tasks.db import transaction
 from tasks.jobs import BulkJob, Deduplication, JobOptions, Owner, add_bulk
-from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model.errors import QuotaExceeded
 from tasks.jobs.model.models import JobRecord
+from tasks.setting_types import TenantLimits
 from tests.support.client import record, unique
 from tests.support.inline import join
 

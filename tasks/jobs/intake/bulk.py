@@ -24,13 +24,13 @@ from tasks.db import transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id
 from tasks.jobs.intake.promote import publish_ready
-from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob, ready_job
+from tasks.setting_types import TenantLimits
 
 
 @dataclass(frozen=True)

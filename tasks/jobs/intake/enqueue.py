@@ -30,7 +30,6 @@ from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.messages import Message, publish
-from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import Deduplication, JobOptions
 from tasks.jobs.model.owner import Owner
@@ -39,6 +38,7 @@ from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import dedup, upkeep
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
+from tasks.setting_types import TenantLimits
 from tasks.transport import riding
 
 log = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from tasks.jobs.intake.enqueue import AddedJob, add
-from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import Refused
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
+from tasks.setting_types import TenantLimits
 
 
 class SubmissionRefused(Refused):

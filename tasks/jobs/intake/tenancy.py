@@ -44,20 +44,13 @@ from tasks.jobs.model.options import Deduplication
 from tasks.jobs.store import admission
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
+from tasks.setting_types import TenantLimits
 
 # kombu's Redis priority lists (``priority_steps``); 0 is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)
 # A job whose tenant has no job running or waiting on its queue gets priority 0,
 # fewer than 4 gets 3, fewer than 16 gets 6, else 9.
 LOAD_STEPS = (1, 4, 16)
-
-
-@dataclass(frozen=True)
-class TenantLimits:
-    """What one tenant may have: live jobs at once, and how far ahead a job may be delayed."""
-
-    live_jobs: int
-    max_delay_ms: int
 
 
 @dataclass(frozen=True)

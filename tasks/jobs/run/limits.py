@@ -28,20 +28,17 @@ costs no attempt and survives the worker.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import threading
 import uuid
 from dataclasses import dataclass
-from functools import lru_cache
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.jobs.model.errors import ControlFlow
+from tasks.setting_types import QueueLimit, Rate
 
 log = logging.getLogger(__name__)
 
@@ -109,24 +106,6 @@ return 1
 )
 
 
-class Rate(BaseModel):
-    """At most ``max`` job starts in any window of ``duration_ms``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    max: int = Field(ge=1)
-    duration_ms: int = Field(ge=1)
-
-
-class QueueLimit(BaseModel):
-    """One queue's limits; either may be absent (unlimited)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    concurrency: int | None = Field(default=None, ge=1)
-    rate: Rate | None = None
-
-
 class LimitReached(ControlFlow):
     """The queue's global concurrency or rate limit is reached; try again later."""
 
@@ -156,22 +135,9 @@ class Admission:
     started: bool = False
 
 
-@lru_cache(maxsize=4)
-def parse(raw: str) -> dict[str, QueueLimit]:
-    """``KEEL_QUEUE_LIMITS`` → limits per queue; a bad value is a ``ValueError`` naming it."""
-    if not raw.strip():
-        return {}
-    try:
-        loaded = json.loads(raw)
-        if not isinstance(loaded, dict):
-            raise ValueError("expected an object keyed by queue name")
-        return {queue: QueueLimit.model_validate(limit) for queue, limit in loaded.items()}
-    except (ValueError, ValidationError) as exc:
-        raise ValueError(f"KEEL_QUEUE_LIMITS is invalid: {exc}") from None
-
-
 def configured() -> dict[str, QueueLimit]:
-    return parse(get_settings().queue_limits)
+    """The queues' limits (``KEEL_QUEUE_LIMITS``, parsed when the settings were read)."""
+    return get_settings().queue_limits
 
 
 def admit(queue: str) -> Admission:

@@ -37,14 +37,13 @@ from tasks.db import transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.messages import PUBLISH_RETRY
-from tasks.jobs.intake.tenancy import TenantLimits
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import JobNotFound, QuotaExceeded
 from tasks.jobs.model.models import JobSchedulerRecord
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.model.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 from tasks.jobs.observe.queries import iso
-from tasks.quotas import Quota
+from tasks.setting_types import Quota, TenantLimits
 
 log = logging.getLogger(__name__)
 SYSTEM = ""  # the tenant of schedulers managed by the CLI and at startup
