@@ -173,6 +173,10 @@ class Settings(BaseSettings):
     # A container health check passes through a Redis outage this long
     # (tasks.jobs.upkeep.healthcheck).
     health_redis_grace_s: float = Field(default=60.0, gt=0)
+    # A prefetch slot held this long by a message no task of the worker has is given back
+    # (tasks.jobs.run.slots); 0: never. At most 45 s: the health check reports a consumer that
+    # consumed nothing for 60 s (tasks.jobs.upkeep.healthcheck), and not one that this repairs.
+    prefetch_orphan_s: float = Field(default=30.0, ge=0, le=45)
     # How long a worker's task event waits for others to leave with it (tasks.celery_events).
     event_flush_s: float = Field(default=0.05, ge=0, le=60)
     # Waiting jobs whose message left the broker (a purge) are republished

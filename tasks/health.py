@@ -9,8 +9,10 @@ Two questions, two sets of checks:
   they are back. A missing worker does not either: the job waits.
 - **Is the whole system well?** (``keel status``, ``GET /api/v1/system/status``,
   ``system``): the same servers, plus a fresh heartbeat from a worker and
-  from beat, no dead letters, and no delayed jobs long overdue (parked jobs
-  that no promoter publishes, because no worker runs or the broker is down).
+  from beat, no worker whose consumer is wedged (it has consumed nothing,
+  though it should, for ``liveness.WEDGED_S``, 60 s: ``tasks.jobs.run.slots``),
+  no dead letters, and no delayed jobs long overdue (parked jobs that no
+  promoter publishes, because no worker runs or the broker is down).
 
 Each check runs in a small thread pool and the caller waits for all of them
 together for at most the deadline, so an answer comes in about that time even
@@ -107,7 +109,20 @@ def _heartbeats(role: str) -> Finding:
 
 
 def _workers() -> Finding:
-    return _heartbeats("worker")
+    """Fresh worker heartbeats, none of them from a consumer wedged for ``liveness.WEDGED_S``."""
+    from tasks.jobs.upkeep import liveness
+
+    client = liveness.quick_client()
+    seen = liveness.fresh(client, "worker")
+    if not seen:
+        return f"no worker heartbeat in the last {liveness.FRESH_S:.0f} s", "none"
+    stuck = liveness.stuck(client, "worker", seen)
+    wedged = {m: p for m in seen if (p := liveness.wedged(stuck.get(m))) is not None}
+    found = f"{len(seen)} alive: {', '.join(seen)}"
+    if wedged:
+        listed = "; ".join(f"{member}: {problem}" for member, problem in sorted(wedged.items()))
+        return listed, f"{found}; {len(wedged)} wedged"
+    return None, found
 
 
 def _beat() -> Finding:

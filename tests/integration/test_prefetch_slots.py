@@ -30,11 +30,20 @@ def held(qos) -> int:
     return len(qos._delivered) - len(qos._dirty)
 
 
+def prefetch_watch(worker) -> slots.SlotWatch:
+    """The running worker's ``PrefetchWatch`` (its consumer's bootstep) and its ``SlotWatch``."""
+    [step] = [s for s in worker.consumer.steps if isinstance(s, slots.PrefetchWatch)]
+    assert step.tref is not None, "the watch does not run"
+    return step.watch
+
+
 def test_slots_held_by_no_task_are_given_back_and_the_worker_consumes_again(inline_worker):
     qos = inline_worker.consumer.task_consumer.channel.qos
     assert qos.prefetch_count and hasattr(qos, "_delivered")
+    assert prefetch_watch(inline_worker).orphan_s == 30  # KEEL_PREFETCH_ORPHAN_S's default
     # Given every prefetch slot held by a delivery no request of the worker carries
-    with patch.object(slots, "ORPHAN_S", 1.0):
+    # (given back after 1 s here rather than 30)
+    with patch.object(prefetch_watch(inline_worker), "orphan_s", 1.0):
         for n in range(qos.prefetch_count):
             virtual.QoS.append(qos, Orphan(), f"orphan-{n}")
         assert not qos.can_consume()
