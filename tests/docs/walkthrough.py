@@ -51,8 +51,14 @@ def _marker(line: str) -> tuple[str, dict[str, str]] | None:
         return None
     spec = found["spec"]
     action = re.split(r"[\s=]", spec, maxsplit=1)[0]
-    options = {key: value.strip("\"'") for key, value in OPTION.findall(spec)}
+    options = {key: _unquoted(value) for key, value in OPTION.findall(spec)}
     return action, options
+
+
+def _unquoted(value: str) -> str:
+    if len(value) >= 2 and value[0] in "\"'" and value[-1] == value[0]:
+        return value[1:-1]
+    return value
 
 
 def blocks(markdown: str) -> list[Block]:
