@@ -119,6 +119,8 @@ def downgrade():
 
 
 def test_the_policy_is_written_where_contributors_look():
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    assert "expand" in readme and "CONTRACT" in readme
-    assert Path(__file__).name in readme
+    upgrading = (PROJECT_ROOT / "docs" / "operations" / "upgrading.md").read_text()
+    assert "expand" in upgrading and "CONTRACT" in upgrading
+    assert Path(__file__).name in upgrading
+    development = (PROJECT_ROOT / "docs" / "development.md").read_text()
+    assert "operations/upgrading.md" in development and Path(__file__).name in development

@@ -80,8 +80,10 @@ def previous_tree(into: Path) -> Path:
 class Release:
     """One release's processes: its tree first on the path, the test's database and broker."""
 
-    def __init__(self, name: str, tree: Path, env: dict[str, str], logs: Path) -> None:
-        self.name, self.tree, self.logs = name, tree, logs
+    def __init__(
+        self, name: str, tree: Path, env: dict[str, str], logs: Path, scheduler: str
+    ) -> None:
+        self.name, self.tree, self.logs, self.scheduler = name, tree, logs, scheduler
         self.env = {**env, "PYTHONPATH": str(tree)}
         self.processes: list[subprocess.Popen] = []
 
@@ -145,7 +147,7 @@ class Release:
             "-l",
             "INFO",
             "-S",
-            "tasks.jobs.schedule.beat:KeelScheduler",
+            self.scheduler,
             "--pidfile=",
             "-s",
             str(schedule),
@@ -223,8 +225,11 @@ def test_a_rolling_upgrade_from_the_previous_release_finishes_every_job_once(upg
     env, database_url = upgrade_env
     logs = tmp_path / "logs"
     logs.mkdir()
-    old = Release("old", previous_tree(tmp_path / "previous"), env, logs)
-    new = Release("new", PROJECT_ROOT, env, logs)
+    # Beat's scheduler class moved with the layered packages: each release names its own.
+    old = Release(
+        "old", previous_tree(tmp_path / "previous"), env, logs, "tasks.jobs.beat:KeelScheduler"
+    )
+    new = Release("new", PROJECT_ROOT, env, logs, "tasks.jobs.schedule.beat:KeelScheduler")
     try:
         with using(database_url):
             # Given the previous release migrated, with a worker, beat and a scheduler

@@ -1,0 +1,193 @@
+"""What the configuration reference says about a setting, beyond its comment in the code.
+
+Keyed by ``Settings`` field name. The page takes a field's note when it has
+one, else its ``description`` or the comment written at it in
+``tasks/config.py``; a field with none of these stops the generator, and so
+does a note for a field that no longer exists.
+
+``OTHER_VARIABLES`` are read outside ``Settings``: by the provider sandbox
+(which imports nothing of Keel), by ``compose.yaml`` and by the image build.
+"""
+
+from __future__ import annotations
+
+NOTES: dict[str, str] = {
+    "database_url": (
+        "Postgres, as `postgresql://USER:PASSWORD@HOST:5432/DB` (read with psycopg 3 whatever"
+        " driver the URL names). Unset: `keel up` starts an embedded Postgres under"
+        " `$KEEL_HOME` and writes its URL to `$KEEL_HOME/env`; any other command then reads it"
+        " there."
+    ),
+    "redis_url": (
+        "Keel's Redis, required by every process: events, queue limits, metrics, heartbeats,"
+        " dead letters, request rate limits, Celery's result backend for chords, and Celery's"
+        " messages unless `KEEL_BROKER_URL` is set. Unset: `keel up` starts an embedded Redis"
+        " (with a password in this URL, and no `CONFIG` command) and writes its URL."
+    ),
+    "broker_url": (
+        "`amqp://USER:PASSWORD@HOST:5672/VHOST`: Celery's messages go through RabbitMQ"
+        " ([RabbitMQ as the broker](../operations/rabbitmq.md)); unset: through"
+        " `KEEL_REDIS_URL`. Any other scheme stops the process at start."
+    ),
+    "secret_key": (
+        "The HS256 key that signs bearer tokens and dashboard sessions; at least 32 bytes."
+        " Unset: `keel up` generates one once in `$KEEL_HOME/secret`. Web hosts and wherever"
+        " `keel token` runs need the same key; a new key ends every dashboard session."
+    ),
+    "provider_url": (
+        "Where workers reach the messaging provider's group API; the provider sandbox is"
+        " `http://HOST:8025` (`keel up` points it at its own sandbox)."
+    ),
+    "sandbox_admin_key": (
+        "The provider sandbox's `/admin` and `/v1/ledger` need it in `X-Sandbox-Admin-Key`;"
+        " unset: those routes answer 401. `keel up` generates one; the sandbox and"
+        " `keel campaign verify` need the same."
+    ),
+    "home": (
+        "Where embedded state lives: the embedded Postgres and Redis, the generated secret,"
+        " and the `env` file `keel up` writes (shell `KEY=VALUE` lines: the effective values,"
+        " which every `keel` command and worker reads when the variables are not set). Stays"
+        " per host. Everything under it is created 0600/0700."
+    ),
+    "web_port": "The port of `keel up`'s web app (and compose's published web port).",
+    "flower_port": "The port of `keel up`'s Flower (and compose's published Flower port).",
+    "sandbox_port": "The port of `keel up`'s provider sandbox (and compose's, `demo` profile).",
+    "web_workers": "gunicorn processes of the web app (`web/gunicorn_conf.py`).",
+    "web_url": (
+        "Written by `keel up` to `$KEEL_HOME/env`: where its API answers, for scripts and"
+        " `keel ui-link`. `KEEL_PUBLIC_URL` falls back to it."
+    ),
+    "public_url": (
+        "Where people reach the web app, e.g. behind a TLS proxy `https://keel.example.com`;"
+        " unset: `KEEL_WEB_URL`. Redirects and links are built from it, never from a request's"
+        " `Host` header; with neither set a redirect is a path alone."
+    ),
+    "trusted_hosts": (
+        "Comma-separated host names the web app answers, `.example.com` for a domain and its"
+        " subdomains; unset: any. Another host is answered 400 `untrusted_host`, except"
+        " `/healthz` and `/readyz`, which an orchestrator sends to a pod's address."
+    ),
+    "flower_url": (
+        "The dashboard's link to Flower; unset: the public URL's host at `KEEL_FLOWER_PORT`,"
+        " and no link when neither is known."
+    ),
+    "flower_user": "Flower's basic-auth user.",
+    "flower_password": (
+        "Flower's basic-auth password; unset: `keel up` derives one from the secret and writes"
+        " it to `$KEEL_HOME/env`. compose requires it. Flower gets it in its environment,"
+        " never on its command line."
+    ),
+    "request_deadline_s": (
+        "An API request's database time, pool wait included, before it is answered 503 with"
+        " `Retry-After` ([Serving and timeouts](../serving.md))."
+    ),
+    "worker_concurrency": "Jobs a worker runs at once (Celery's `worker_concurrency`).",
+    "lock_duration_s": (
+        "How long a running job's lock lasts without renewal; a job whose lock ran out (its"
+        " worker died or was cut off) is stalled and taken over. Give every worker the same."
+    ),
+    "promote_interval_s": (
+        "How often a worker's maintenance loop publishes due delayed jobs and parked jobs."
+    ),
+    "stalled_interval_s": (
+        "How often workers look for stalled jobs (lost locks), and for chord parts that name"
+        " an existing job."
+    ),
+    "max_stalled_count": "Stalls after which a job fails instead of being requeued.",
+    "visibility_timeout_s": (
+        "Redis broker: a message a worker took but did not acknowledge (the worker died or was"
+        " cut off) comes back after this long; the claim refuses the copy of a job still"
+        " running. Give every worker the same. Not used with RabbitMQ."
+    ),
+    "health_redis_grace_s": (
+        "How long a worker's (or beat's) container health check"
+        " (`python -m tasks.jobs.upkeep.healthcheck`) passes while Redis does not answer."
+    ),
+    "event_flush_s": (
+        "How long a worker's task event waits for others to go out with it as one"
+        " `task.multi` message (or until Celery's buffer of 24 fills)."
+    ),
+    "reconcile_interval_s": (
+        "How often one worker compares waiting jobs with the broker's queues and republishes"
+        " those whose message is gone (a purge; Redis broker only)."
+    ),
+    "reconcile_grace_s": (
+        "A waiting job is compared with the broker only once it was last published this long ago."
+    ),
+    "queue_limits": (
+        'JSON per queue, e.g. `{"reports": {"concurrency": 4, "rate": {"max": 10,'
+        ' "duration_ms": 1000}}}`: at most that many running at once and that many started'
+        " per duration, across every worker. Give every worker the same."
+    ),
+    "job_modules": (
+        "Your own job modules, comma-separated import paths, loaded by every Keel process"
+        " (worker, beat, web and CLI); `keel up --include` adds to it."
+    ),
+    "builtin_jobs": (
+        "The seed's apps that run: `reports`, `notifications`, both (the default) or neither"
+        " (empty or `none`). An app that is off has no job types, queues, standing"
+        " schedulers, endpoints, pages or metrics; beat removes the schedulers an earlier run"
+        " stored, and `keel up` starts no provider sandbox without `notifications`."
+    ),
+    "tenant_quotas": (
+        'JSON, e.g. `{"liveJobs": 500}`; the quotas and their defaults are in'
+        " [Tenants](../tenants.md#quotas)."
+    ),
+    "token_max_ttl_s": (
+        "The longest a bearer token may live: `exp` at most this long after `iat` (30 days)."
+    ),
+    "ui_session_s": "A dashboard sign-in's whole life, however busy (8 h).",
+    "ui_idle_s": (
+        "A dashboard session nobody used (no page opened, no form sent) for this long ends;"
+        " a page's own refreshes and live streams do not count."
+    ),
+    "ui_secure_cookie": (
+        "Make the dashboard's session cookie `Secure` on plain HTTP too (a browser then keeps"
+        " it only over HTTPS or on localhost); behind HTTPS it is `Secure` anyway."
+    ),
+    "streams_per_user": (
+        "Open event streams (API and dashboard) a user may hold at once, across every API"
+        " process and host; `off` turns the cap off."
+    ),
+    "streams_per_tenant": "The same for a tenant; `off` turns the cap off.",
+    "tenant_rate_limit": "Requests per tenant (`N/second`, `N/minute`, `N/hour`).",
+    "user_rate_limit": "Requests per user within its tenant; unset: half the tenant's.",
+    "fault_injection": (
+        "`1` accepts the report field `failUntilAttempt` (and the tests' crash switches);"
+        " off in production."
+    ),
+    "report_step_pause_ms": "The pause between a report job's steps (load, render, upload).",
+    "campaign_quiet_s": (
+        "An unfinished campaign with no progress for this long is flagged `stalled` by the monitor."
+    ),
+    "provider_capacity": (
+        "Messages per provider group (the provider drops what is over): a full group closes"
+        " its generation; chunks are never larger."
+    ),
+    "provider_retry_attempts": "Attempts of a job that calls the provider.",
+    "provider_retry_delay_ms": ("The base delay of those jobs' exponential backoff (jitter 0.5)."),
+}
+
+OTHER_VARIABLES: dict[str, str] = {
+    "KEEL_SANDBOX_HOSTS": (
+        "The provider sandbox: names it answers besides IP addresses, `localhost` and"
+        " single-label names such as compose's `sandbox`. It refuses other `Host`s, any"
+        " foreign `Origin` and non-JSON bodies, so no page in a browser can drive it."
+    ),
+    "KEEL_SANDBOX_HOME": "The provider sandbox's ledger folder; unset: `$KEEL_HOME/sandbox`.",
+    "KEEL_SANDBOX_CAPACITY": (
+        "The provider sandbox's group capacity (10000) until `PUT /admin/config` says otherwise."
+    ),
+    "KEEL_IMAGE": "compose: Keel's image (`keel:latest`).",
+    "KEEL_POSTGRES_IMAGE": "compose: the Postgres image (`postgres:16`).",
+    "KEEL_REDIS_IMAGE": "compose: the Redis image (`redis:7`).",
+    "KEEL_RABBITMQ_IMAGE": (
+        "compose: the RabbitMQ image of the `rabbitmq` profile (`rabbitmq:3-management`)."
+    ),
+    "KEEL_POSTGRES_PASSWORD": "compose: the database password (`keel`; Postgres is not published).",
+    "KEEL_RABBITMQ_PASSWORD": "compose: the RabbitMQ user `keel`'s password (`keel`).",
+    "KEEL_BASE_IMAGE": (
+        "compose's build: the image's base (`BASE_IMAGE` of the `Dockerfile`, default"
+        " `python:3.11-slim`)."
+    ),
+}
