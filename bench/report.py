@@ -34,7 +34,7 @@ def _load(meta: dict[str, Any], when: str) -> str:
 
 
 def markdown(meta: dict[str, Any], figures: list[Figure]) -> str:
-    """The table the README shows: medians (min-max over repetitions), ratios, targets."""
+    """The table docs/benchmarks.md shows: medians (min-max over repetitions), ratios, targets."""
     lines = [
         f"Run {meta['timestamp']} — `{meta['command']}` — {meta['repeat']} repetition(s), "
         f"{meta['machine']['cpus']} CPUs, Python {meta['machine']['python']}, "

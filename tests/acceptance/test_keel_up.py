@@ -1,4 +1,4 @@
-"""``keel up`` on a machine with nothing configured: the README's walk-through, for real.
+"""``keel up``, nothing configured: the README's first screen (docs/operations/index.md), for real.
 
 These tests share one running stack (the ``keel_up`` fixture); the ones that
 kill a stack outright are in ``test_supervisor.py``.

@@ -1,4 +1,4 @@
-"""The README's "Write your own job": ``examples/hello_jobs.py`` in a real ``keel up``
+"""The quickstart (docs/quickstart.md): ``examples/hello_jobs.py`` in a real ``keel up``
 (started with ``--include examples.hello_jobs``), added with ``.delay()`` and over HTTP."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why: the records still say waiting but nothing in the broker will ever wake
 those jobs. The reconciler (``tasks.jobs.upkeep.reconcile``) must give each one a
-message again — within the bound the README states (a minute) — so each
+message again — within the bound docs/jobs.md states (a minute) — so each
 runs exactly once, and must leave alone a backlog whose messages are still
 in the broker.
 """
@@ -23,9 +23,7 @@ from tests.support.chaos import ensure_broker_epoch, priority_lists
 from tests.support.client import unique, wait_state
 from tests.support.stack import PROJECT_ROOT
 
-BOUND_S = (
-    60  # "republished and run within a minute of a purge" (README, tasks.jobs.upkeep.reconcile)
-)
+BOUND_S = 60  # "republished and run within a minute of a purge" (docs/jobs.md)
 
 
 def queued_ids(queue: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Scenario 4: Redis is down for a while (5 s by default, 30 s in the slow tier).
 
-Decision (README "Job semantics"): the API keeps accepting jobs.
+Decision (docs/jobs.md, "Job semantics"): the API keeps accepting jobs.
 Postgres is the system of record, so ``POST /api/v1/reports`` commits the
 record, fails to publish, parks the job in the durable delayed set and
 answers 202 at once; a worker's promoter publishes it when Redis is back.

@@ -8,7 +8,7 @@ from tasks.jobs import Backoff, JobOptions, Owner, add
 from tests.support.client import bearer, unique, wait_state, waits_between_runs
 
 SLACK = 0.5
-# Report jobs (README, Job semantics) wait [0.5,1], [1,2], [2,4] s after the 1st, 2nd, 3rd failure.
+# Report jobs (docs/jobs.md) wait [0.5,1], [1,2], [2,4] s after the 1st, 2nd, 3rd failure.
 WINDOWS = [(0.5, 1.0), (1.0, 2.0), (2.0, 4.0)]
 
 pytestmark = pytest.mark.usefixtures("inline_worker")

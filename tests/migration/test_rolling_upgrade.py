@@ -1,6 +1,6 @@
 """A rolling upgrade from the previous release to this checkout, with work in flight.
 
-README's Upgrading section is the procedure: ``keel db upgrade`` while the
+docs/operations/upgrading.md is the procedure: ``keel db upgrade`` while the
 previous release's workers run, then the new release's processes beside the
 old, then the old ones stopped with SIGTERM. This test does exactly that,
 with both releases' real processes on one database and one broker:

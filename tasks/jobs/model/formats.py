@@ -1,6 +1,6 @@
 """The versions of what one release writes and another reads: messages and records.
 
-A rolling upgrade runs two releases side by side (README, Upgrading): the
+A rolling upgrade runs two releases side by side (docs/operations/upgrading.md): the
 new release's API records jobs that old workers claim, and the reverse, and
 each publishes messages the other consumes. So both layouts carry a number:
 
