@@ -22,7 +22,9 @@ psycopg still resumes its generators this way.
 Which deadline: inside ``budget(seconds)`` (one API request), all database
 work shares one deadline that starts with the first database use, the wait
 for a pooled connection included (a slow upload before it is not ours to
-count). Elsewhere (workers, beat, the CLI) each round trip gets
+count). Time the request spends waiting on another server between two
+database calls (``paused``: a publish to a hung Redis) is not database time
+and does not count. Elsewhere (workers, beat, the CLI) each round trip gets
 ``BACKGROUND_S``: long enough that a worker simply waits out a short hang,
 finite so that no delivery waits forever.
 """
@@ -67,6 +69,27 @@ def budget(seconds: float) -> Iterator[None]:
         yield
     finally:
         _budget.reset(token)
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """The budget's clock stands still inside the block: for a wait on another server.
+
+    A request that publishes its job after recording it waits up to a Redis
+    timeout when Redis hangs, then parks the job in Postgres. Counted, that
+    wait left the park half the budget, and on a busy host none: the request
+    was answered 503, blaming a database that had answered every query in
+    milliseconds. Database work inside the block is not counted either: keep
+    it out.
+    """
+    current = _budget.get()
+    expires_at = current.expires_at if current is not None else None
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        if current is not None and expires_at is not None:  # a clock not yet started stays so
+            current.expires_at = expires_at + time.monotonic() - began
 
 
 def budgeted() -> bool:

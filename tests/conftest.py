@@ -49,7 +49,28 @@ os.environ.update(
 import pytest  # noqa: E402
 
 import tests.support.jobs  # noqa: E402,F401  (the test job types, declared as in the test worker)
+from tests.support import kept_logs  # noqa: E402
 from tests.support.stack import SandboxProcess, TestStack, WorkerProcess  # noqa: E402
+
+kept_logs.watch(_HOME, "home")  # its servers' and workers' logs, if KEEL_TEST_LOG_DIR is set
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    kept_logs.configure(config)
+    plugins = config.pluginmanager
+    if hasattr(config.hook, "pytest_configure_node") and not plugins.hasplugin("keel-kept-logs"):
+        plugins.register(kept_logs.XdistNodes(), "keel-kept-logs")  # xdist is there
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
+    kept_logs.finish(session.config, exitstatus)
+
+
+def pytest_unconfigure(config):
+    kept_logs.summary(config)  # after pytest's own summary: the run's last line
+    shutil.rmtree(_HOME, ignore_errors=True)  # after its logs were kept (pytest_sessionfinish)
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +84,7 @@ def stack():
     )
     test_stack.start()
     yield test_stack
-    test_stack.stop()
-    shutil.rmtree(_HOME, ignore_errors=True)
+    test_stack.stop()  # the folder goes at pytest_unconfigure, once its logs were kept
 
 
 # Fixtures that start processes: a test using one belongs to the stack tier, and so

@@ -26,6 +26,8 @@ import psutil
 import pytest
 import requests
 
+from tasks.broker import REDIS_TIMEOUT_S, UNREACHABLE_S
+from tasks.config import get_settings
 from tasks.reports.operation_key import operation_key
 from tests.support.chaos import job_rows, settle, stragglers
 from tests.support.client import bearer, token, unique
@@ -38,7 +40,18 @@ OWNER = ("acme", unique("serving"))
 OPERATOR = bearer(OWNER[0], OWNER[1], roles=("operator",))
 STREAMS = 50
 LONG_STREAM_S = 120
-ANSWER_WITHIN_S = 2.0
+# The bounds below are those of the claims ("answered, not held"), not latency figures: each
+# phase prints its figures, and latency is the bench's to measure (bench/fig_http.py).
+# An API request's database time, pool wait included, before it is answered 503.
+BUDGET_S = get_settings().request_deadline_s
+# What a 2-core host running this stack (Postgres, Redis, a Celery worker, two gunicorn
+# processes, the test's own stream readers) may add to an answer: scheduling, not waiting.
+HOST_SLACK_S = 1.0
+# A call is answered, at the latest, when its database budget runs out (then 503).
+ANSWER_WITHIN_S = BUDGET_S + HOST_SLACK_S
+# A POST while Redis hangs also waits out one Redis timeout: the rate limiter's or the
+# publish's (after one, the process skips Redis for UNREACHABLE_S); not database time.
+HUNG_REDIS_ANSWER_S = REDIS_TIMEOUT_S + ANSWER_WITHIN_S
 PG_HUNG_S = 20
 REDIS_HUNG_S = 30
 QUICK_STOP_S = 5
@@ -121,15 +134,15 @@ def streams_do_not_starve_requests(web: WebProcess, api: Api, path: str) -> None
             health.append(time.monotonic() - started)
     with ThreadPoolExecutor(20) as pool:
         posts = list(pool.map(lambda _: api.post_report(), range(20)))
-    # Then /healthz stays fast and every POST is answered within a second
+    # Then /healthz and every POST are answered, none held behind the streams
     print(
         f"\n{STREAMS} open streams: /healthz p99 {p99(health) * 1000:.1f} ms "
         f"(median {statistics.median(health) * 1000:.1f} ms); 20 parallel POST /reports: "
         f"slowest {max(p[2] for p in posts) * 1000:.0f} ms"
     )
-    assert p99(health) <= 0.050, sorted(health)[-5:]
+    assert max(health) < HOST_SLACK_S, sorted(health)[-5:]  # it waits on nothing but the host
     assert all(p[0] == 202 for p in posts), [p[0] for p in posts]
-    assert max(p[2] for p in posts) <= 1.0, sorted(p[2] for p in posts)
+    assert max(p[2] for p in posts) < ANSWER_WITHIN_S, sorted(p[2] for p in posts)
     # And when the clients close their streams, the server lets go of them within 5 s
     ports = {s.client_port for s in streams}
     for stream in streams:
@@ -145,10 +158,10 @@ def slow_heads_are_cut(web: WebProcess) -> None:
     # Given clients that send a request head one line a second and never finish it
     with ThreadPoolExecutor(8) as pool:
         cut = pool.map(lambda _: slow_head(web.port, 1.0, HEAD_TIMEOUT_S + 10), range(8))
-        # When the API is called meanwhile, Then it answers at once
+        # When the API is called meanwhile, Then it answers, not held behind them
         started = time.monotonic()
         assert requests.get(f"{web.url}/healthz", timeout=5).status_code == 200
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < HOST_SLACK_S
         cut = list(cut)
     # And the server hangs up on each of them at its head deadline
     print(f"  slow request heads cut after {min(cut):.1f}..{max(cut):.1f} s")
@@ -200,7 +213,7 @@ def hung_postgres(stack, web: WebProcess, api: Api, watched_job: str, path: str)
         stop.set()
         for thread in threads:
             thread.join()
-    # Then every call was answered within 2 s: 503 with Retry-After, or a success
+    # Then every call was answered within its budget: 503 with Retry-After, or a success
     slowest = max(s[3] for s in seen)
     unavailable = [s for s in seen if s[1] == 503]
     print(
@@ -233,19 +246,25 @@ def hung_redis(stack, api: Api, watched_job: str) -> None:
         hung_at = time.monotonic()
         while time.monotonic() - hung_at < REDIS_HUNG_S:
             status, _, took, job_id, report_id = api.post_report()
-            # Then every POST is accepted within 2 s (parked for the promoter)
-            assert status == 202 and took < ANSWER_WITHIN_S, (status, took)
+            # Then every POST is accepted (parked for the promoter), not held: one Redis
+            # timeout and its database work at most, never a 503 from a database that answers
+            assert status == 202, (status, took)
+            assert took < HUNG_REDIS_ANSWER_S, took
             latencies.append(took)
             accepted[job_id] = api.key(report_id)
             # and reads keep working
             reads.append(api.call("GET", f"/api/v1/reports/jobs/{watched_job}")[0])
             time.sleep(0.3)
+        recorded = job_rows(list(accepted))
     assert set(reads) == {200}, reads
+    assert recorded.keys() == accepted.keys()  # each one recorded while Redis hung
     # And once it is back, every accepted job completes exactly once
     result = settle(accepted, timeout=90)
+    waited = sum(1 for took in latencies if took >= REDIS_TIMEOUT_S)
     print(
-        f"  Redis hung {REDIS_HUNG_S} s: {len(accepted)} POSTs answered 202, slowest "
-        f"{max(latencies) * 1000:.0f} ms; afterwards {result.figure()}"
+        f"  Redis hung {REDIS_HUNG_S} s: {len(accepted)} POSTs answered 202 ({waited} waited "
+        f"out a Redis timeout), slowest {max(latencies) * 1000:.0f} ms; afterwards "
+        f"{result.figure()}"
     )
     assert result.clean, (result.figure(), stragglers(result))
 
@@ -280,6 +299,43 @@ def test_streams_slow_clients_and_hung_servers_do_not_hold_the_api(stack, worker
     assert web.worker_pids() == server_pids
     assert "WORKER TIMEOUT" not in web.log_path.read_text(errors="replace")
     assert worker.process.poll() is None and worker.process.pid == worker_pid
+
+
+def test_a_post_that_waits_out_a_hung_redis_still_has_its_database_budget(stack, worker):
+    embedded_redis(stack)  # skip against an external Redis
+    # Given a server whose database budget is one Redis timeout, with no rate limit (so
+    # that the publish is a POST's one wait on Redis)
+    budget_s = REDIS_TIMEOUT_S
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KEEL_REQUEST_DEADLINE_S", str(budget_s))
+        patch.setenv("KEEL_TENANT_RATE_LIMIT", "off")
+        server = WebProcess(stack.home, extra_args=["-w", "1"])
+        server.start()
+    try:
+        api = Api(server)
+        answers = []
+        # When Redis hangs while reports come in, past the process's skip of Redis
+        with redis_hung(stack):
+            hung_at = time.monotonic()
+            while time.monotonic() - hung_at < 2 * UNREACHABLE_S + 1:
+                answers.append(api.post_report())
+                time.sleep(0.2)
+    finally:
+        server.stop()
+    # Then every POST is accepted and parked: the publish's wait on Redis is not database
+    # time, and the park after it had the whole budget (the database answers at once)
+    statuses = [(status, round(took, 3)) for status, _, took, _, _ in answers]
+    waited = [took for _, took in statuses if took >= REDIS_TIMEOUT_S]
+    print(
+        f"\nbudget {budget_s} s, Redis hung: {len(answers)} POSTs, {len(waited)} waited "
+        f"out a Redis timeout, slowest {max(took for _, took in statuses) * 1000:.0f} ms"
+    )
+    assert all(status == 202 for status, _ in statuses), statuses
+    assert waited, statuses  # the case at hand: a publish waited on the hung Redis
+    assert all(took < REDIS_TIMEOUT_S + budget_s + HOST_SLACK_S for _, took in statuses), statuses
+    # And once Redis is back, each of them completes exactly once
+    result = settle({a[3]: api.key(a[4]) for a in answers}, timeout=60)
+    assert result.clean, (result.figure(), stragglers(result))
 
 
 def test_streams_past_the_slots_are_refused_and_a_graceful_stop_ends_the_rest(stack):

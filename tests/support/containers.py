@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.support import kept_logs
+
 # Debian's docker.io CLI (with the daemon of the same version) and docker-compose 1.29.
 DOCKER = "/usr/bin/docker"
 COMPOSE = "/usr/bin/docker-compose"
@@ -145,6 +147,7 @@ class Dockerd:
         for part in sorted(psutil.disk_partitions(all=True), key=lambda p: -len(p.mountpoint)):
             if part.mountpoint.startswith(str(self.root)):
                 subprocess.run(["umount", "-l", part.mountpoint], check=False, capture_output=True)
+        kept_logs.keep(self.root, self.root.name, skip=("data", "exec"))  # dockerd.log
         shutil.rmtree(self.root, ignore_errors=True)
 
     def build(self, tag: str, context: Path, **build_args: str) -> None:

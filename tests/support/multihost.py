@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support import kept_logs
 from tests.support.hostprocs import HostProcess, PostgresServer, RedisServer, wait_until
 from tests.support.netns import Inside, Network
 
@@ -252,6 +253,7 @@ class KeelHosts:
             if self.client is not None:
                 self.client.close()
             self.network.destroy()
+            kept_logs.keep(self.root, self.root.name)  # if KEEL_TEST_LOG_DIR is set
             shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -34,6 +34,7 @@ from kombu import Connection, pools
 
 from keel.embedded import free_port
 from tasks.config import get_settings, reload_settings
+from tests.support import kept_logs
 
 SCRIPT_DIRS = (Path("/usr/lib/rabbitmq/bin"), Path("/usr/lib/rabbitmq/sbin"))
 START_TIMEOUT_S = 90
@@ -188,6 +189,7 @@ class RabbitNode:
                     timeout=10,
                     check=False,
                 )
+            kept_logs.keep(self.folder, self.folder.name)  # if KEEL_TEST_LOG_DIR is set
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def log_tail(self, lines: int = 40) -> str:

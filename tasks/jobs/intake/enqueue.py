@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tasks import broker
+from tasks import broker, deadline
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
@@ -194,6 +194,25 @@ def publish_or_park(
             event.send()
         park_for_republish([job_id])
         return
+    # Waiting on the broker is not database time: a request's budget (tasks.deadline) stands
+    # still meanwhile, so a hung broker leaves the park below the whole of it.
+    with deadline.paused():
+        failed = _publish(job_id, name, queue, data, ctx, priority, event)
+    if failed is not None:
+        log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
+        park_for_republish([job_id])
+
+
+def _publish(
+    job_id: str,
+    name: str,
+    queue: str,
+    data: dict[str, Any],
+    ctx: dict[str, Any] | None,
+    priority: int,
+    event: events.Event | None,
+) -> Exception | None:
+    """Publish the job's message, and send its event; what failed the publish, if it did."""
     if event is not None and get_settings().broker_on_amqp:
         event.send()  # before the message, which a worker may take at once
         event = None
@@ -211,9 +230,7 @@ def publish_or_park(
         broker.publish_failed(failed, started)
     if event is not None and (failed is not None or not rode()):
         event.send()  # its pipeline failed, or never went out
-    if failed is not None:
-        log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
-        park_for_republish([job_id])
+    return failed
 
 
 def _nothing() -> bool:
