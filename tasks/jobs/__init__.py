@@ -13,8 +13,9 @@ Its packages, each importing only from those listed after it (the
   (``execute``: ``KeelTask``, ``handler``, ``JobContext``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
   ``recorded_together`` (``celery_task``); Celery's signals
-- ``end/``       how a job ends: ``finish`` (``ended`` is the one way a job ends
-  without a result), ``canvas`` (chains, links, chords), cancel, revoke, stalls
+- ``end/``       how a job ends: ``finish`` (a run's outcome), ``ending`` (``ended``:
+  the one way a job ends without a result), ``canvas`` (chains, links, chords),
+  cancel, revoke, stalls
 - ``intake/``    how a job gets in: ``enqueue`` (``add``), ``bulk``, ``submit``,
   its message (``messages``), publishing (``promote``), tenants' admission
   (``tenancy``), Celery's call options (``celery_options``), manual retry

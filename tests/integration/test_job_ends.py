@@ -77,3 +77,23 @@ def test_a_part_no_worker_can_run_fails_its_chords_body():
     ended = wait_state(body, "failed", timeout=20)
     assert part in ended["failedReason"], ended
     assert record(part)["state"] == "failed"  # recorded on arrival, as it came
+
+
+def test_a_failed_body_that_is_itself_a_part_fails_the_outer_chords_body():
+    # Given an outer chord whose part is an inner chord's body, the inner one counting on
+    # one part
+    inner_body, part = unique("inner"), unique("part")
+    outer = celery_collect.s().set(task_id=unique("outer"))
+    assert canvas.open_chord(celery_collect, outer, [inner_body])
+    inner = celery_collect.s().set(task_id=inner_body, chord=outer)
+    assert canvas.open_chord(celery_collect, inner, [part])
+    # When the inner part arrives without a record and is refused
+    other = other_app()
+    try:
+        other.send_task("test.echo", args=(1, 2), task_id=part, queue="default", chord=inner)
+    finally:
+        other.close()
+    # Then the inner body fails, and with it the outer body (it waited for ever before)
+    assert part in wait_state(inner_body, "failed", timeout=20)["failedReason"]
+    outer_body = str(outer.options["task_id"])
+    assert inner_body in wait_state(outer_body, "failed", timeout=20)["failedReason"]

@@ -10,7 +10,7 @@ from celery.signals import task_revoked, task_unknown, worker_init, worker_proce
 
 from tasks import db
 from tasks.db import transaction
-from tasks.jobs.end import finish, revocations
+from tasks.jobs.end import ending, revocations
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.store import jobs as jobs_store
@@ -44,7 +44,7 @@ def fail_unknown_job(
             _record_unknown(session, id, name, message, queue or "unknown")
             job = runs.fail_unsupported(session, id, name)
             if job is not None:
-                finish.ended(session, job, State.FAILED, reason)
+                ending.ended(session, job, State.FAILED, reason)
     except Exception:
         log.exception("could not record unsupported job %s (%s)", id, name)
 

@@ -2,7 +2,7 @@
 
 A waiting, delayed or waiting-children job becomes ``cancelled`` in one
 guarded statement on its locked row (``store.jobs.cancel``), and in the same
-transaction it is finished like a completed or failed one (``finish.finished``):
+transaction it is finished like a completed or failed one (``ending.finished``):
 its simple-mode deduplication claim is released, and retention counts it with
 ``removeOnFail``, separately from failed records. A cancelled job is final:
 the claim only takes waiting jobs, so a message still on its way is
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs.end import finish
+from tasks.jobs.end import ending
 from tasks.jobs.model.errors import JobConflict, JobNotFound
 from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord, State
 from tasks.jobs.model.owner import Owner
@@ -63,7 +63,7 @@ def _cancel(
 ) -> list[CancelledJob]:
     done = store.cancel(session, job_ids, states)
     for job in done:  # announced by the caller, saying by whom
-        finish.ended(session, job, State.CANCELLED, "cancelled", announce=False)
+        ending.ended(session, job, State.CANCELLED, "cancelled", announce=False)
     return done
 
 

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from tasks.celery import app
 from tasks.db import transaction
+from tasks.jobs.end import ending
 from tasks.jobs.intake.celery_options import canvas_context, job_options
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
@@ -121,26 +122,6 @@ def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
         publish_ready(session, ready)
 
 
-def failed(session: Session, job: Any, reason: str) -> None:
-    """In the transaction that ends a job without a result — failed for good, stalled too
-    often, cancelled or revoked: its chord's body fails too (Celery's ``ChordError``).
-
-    ``job`` is anything with the record's ``id`` and ``celery_ctx``.
-    """
-    body_id = body_id_of(job.celery_ctx)
-    if body_id is not None:
-        _fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
-
-
-def _fail_body(session: Session, body_id: str, reason: str) -> None:
-    body = store.fail_body(session, body_id, reason)
-    if body is not None:
-        _after_commit(
-            session,
-            lambda: events.emit(body.queue, "failed", body.id, body.name, failedReason=reason),
-        )
-
-
 #: Bound parts counted per statement by ``count_bound_parts``.
 BOUND_BATCH = 100
 
@@ -158,10 +139,10 @@ def count_bound_parts() -> int:
                 ready += part_ended(session, part.body_id, part.part_id, part.result)
             elif part.state is None:
                 why = f"chord part {part.part_id} stands for job {part.job_id}, which is not found"
-                _fail_body(session, part.body_id, why)
+                ending.fail_body(session, part.body_id, why)
             else:
                 why = part.failed_reason or part.state
-                _fail_body(session, part.body_id, f"chord part {part.part_id} failed: {why}")
+                ending.fail_body(session, part.body_id, f"chord part {part.part_id} failed: {why}")
         if ready:
             publish_ready(session, ready)
     return len(bound)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.end import finish
+from tasks.jobs.end import ending
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.observe import events
@@ -24,7 +24,7 @@ def requeue_stalled_once() -> int:
         stalled = upkeep.requeue_stalled(session, get_settings().max_stalled_count)
         given_up = [job for job in stalled if job.state == State.FAILED]
         for job in given_up:  # announced below, after its "stalled"
-            finish.ended(session, job, State.FAILED, upkeep.STALLED_TOO_OFTEN, announce=False)
+            ending.ended(session, job, State.FAILED, upkeep.STALLED_TOO_OFTEN, announce=False)
         sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
     for job in stalled:
         events.emit(job.queue, "stalled", job.id, job.name)

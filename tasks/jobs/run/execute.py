@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.end import finish
+from tasks.jobs.end import ending, finish
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer
@@ -312,7 +312,7 @@ class KeelTask(CeleryTask):
             return
         failed = runs.fail_unsupported(session, job.id, job.name, refused)
         if failed is not None:
-            finish.ended(session, failed, State.FAILED, refused)
+            ending.ended(session, failed, State.FAILED, refused)
 
     def _announce_ignored(self, reason: str) -> None:
         """A ``task-ignored`` event: Flower shows the delivery as IGNORED, not STARTED."""

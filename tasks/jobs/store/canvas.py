@@ -20,7 +20,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.jobs.store.jobs import ReadyJob, ready_job
+from tasks.jobs.model.models import JobRecord
+from tasks.jobs.store.jobs import ReadyJob, get, ready_job
 
 
 def chord_body_id(ctx: dict[str, Any] | None) -> str | None:
@@ -78,20 +79,21 @@ def release_body(
     return ready_job(row) if row is not None else None
 
 
-def fail_body(session: Session, body_id: str, reason: str) -> ReadyJob | None:
-    """A part failed for good: the body fails without running (Celery's ``ChordError``)."""
+def fail_body(session: Session, body_id: str, reason: str) -> JobRecord | None:
+    """A part failed for good: the body fails without running (Celery's ``ChordError``);
+    its record, for what its end triggers (``tasks.jobs.end.ending``)."""
     row = session.execute(
         text(
             """
             UPDATE jobs SET state = 'failed', failed_reason = :reason,
                 finished_on = clock_timestamp()
             WHERE id = :id AND state = 'waiting-children'
-            RETURNING id, name, queue, data, celery_ctx, tenant_id
+            RETURNING id
             """
         ),
         {"id": body_id, "reason": reason},
     ).first()
-    return ready_job(row) if row is not None else None
+    return get(session, body_id) if row is not None else None
 
 
 _BIND_PART = text(

@@ -1,0 +1,116 @@
+"""How a job ends without a result — the one function every such path calls (``ended``).
+
+A job ends failed for good or cancelled along several paths: a run failing
+for good (``finish.failed``), a cancel or revoke (``cancel``), too many stalls
+(``stalls``), a message no worker can run (``calls.signals``), one that
+arrived without a record and was refused (``run.execute``), and a chord's body
+whose part ended so (``fail_body``, below). The statement that moves the
+record is the store's; what follows it is here, once: the dedup claim freed,
+retention trimmed after the commit, the chord body counting on the job failed
+(recursively: a body can be a part), the end announced.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.model.models import State
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.observe import events
+from tasks.jobs.store import canvas as canvas_store
+from tasks.jobs.store import dedup, upkeep
+from tasks.jobs.store.upkeep import Partition
+
+log = logging.getLogger(__name__)
+
+
+def ended(
+    session: Session, job: Any, state: State, reason: str, *, announce: bool = True, **fields: Any
+) -> None:
+    """The one way a job ends without a result (failed for good or cancelled), in the
+    transaction whose statement moved it there (``store``): every path calls this — a run
+    failing for good, a cancel or revoke, too many stalls, a message no worker can run,
+    one that arrived without a record and was refused.
+
+    It frees the dedup claim and trims by retention (``finished``), fails the chord body
+    counting on the job (Celery's ``ChordError``: the body would otherwise wait for ever),
+    and, once the transaction commits, announces the end as an event named after the
+    state (``announce=False``: the caller announces it with more to say).
+    """
+    finished(session, job, state)
+    _fail_chord(session, job, reason)
+    if not announce:
+        return
+    if state == State.FAILED:
+        fields = {"failedReason": reason, **fields}
+    queue, job_id, name = job.queue, job.id, job.name
+    event.listen(
+        session,
+        "after_commit",
+        lambda _session: events.emit(queue, str(state), job_id, name, **fields),
+        once=True,
+    )
+
+
+def finished(session: Session, job: Any, state: State) -> None:
+    """In the finishing transaction: free the job's dedup claim; trim once it commits.
+
+    Trimming inside the finishing transaction would not see jobs finishing
+    concurrently (their rows are not committed yet), and two last jobs could
+    each leave one record too many. After the commit every finish is visible.
+    ``job`` is anything with the record's ``id, queue, name, tenant_id, opts``.
+    """
+    opts = _options(job)
+    if opts.deduplication is not None:  # only a job with a rule ever holds a claim
+        dedup.release(session, job.id)
+    trim = retention(job, state)
+    if trim is not None:
+        event.listen(session, "after_commit", lambda _session: trim(), once=True)
+
+
+def _options(job: Any) -> JobOptions:
+    return job.opts if isinstance(job.opts, JobOptions) else JobOptions.from_stored(job.opts)
+
+
+def retention(job: Any, state: State) -> Callable[[], None] | None:
+    """What trims the finished records of ``job``'s kind once its end has committed
+    (``removeOnComplete`` / ``removeOnFail``); ``None`` if it keeps them all."""
+    keep = _options(job).retention(completed=state == State.COMPLETED)
+    if keep is None:
+        return None
+    partition = Partition(job.queue, job.tenant_id, job.name)
+
+    def trim() -> None:
+        try:
+            with transaction() as fresh:
+                upkeep.trim(fresh, partition, state, keep.count, keep.age_s)
+        except Exception:  # retention is best effort; the next finish trims again
+            log.warning("could not trim %s records of %s", state, partition, exc_info=True)
+
+    return trim
+
+
+def _fail_chord(session: Session, job: Any, reason: str) -> None:
+    """In the transaction that ends a job without a result — failed for good, stalled too
+    often, cancelled or revoked: its chord's body fails too (Celery's ``ChordError``).
+
+    ``job`` is anything with the record's ``id`` and ``celery_ctx``.
+    """
+    body_id = canvas_store.chord_body_id(job.celery_ctx)
+    if body_id is not None:
+        fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
+
+
+def fail_body(session: Session, body_id: str, reason: str) -> None:
+    """A chord's body that will never have all its parts' results fails without running,
+    and ends like any other job (``ended``): a body that is itself a part of an outer
+    chord fails that chord's body too."""
+    body = canvas_store.fail_body(session, body_id, reason)
+    if body is not None:
+        ended(session, body, State.FAILED, reason)
