@@ -78,8 +78,15 @@ def test_a_message_revoked_before_its_job_was_added_is_discarded_and_the_job_can
 
 
 def inspected_revoked() -> set[str]:
-    """The ids every running worker holds as revoked (Celery's ``inspect revoked``)."""
-    replies = app.control.inspect(timeout=1).revoked() or {}
+    """The ids every running worker holds as revoked (Celery's ``inspect revoked``).
+
+    On a connection of its own, not one from the app's pool: a connection pooled before
+    another test restarted Redis is closed by then, and kombu's reading of the replies
+    does not reconnect it (the first ``inspect()`` after a restart raises
+    ``ConnectionError: Connection closed by server``; the next one works).
+    """
+    with app.connection_for_write() as connection:
+        replies = app.control.inspect(timeout=1, connection=connection).revoked() or {}
     return {job_id for ids in replies.values() for job_id in ids}
 
 
