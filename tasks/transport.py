@@ -52,6 +52,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks import deadletters
 from tasks.deadletters import DeadLetter
@@ -166,6 +167,22 @@ class Channel(kombu_redis.Channel):
     QoS = QoS
 
     _shared: Any = None
+
+    @property
+    def pool(self) -> Any:
+        """kombu's connection pool; once the connection is gone, a connection error.
+
+        Celery's consumer, on a lost broker connection, first collects the connection
+        (the channel's close can fail on the dead BRPOP socket, and the transport's client
+        is cleared all the same), then closes it: that second close restores the unacked
+        messages through a new pool built from the cleared client, an ``AttributeError``
+        that kombu does not ignore, and the worker stopped ("Unrecoverable error") at a
+        Redis restart. A connection error there is ignored, and the consumer reconnects
+        (the unacked messages come back after the visibility timeout).
+        """
+        if self._pool is None and getattr(self.connection, "client", None) is None:
+            raise RedisConnectionError("the broker connection is closed")
+        return kombu_redis.Channel.pool.fget(self)  # type: ignore[attr-defined]
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         client = super()._create_client(asynchronous=asynchronous)
