@@ -5,7 +5,7 @@ previous release's workers run, then the new release's processes beside the
 old, then the old ones stopped with SIGTERM. This test does exactly that,
 with both releases' real processes on one database and one broker:
 
-- the previous release (``PREVIOUS``, a git tag; its tree comes from this
+- the previous release (``PREVIOUS``, pinned by commit; its tree comes from this
   clone's history with ``git archive``) is migrated, runs a worker and beat,
   and puts work in flight: report jobs (some failing their first run, so
   their retry waits in the delayed set), long jobs, delayed jobs, a chord
@@ -54,23 +54,32 @@ from tests.support.stack import PROJECT_ROOT, wait_for
 
 pytestmark = pytest.mark.stack
 
-PREVIOUS = "v0.3.0"  # the release before this one (CHANGELOG.md); moved on at each release
+# The release before this one (CHANGELOG.md), moved on at each release. Its commit is
+# pinned as well as its tag: tags do not travel with every clone (a landing pushes the
+# branch only), the commit is in main's history wherever main is.
+PREVIOUS = "v0.3.0"
+PREVIOUS_COMMIT = "481a93e7e5b9f1d28978ff00d8ad559cbd090768"
 SCHEDULER = "upgrade-tick"
 WORK = (PROJECT_ROOT / "tests" / "support" / "upgrade_work.py").read_text()
 
 
 def previous_tree(into: Path) -> Path:
-    """The previous release's source tree, from this clone's history (fetched from the
-    clone's origin first if the clone is shallow or came without tags)."""
+    """The previous release's source tree, from this clone's history (its pinned commit;
+    fetched from the clone's origin first if the clone is shallow)."""
     git = ["git", "-C", str(PROJECT_ROOT)]
-    archive = [*git, "archive", "--format=tar", f"{PREVIOUS}^{{commit}}"]
+    tagged = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{PREVIOUS}^{{commit}}"],
+                            capture_output=True, text=True)
+    if tagged.returncode == 0:
+        assert tagged.stdout.strip() == PREVIOUS_COMMIT, (
+            f"tag {PREVIOUS} is {tagged.stdout.strip()}, the test pins {PREVIOUS_COMMIT}")
+    archive = [*git, "archive", "--format=tar", PREVIOUS_COMMIT]
     found = subprocess.run(archive, capture_output=True)
     if found.returncode != 0:
-        subprocess.run([*git, "fetch", "--quiet", "origin", "tag", PREVIOUS], capture_output=True)
+        subprocess.run([*git, "fetch", "--quiet", "--unshallow", "origin"], capture_output=True)
         found = subprocess.run(archive, capture_output=True)
     assert found.returncode == 0, (
-        f"the previous release {PREVIOUS} is not in this clone's history (git fetch --tags): "
-        f"{found.stderr.decode(errors='replace')}"
+        f"the previous release {PREVIOUS} ({PREVIOUS_COMMIT}) is not in this clone's history "
+        f"(a shallow clone? git fetch --unshallow): {found.stderr.decode(errors='replace')}"
     )
     with tarfile.open(fileobj=BytesIO(found.stdout)) as archive:
         archive.extractall(into, filter="data")
