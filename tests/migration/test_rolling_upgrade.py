@@ -67,11 +67,15 @@ def previous_tree(into: Path) -> Path:
     """The previous release's source tree, from this clone's history (its pinned commit;
     fetched from the clone's origin first if the clone is shallow)."""
     git = ["git", "-C", str(PROJECT_ROOT)]
-    tagged = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{PREVIOUS}^{{commit}}"],
-                            capture_output=True, text=True)
+    tagged = subprocess.run(
+        [*git, "rev-parse", "--verify", "--quiet", f"{PREVIOUS}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
     if tagged.returncode == 0:
         assert tagged.stdout.strip() == PREVIOUS_COMMIT, (
-            f"tag {PREVIOUS} is {tagged.stdout.strip()}, the test pins {PREVIOUS_COMMIT}")
+            f"tag {PREVIOUS} is {tagged.stdout.strip()}, the test pins {PREVIOUS_COMMIT}"
+        )
     archive = [*git, "archive", "--format=tar", PREVIOUS_COMMIT]
     found = subprocess.run(archive, capture_output=True)
     if found.returncode != 0:
