@@ -14,11 +14,13 @@ Postgres refuses to run as root; as root the cluster belongs to pgserver's
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -45,8 +47,29 @@ def _server_account() -> pwd.struct_passwd | None:
     """Who runs Postgres: us, or pgserver's system user when we are root."""
     if os.geteuid() != 0:
         return None
-    _, _, utils = _pgserver()
-    return utils.ensure_user_exists(SERVER_USER)
+    return system_account(SERVER_USER)
+
+
+def system_account(name: str) -> pwd.struct_passwd:
+    """The system user ``name``, created (``useradd``, as pgserver does) if it is missing.
+
+    Several processes may ask at once on a machine that has never run Keel as root (the
+    test suite's xdist workers each start a cluster; two ``keel up`` stacks): ``useradd``
+    then fails in all but one, with "user already exists" or "cannot lock /etc/passwd".
+    So the creation is serialized by a lock file, and the account is looked up again
+    under the lock before ``useradd`` runs.
+    """
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    with open(Path(tempfile.gettempdir()) / f"keel-useradd-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "-s", "/bin/bash", name], check=True, capture_output=True)
+        return pwd.getpwnam(name)
 
 
 def _run_as(account: pwd.struct_passwd | None) -> dict:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keel.embedded.postgres_server import system_account
 from tests.support.netns import Host
 
 PR_SET_PDEATHSIG = 1
@@ -151,14 +152,8 @@ def let_traverse(path: Path) -> None:
 
 
 def postgres_account() -> pwd.struct_passwd:
-    """The account Postgres runs as (created by pgserver if missing, as Keel does)."""
-    try:
-        return pwd.getpwnam(POSTGRES_ACCOUNT)
-    except KeyError:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from pgserver import utils
-        return utils.ensure_user_exists(POSTGRES_ACCOUNT)
+    """The account Postgres runs as (created if missing, as Keel does)."""
+    return system_account(POSTGRES_ACCOUNT)
 
 
 def postgres_bin(name: str) -> str:
