@@ -148,7 +148,7 @@ def _without_password(url: str) -> str:
 )
 def up(includes: tuple[str, ...]) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
-    from keel.stack import Stack
+    from keel.stack import Stack, unimportable
     from tasks.catalog import user_job_modules
     from web.auth import check_secret
 
@@ -159,6 +159,12 @@ def up(includes: tuple[str, ...]) -> None:
         modules = user_job_modules(os.environ.get("KEEL_JOB_MODULES", ""))
         modules += [m for m in user_job_modules(",".join(includes)) if m not in modules]
         os.environ["KEEL_JOB_MODULES"] = ",".join(modules)
+    # The stack's processes run in Keel's folder: your modules import from this one.
+    folders = [os.getcwd(), *os.environ.get("KEEL_JOB_PATH", "").split(os.pathsep)]
+    os.environ["KEEL_JOB_PATH"] = os.pathsep.join(dict.fromkeys(f for f in folders if f))
+    problem = unimportable(user_job_modules(os.environ.get("KEEL_JOB_MODULES", "")))
+    if problem is not None:
+        raise click.ClickException(problem)
 
     given = ProcessSettings().secret_key
     if given is not None:  # unset: keel up generates a strong one

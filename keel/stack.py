@@ -16,6 +16,7 @@ import hashlib
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -50,6 +51,58 @@ READY_REPORT_S = 15.0
 # Gunicorn and Celery take SIGQUIT as "stop now" (a Celery cold shutdown hands unacked
 # messages back to the broker); the rest stop at once on SIGTERM.
 DEATH_SIGNALS = {"worker": signal.SIGQUIT, "web": signal.SIGQUIT}
+
+
+# Imports each job module named on the command line, as a child of the stack would (from
+# Keel's folder, with KEEL_JOB_PATH appended); says in one line which one did not, and why.
+_IMPORT_CHECK = """
+import sys
+from importlib import import_module
+
+from tasks.catalog import extend_import_path
+
+extend_import_path()
+for name in sys.argv[1:]:
+    try:
+        import_module(name)
+    except BaseException as exc:
+        text = str(exc).strip().splitlines()
+        line = f"{name}: {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        missing = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        if missing and (name == missing or name.startswith(missing + ".")):
+            line += f" ({WHERE})"
+        print(line)
+        sys.exit(1)
+"""
+
+
+_WHERE = (
+    "keel up imports your modules from the folder it was started in, KEEL_JOB_PATH and PYTHONPATH"
+)
+
+
+def unimportable(modules: list[str], timeout_s: float = 120) -> str | None:
+    """Why one of your job modules would not import in the stack's processes, or ``None``.
+
+    Checked in a child of its own, exactly as the stack's children will import it (their
+    folder, environment and ``KEEL_JOB_PATH``), before anything starts: a module that does
+    not import would otherwise make every child fail and be restarted until the
+    supervisor gives up, through pages of tracebacks.
+    """
+    if not modules:
+        return None
+    checked = subprocess.run(
+        [sys.executable, "-c", _IMPORT_CHECK.replace("{WHERE}", _WHERE), *modules],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    if checked.returncode == 0:
+        return None
+    lines = checked.stdout.strip().splitlines() or checked.stderr.strip().splitlines() or ["?"]
+    return f"job module {lines[-1]}"
 
 
 def secret_key(home: Path, configured: str | None) -> str:
@@ -99,6 +152,8 @@ class Stack:
         }
         if given.job_modules:  # `keel up --include`: every child, and later CLI calls, load them
             env["KEEL_JOB_MODULES"] = given.job_modules
+        if given.job_path:  # where they import from (`keel up`'s folder): children run in ours
+            env["KEEL_JOB_PATH"] = given.job_path
         # Written even as "none": later CLI calls and scripts see the same built-in apps.
         env["KEEL_BUILTIN_JOBS"] = given.builtin_jobs
         database_url = given.database_url

@@ -16,6 +16,8 @@ endpoints or dashboard pages (``web`` asks ``enabled``), no metrics.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from tasks.config import get_settings
@@ -85,8 +87,26 @@ def user_job_modules(setting: str | None = None) -> list[str]:
     return [name for name in text.replace(",", " ").split() if name]
 
 
+def job_path() -> list[str]:
+    """The folders your job modules import from (``KEEL_JOB_PATH``; ``keel up`` sets it to
+    the folder it was started in, since the processes it starts run in Keel's own)."""
+    return [folder for folder in get_settings().job_path.split(os.pathsep) if folder]
+
+
+def extend_import_path() -> None:
+    """Append ``job_path`` to ``sys.path``: after Keel's own packages, so that a module of
+    yours never hides one of Keel's (``keel.shadowing`` says so when one would)."""
+    for folder in job_path():
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
 def job_modules() -> list[str]:
-    """Every module with job types: the job layer's, the built-in apps that are on, the user's."""
+    """Every module with job types: the job layer's, the built-in apps that are on, the user's.
+
+    Celery imports them (``include``) once this has put ``job_path`` on the import path.
+    """
+    extend_import_path()
     own = [SIGNALS_MODULE] + [m for n in builtin_apps() for m in BUILTIN_APPS[n].modules]
     return own + [m for m in user_job_modules() if m not in own]
 

@@ -6,7 +6,7 @@ import logging
 from importlib import import_module
 from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
 from celery.signals import celeryd_after_setup
 
 from tasks.catalog import job_modules
@@ -14,7 +14,29 @@ from tasks.jobs.model import registry
 
 log = logging.getLogger(__name__)
 
-app = Celery("keel", include=job_modules(), events="tasks.celery_events:KeelEvents")
+
+class KeelCelery(Celery):
+    """Celery, with Keel's task class as every task's default base.
+
+    ``@app.task`` and ``@shared_task`` without ``base=`` are Keel tasks (recorded,
+    retried through the record); a task that must bypass the records says so with
+    ``base=celery.Task``. Celery's own tasks (``celery.chord_unlock``,
+    ``celery.backend_cleanup``, the canvas helpers) stay plain Celery tasks.
+    """
+
+    def _task_from_fun(self, fun: Any, name: str | None = None, base: Any = None, **options: Any):
+        if base is None and (name or "").startswith(CELERY_OWN):
+            base = Task
+        return super()._task_from_fun(fun, name=name, base=base, **options)
+
+
+CELERY_OWN = "celery."  # the names of Celery's built-in tasks
+app = KeelCelery(
+    "keel",
+    include=job_modules(),
+    events="tasks.celery_events:KeelEvents",
+    task_cls="tasks.jobs.run.execute:KeelTask",
+)
 app.config_from_object("tasks.celeryconfig")
 # Named, not imported: Celery loads its bootsteps by name, and the job layer they
 # come from imports this app (to publish) — nothing here imports it back.

@@ -187,6 +187,9 @@ class Settings(BaseSettings):
     queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
+    # Folders those modules import from (os.pathsep-separated), appended to every Keel
+    # process's import path; `keel up` sets it to the folder it was started in.
+    job_path: str = ""
     # Keel's own job apps that run (tasks.catalog): "reports,notifications"; "" or "none": neither.
     # An empty variable means none here (not "unset"); `keel up` writes it as "none".
     builtin_jobs: str = Field(default_factory=_builtin_jobs_default)

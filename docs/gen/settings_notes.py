@@ -123,6 +123,13 @@ NOTES: dict[str, str] = {
         "Your own job modules, comma-separated import paths, loaded by every Keel process"
         " (worker, beat, web and CLI); `keel up --include` adds to it."
     ),
+    "job_path": (
+        "Folders your job modules import from, separated by `:`; each Keel process appends"
+        " them to its import path (after Keel's own packages). `keel up` sets it to the folder"
+        " it was started in, so `keel up --include mytasks` finds `./mytasks.py` in the"
+        " worker, beat, web and Flower it starts, as `python -m` would; `PYTHONPATH` reaches"
+        " them too."
+    ),
     "builtin_jobs": (
         "The seed's apps that run: `reports`, `notifications`, both (the default) or neither"
         " (empty or `none`). An app that is off has no job types, queues, standing"

@@ -294,14 +294,12 @@ def runs_on(worker: str, label: str) -> int:
 
 
 USER_MODULE = '''
-"""A user's own jobs, outside Keel's tree."""
-from celery import shared_task
-
-from tasks.jobs import KeelTask
+"""A user's own jobs, outside Keel's tree: plain Celery tasks on Keel's app (no ``base=``)."""
+from tasks.celery import app
 
 
-@shared_task(bind=True, base=KeelTask, name="userjobs.flaky", queue="userjobs",
-             autoretry_for=(IOError,), retry_backoff=True, retry_jitter=False, max_retries=3)
+@app.task(bind=True, name="userjobs.flaky", queue="userjobs",
+          autoretry_for=(IOError,), retry_backoff=True, retry_jitter=False, max_retries=3)
 def flaky(self, key, fail_times):
     if self.request.retries < fail_times:
         raise IOError(f"{key}: flaky run {self.request.retries + 1}")
@@ -329,11 +327,14 @@ def user_module(stack, tmp_path_factory):
 
 
 def test_a_user_module_runs_through_the_setting_with_its_own_queue(user_module):
-    # Given a module outside Keel with an autoretrying task on a queue Keel never heard of
+    # Given a module outside Keel with a plain @app.task that autoretries, on a queue Keel
+    # never heard of
     app.finalize(auto=True)
     # When it is sent with .delay() and fails twice
     result = user_module.flaky.delay("k1", 2)
-    # Then one record, completed on run 3, waits growing exponentially
+    # Then its retries wait in Postgres (the record is delayed between runs), not in a worker
+    assert wait_state(result.id, "delayed", timeout=20)["attemptsMade"] == 1
+    # And one record, completed on run 3, waits growing exponentially
     job = wait_state(result.id, "completed", "failed", timeout=40)
     assert job["state"] == "completed", job
     assert job["queue"] == "userjobs"

@@ -70,6 +70,7 @@ class KeelUp:
     process: subprocess.Popen | None = None
     runs: int = 0
     args: tuple[str, ...] = ()  # after ``keel up``, e.g. ("--include", "examples.hello_jobs")
+    cwd: Path = PROJECT_ROOT  # the folder ``keel up`` is started in
 
     def __post_init__(self) -> None:
         self.env = self.env or clean_env(self.home)
@@ -85,7 +86,7 @@ class KeelUp:
             self.process = subprocess.Popen(
                 [KEEL, "up", *self.args],
                 env=self.env,
-                cwd=PROJECT_ROOT,
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
