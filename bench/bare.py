@@ -11,12 +11,14 @@ publish the same Celery events. Nothing else: no job records, no queue events.
 from __future__ import annotations
 
 import os
+import time
 
 from celery import Celery
 
 QUEUE = "bench-bare"
 NOOP = "bench.bare.noop"
 FLAKY = "bench.bare.flaky"
+ADD = "bench.bare.add"
 
 
 def _redis_url() -> str:
@@ -65,3 +67,10 @@ def flaky(self) -> None:
     if self.request.retries == 0:
         raise PlannedFailure("planned failure on the first run")
     return None
+
+
+@app.task(name=ADD)
+def add(x: int, y: int, ms: int = 0) -> int:
+    """P9's task: the sum, after ``ms`` milliseconds of work (its callers wait on ``.get()``)."""
+    time.sleep(ms / 1000)
+    return x + y

@@ -187,6 +187,52 @@ def drain(run: Run, fig: Figure, n: int) -> None:
     )
 
 
+def traced(run: Run, fig: Figure, n: int) -> None:
+    """P1's Keel batch with the worker tracing (OTLP to a sink here, the default sampler:
+    every run sampled) against the same without, alternating; ``traced_ratio`` in the
+    figure's details. The producer (this process) does not trace: each run is a trace of
+    its own, with Celery's run span, Keel's claim, handler and finish spans, and a span
+    per statement and Redis call."""
+    from bench.otlp_sink import Sink
+
+    sink = Sink()
+    conc = run.sizes.worker_concurrency
+    otel = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+        "OTEL_SERVICE_NAME": "keel-bench",
+    }
+    systems = {
+        "Keel": CeleryWorker(run.env, "keel-untraced", "tasks", conc, ["-I", "bench.jobs"]),
+        "Keel traced": CeleryWorker(
+            run.env, "keel-traced", "tasks", conc, ["-I", "bench.jobs"], extra_env=otel
+        ),
+    }
+    rates = {name: Series(f"{name} (tracing)", "jobs/s", chart=False) for name in systems}
+    cpu = {name: Series(f"{name} CPU per job (tracing)", "ms", chart=False) for name in systems}
+    try:
+        for rep in range(run.repeat):
+            for name, worker in systems.items():
+                run.log(f"{fig.key} tracing rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
+                result = _measured(run, worker, n, lambda k: keel_batch(run, jobs.NOOP, k, None))
+                rates[name].samples.append(result["rate"])
+                cpu[name].samples.append(result["cpu_ms_per_job_total"])
+                run.log(f"  {name}: {result['rate']:.0f} jobs/s")
+    finally:
+        sink.close()
+    fig.series.extend([*rates.values(), *cpu.values()])
+    fig.details["traced_ratio"] = ratio(rates["Keel traced"], rates["Keel"])
+    fig.details["traced_cpu_ratio"] = ratio(cpu["Keel traced"], cpu["Keel"])
+    fig.details["traced_exports"] = {"requests": sink.requests, "bytes": sink.bytes}
+    fig.notes.append(
+        "tracing (worker exporting every run's spans over OTLP to a local sink, sampler "
+        f"always on; {sink.requests} exports, {sink.bytes / 1e6:.1f} MB): "
+        + ", ".join(f"{name} {rates[name].median:.0f}/s" for name in systems)
+        + f"; traced/untraced = {fig.details['traced_ratio']:.2f}x jobs/s, "
+        f"{fig.details['traced_cpu_ratio']:.2f}x CPU per job"
+    )
+
+
 def _pair(
     run: Run,
     fig: Figure,
@@ -323,6 +369,7 @@ def p1_noop(run: Run) -> Figure:
     )
     _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None, flaky=False)
     drain(run, fig, run.sizes.noop_jobs)
+    traced(run, fig, run.sizes.noop_jobs)
     vs_procrastinate = fig.details["vs_procrastinate"]
     fig.met = (
         fig.ratio is not None

@@ -5,11 +5,15 @@ They live in the bench, not in ``tasks/``: production workers never know them.
 
 from __future__ import annotations
 
+import time
+
+from tasks.celery import app
 from tasks.jobs import JobContext, handler
 
 QUEUE = "default"
 NOOP = "bench.noop"
 FLAKY = "bench.flaky"
+ADD = "bench.add"
 
 
 class PlannedFailure(Exception):
@@ -28,3 +32,10 @@ def flaky(job: JobContext) -> None:
     if job.attempts_made == 0:
         raise PlannedFailure("planned failure on the first run")
     return None
+
+
+@app.task(name=ADD)
+def add(x: int, y: int, ms: int = 0) -> int:
+    """P9's task, a plain ``@app.task`` on Keel's app: the sum after ``ms`` milliseconds."""
+    time.sleep(ms / 1000)
+    return x + y

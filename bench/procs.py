@@ -42,6 +42,7 @@ class Child:
     name: str
     args: list[str]
     process: subprocess.Popen | None = None
+    extra_env: dict[str, str] | None = None  # on top of the bench's environment
 
     @property
     def log_path(self) -> Path:
@@ -57,7 +58,7 @@ class Child:
             self.process = subprocess.Popen(
                 self.args,
                 cwd=PROJECT_ROOT,
-                env=self.env.child_env(),
+                env=self.env.child_env(**(self.extra_env or {})),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -121,7 +122,13 @@ class CeleryWorker(LogReadyChild):
     ready_line = " ready."
 
     def __init__(
-        self, env: BenchEnv, name: str, app: str, concurrency: int, extra: list[str] | None = None
+        self,
+        env: BenchEnv,
+        name: str,
+        app: str,
+        concurrency: int,
+        extra: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         args = [
             sys.executable,
@@ -142,7 +149,7 @@ class CeleryWorker(LogReadyChild):
             "--without-mingle",
             "--without-gossip",
         ]
-        super().__init__(env, name, args)
+        super().__init__(env, name, args, extra_env=extra_env)
 
 
 class HttpChild(Child):

@@ -7,6 +7,7 @@ Subcommands import what they need when they run: ``keel --help`` and
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import sys
@@ -58,6 +59,9 @@ def main(ctx: click.Context) -> None:
     if ctx.invoked_subcommand in (None, "up") or "--help" in sys.argv[1:]:
         return  # `keel up` picks its own home; help needs no stack
     _use_stack()
+    from tasks import logs
+
+    logs.configure("cli")  # on stderr: a command's own output (stdout) stays as it is
 
 
 def _use_stack() -> None:
@@ -149,6 +153,7 @@ def _without_password(url: str) -> str:
 def up(includes: tuple[str, ...]) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
     from keel.stack import Stack, unimportable
+    from tasks import tracing
     from tasks.catalog import user_job_modules
     from web.auth import check_secret
 
@@ -165,6 +170,10 @@ def up(includes: tuple[str, ...]) -> None:
     problem = unimportable(user_job_modules(os.environ.get("KEEL_JOB_MODULES", "")))
     if problem is not None:
         raise click.ClickException(problem)
+    try:
+        tracing.exporters()  # OTEL_TRACES_EXPORTER: one line now, not a traceback per child
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
     given = ProcessSettings().secret_key
     if given is not None:  # unset: keel up generates a strong one
@@ -584,6 +593,69 @@ def _stream_id_now() -> str:
 
     seconds, micros = redis_client().time()
     return str(seconds * 1000 + micros // 1000 - 1)
+
+
+@main.group("queues")
+def queues_group() -> None:
+    """Pause and resume queues (the system scope: every tenant's jobs, or one tenant's)."""
+
+
+def _queue_known(queue: str) -> None:
+    from tasks.celery import known_queues, load_job_modules
+
+    load_job_modules()
+    if queue not in known_queues():
+        raise click.BadParameter(
+            f"no job type runs on queue {queue!r} (known: {', '.join(known_queues())})",
+            param_hint="QUEUE",
+        )
+
+
+@queues_group.command("pause")
+@click.argument("queue")
+@click.option("--tenant", default="", help="hold one tenant's jobs only (default: everyone's)")
+def queues_pause(queue: str, tenant: str) -> None:
+    """Pause QUEUE: jobs added meanwhile are recorded and wait, running jobs finish.
+
+    Every worker honours it within a second, and it outlasts restarts of every process.
+    """
+    from tasks.jobs.intake import pauses
+
+    _queue_known(queue)
+    changed = pauses.pause(queue, tenant, by=f"cli:{getpass.getuser()}")
+    scope = f"tenant {tenant}'s jobs" if tenant else "every tenant's jobs"
+    click.echo(f"queue {queue} {'paused' if changed else 'was paused already'} for {scope}")
+
+
+@queues_group.command("resume")
+@click.argument("queue")
+@click.option("--tenant", default="", help="the pause of one tenant's jobs (default: the queue's)")
+def queues_resume(queue: str, tenant: str) -> None:
+    """Resume QUEUE: the jobs its pause held are published again, in the order they came."""
+    from tasks.jobs.intake import pauses
+
+    _queue_known(queue)
+    resumed = pauses.resume(queue, tenant, by=f"cli:{getpass.getuser()}")
+    scope = f"tenant {tenant}'s jobs" if tenant else "every tenant's jobs"
+    if not resumed.lifted:
+        click.echo(f"queue {queue} was not paused for {scope}")
+        return
+    click.echo(f"queue {queue} resumed for {scope}: {resumed.released} held jobs published again")
+
+
+@queues_group.command("paused")
+def queues_paused() -> None:
+    """Print the pauses in force as JSON lines (tenantId "" pauses every tenant's jobs)."""
+    from tasks.jobs.intake import pauses
+
+    for pause in pauses.paused():
+        line = {
+            "queue": pause.queue,
+            "tenantId": pause.tenant_id,
+            "pausedBy": pause.paused_by,
+            "pausedAt": pause.paused_at.isoformat(),
+        }
+        click.echo(json.dumps(line))
 
 
 @main.group("deadletters")

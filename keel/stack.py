@@ -106,10 +106,12 @@ def unimportable(modules: list[str], timeout_s: float = 120) -> str | None:
 
 
 def secret_key(home: Path, configured: str | None) -> str:
-    if configured:
-        return configured
-    path = home / "secret"
-    create_private(path, secrets.token_urlsafe(48))
+    return configured or _kept(home / "secret", 48)
+
+
+def _kept(path: Path, size: int) -> str:
+    """A random token generated once in ``path`` (readable by this user alone)."""
+    create_private(path, secrets.token_urlsafe(size))
     return path.read_text().strip()
 
 
@@ -143,6 +145,8 @@ class Stack:
             "KEEL_SANDBOX_PORT": str(given.sandbox_port),
             "KEEL_FAULT_INJECTION": "1" if given.fault_injection else "0",
             "KEEL_SECRET_KEY": secret,
+            # Prometheus reads /metrics with it (the API's port is no private one).
+            "KEEL_METRICS_TOKEN": given.metrics_token or _kept(self.home / "metrics-token", 32),
             "KEEL_FLOWER_USER": given.flower_user,
             "KEEL_SANDBOX_ADMIN_KEY": given.sandbox_admin_key or secrets.token_urlsafe(32),
             "KEEL_FLOWER_PASSWORD": given.flower_password
@@ -252,6 +256,10 @@ class Stack:
         # (``/proc/<pid>/cmdline`` is readable by every local user).
         flower_auth = f"{env['KEEL_FLOWER_USER']}:{env['KEEL_FLOWER_PASSWORD']}"
         child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "FLOWER_BASIC_AUTH": flower_auth}
+        # The console is for people: text lines, prefixed, unless KEEL_LOG_FORMAT asks for JSON
+        # (then the supervisor writes JSON lines too, keel.supervisor.Output).
+        if not child_env.get("KEEL_LOG_FORMAT"):
+            child_env["KEEL_LOG_FORMAT"] = "text"
         self.env = env
         self._next_report = time.monotonic() + READY_REPORT_S
         self._children_started_at = time.monotonic()
@@ -299,7 +307,7 @@ class Stack:
 
     def _announce(self, env: dict[str, str]) -> None:
         sandbox = f"  sandbox {env['KEEL_PROVIDER_URL']}\n" if self._sandbox(env) else ""
-        print(
+        text = (
             f"\nKeel is up.\n"
             f"  web     {env['KEEL_WEB_URL']}/api/v1   (docs: /api/v1/docs)\n"
             f"  ui      {env['KEEL_WEB_URL']}/ui   "
@@ -309,9 +317,14 @@ class Stack:
             f"{sandbox}"
             f"  env     {self.home / ENV_FILE_NAME}\n"
             f"  token   keel token --tenant acme --user alice --role operator\n"
-            f"Ctrl+C stops everything.\n",
-            flush=True,
+            f"Ctrl+C stops everything.\n"
         )
+        output = self.supervisor.output
+        if output.json_lines:  # one JSON line each, like every other line of the console
+            for line in text.strip().splitlines():
+                output.say(line.strip())
+        else:
+            print(text, flush=True)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.stopping = True

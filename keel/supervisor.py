@@ -15,6 +15,7 @@ when one keeps dying right after each start.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import IO, Protocol
 
 from keel.embedded.lifeline import tied_to_parent
@@ -42,17 +44,32 @@ class Unit(Protocol):
 
 
 class Output:
-    """One stream for every child: ``12:00:01 worker  | line``."""
+    """One stream for every child: ``12:00:01 worker  | line``.
 
-    def __init__(self, stream: IO[bytes] | None = None, width: int = 8) -> None:
+    With ``KEEL_LOG_FORMAT=json`` (``json_lines``), a stream of JSON objects instead, one per
+    line: a child's JSON log line as it is (it names its ``process``), any other line —
+    a banner, a server's output, the supervisor's own — wrapped in one
+    (``{"time", "level", "logger": "keel.output", "process", "message"}``).
+    """
+
+    def __init__(
+        self, stream: IO[bytes] | None = None, width: int = 8, json_lines: bool | None = None
+    ) -> None:
         self.stream = stream or sys.stdout.buffer
         self.width = width
+        if json_lines is None:
+            json_lines = os.environ.get("KEEL_LOG_FORMAT", "").strip().lower() == "json"
+        self.json_lines = json_lines
         self._lock = threading.Lock()
 
     def line(self, name: str, text: bytes) -> None:
-        prefix = f"{time.strftime('%H:%M:%S')} {name:<{self.width}}| ".encode()
+        body = text.rstrip(b"\r\n")
+        if self.json_lines:
+            written = body if _json_object(body) else _wrapped(name, body)
+        else:
+            written = f"{time.strftime('%H:%M:%S')} {name:<{self.width}}| ".encode() + body
         with self._lock:
-            self.stream.write(prefix + text.rstrip(b"\r\n") + b"\n")
+            self.stream.write(written + b"\n")
             self.stream.flush()
 
     def say(self, text: str) -> None:
@@ -69,6 +86,27 @@ class Output:
         thread = threading.Thread(target=copy, name=f"keel-output-{name}", daemon=True)
         thread.start()
         return thread
+
+
+def _json_object(line: bytes) -> bool:
+    if not line.startswith(b"{"):
+        return False
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _wrapped(name: str, line: bytes) -> bytes:
+    moment = datetime.now(UTC).isoformat(timespec="milliseconds")
+    record = {
+        "time": moment,
+        "level": "INFO",
+        "logger": "keel.output",
+        "process": name,
+        "message": line.decode(errors="replace"),
+    }
+    return json.dumps(record).encode()
 
 
 @dataclass

@@ -7,9 +7,9 @@ from importlib import import_module
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import celeryd_after_setup
+from celery.signals import celeryd_after_setup, setup_logging, worker_process_shutdown
 
-from tasks.catalog import job_modules
+from tasks.catalog import celery_queues, job_modules
 from tasks.jobs.model import registry
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,11 @@ app = KeelCelery(
     task_cls="tasks.jobs.run.execute:KeelTask",
 )
 app.config_from_object("tasks.celeryconfig")
+# Every thread's current app, not only this one's: Celery keeps the current app per thread,
+# and a thread that never set one (a gunicorn or Flask request thread) would resolve a
+# ``@shared_task`` against Celery's fallback app — its default queue "celery", which no
+# Keel worker consumes. Keel's app is the process's default.
+app.set_default()
 # Named, not imported: Celery loads its bootsteps by name, and the job layer they
 # come from imports this app (to publish) — nothing here imports it back.
 app.steps["worker"].add("tasks.jobs.upkeep.maintenance:Maintenance")
@@ -55,6 +60,37 @@ def load_job_modules() -> list[str]:
         import_module(module)
     app.finalize(auto=True)
     return registry.names()
+
+
+def known_queues() -> list[str]:
+    """Every queue a loaded job type runs on (your modules' too), and Celery's declared ones."""
+    return sorted(set(celery_queues()) | set(registry.queues()))
+
+
+@setup_logging.connect
+def keel_logging(loglevel: Any = None, **kwargs: Any) -> None:
+    """Celery's worker, beat and Flower log Keel's way (``tasks.logs``): connecting here
+    keeps Celery from configuring logging itself. ``-l`` counts when ``KEEL_LOG_LEVEL`` is
+    unset. They trace here too, if asked to (``tasks.tracing``)."""
+    import sys
+
+    from tasks import logs, tracing
+
+    command = next((arg for arg in sys.argv[1:] if arg in ("worker", "beat", "flower")), "worker")
+    logs.configure(command, level=loglevel)
+    try:
+        tracing.configure(command)  # before the pool forks (OTEL_TRACES_EXPORTER: off unless set)
+    except ValueError as exc:  # Celery logs a receiver's Exception and goes on: not this one
+        sys.exit(f"keel: {exc}")
+
+
+@worker_process_shutdown.connect
+def flush_spans(**kwargs: Any) -> None:
+    """A prefork pool process ends with ``os._exit``: no ``atexit``, so the spans its last
+    runs made are exported here, or never (``tasks.tracing``; nothing when tracing is off)."""
+    from tasks import tracing
+
+    tracing.flush()
 
 
 @celeryd_after_setup.connect

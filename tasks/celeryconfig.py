@@ -115,11 +115,10 @@ broker_pool_acquire_timeout = 1
 task_default_queue = "default"
 task_acks_late = True
 task_reject_on_worker_lost = True
-# No task results are stored (job records hold them); the backend is there so
-# Celery chords can count their parts (the campaign fan-in).
-# Chords whose body is a Keel task are counted in the records (tasks.jobs.end.canvas).
-result_backend = f"tasks.jobs.end.canvas:KeelBackend+{_settings.redis_url}"
-task_ignore_result = True
+# AsyncResult reads a Keel job's record (its messages ask Celery to store nothing: the
+# record is the only copy); a plain Celery task's result is Celery's own, in Redis. Chords
+# whose body is a Keel task are counted in the records (tasks.jobs.calls.result_backend).
+result_backend = f"tasks.jobs.calls.result_backend:KeelBackend+{_settings.redis_url}"
 task_track_started = False
 task_serializer = "json"
 accept_content = ["json"]

@@ -12,9 +12,9 @@ import os
 import shlex
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -161,8 +161,16 @@ class Settings(BaseSettings):
     flower_url: str | None = None  # the dashboard's Flower link; unset: the public host's port
     flower_user: str = "keel"
     flower_password: str | None = None  # unset: `keel up` derives one from the secret
+    # Who reads /metrics: a bearer token of its own (a scraper's), an operator's token, or
+    # anyone if public (a private network only). Unset: `keel up` generates the token.
+    metrics_token: str | None = None
+    metrics_public: bool = False
     # An API request's database work, pool wait included, before it is answered 503.
     request_deadline_s: float = Field(default=1.0, gt=0, le=60)
+    # Logs of every process (tasks.logs): JSON lines, or text lines on a terminal ("auto").
+    log_format: Literal["auto", "json", "text"] = "auto"
+    # DEBUG, INFO, WARNING, ERROR; unset: INFO (a worker's `-l`).
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
     # Jobs: workers, locks, promotion, stalls, broker visibility.
     worker_concurrency: int = 3
     lock_duration_s: float = 30
@@ -183,6 +191,12 @@ class Settings(BaseSettings):
     # (tasks.jobs.upkeep.reconcile).
     reconcile_interval_s: float = 15
     reconcile_grace_s: float = 10
+    # Finished records whose job sets no removeOnComplete / removeOnFail of its own are
+    # deleted once this old, failed ones into the failure archive (tasks.jobs.upkeep.retention);
+    # 0: kept for ever. Unset, completed records follow Celery's result_expires (1 day).
+    keep_completed_s: int | None = Field(default=None, ge=0)
+    keep_failed_s: int = Field(default=7 * 86_400, ge=0)
+    retention_interval_s: float = Field(default=60.0, gt=0)
     # Per-queue concurrency and rate limits (JSON; tasks.setting_types, tasks.jobs.run.limits).
     queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
@@ -213,6 +227,17 @@ class Settings(BaseSettings):
     provider_capacity: int = 10_000
     provider_retry_attempts: int = 8
     provider_retry_delay_ms: int = 500
+
+    @field_validator("log_format", "log_level", mode="before")
+    @classmethod
+    def _log_word(cls, value: Any, info: ValidationInfo) -> Any:
+        """``KEEL_LOG_LEVEL=info`` and ``KEEL_LOG_FORMAT=JSON`` are meant too; empty: unset."""
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if not value:
+            return None if info.field_name == "log_level" else "auto"
+        return value.upper() if info.field_name == "log_level" else value.lower()
 
     @field_validator("broker_url")
     @classmethod

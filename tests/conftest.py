@@ -30,6 +30,9 @@ _REDIS_PORT = free_port()
 _SANDBOX_PORT = free_port()
 # Celery's messages go through Redis; the RabbitMQ tier (tests/rabbitmq) sets its own.
 os.environ.pop("KEEL_BROKER_URL", None)
+# Traces are off unless a test turns them on for the processes it starts (tests/*/test_traces).
+for _name in [name for name in os.environ if name.startswith("OTEL_")]:
+    del os.environ[_name]
 os.environ.update(
     KEEL_HOME=str(_HOME),
     KEEL_DATABASE_URL=os.environ.get(
@@ -37,10 +40,15 @@ os.environ.update(
     ),
     KEEL_REDIS_URL=os.environ.get("KEEL_TEST_REDIS_URL", f"redis://127.0.0.1:{_REDIS_PORT}/0"),
     KEEL_SECRET_KEY="test-secret-key-for-keel-suite-0123456789",
+    KEEL_METRICS_TOKEN="test-metrics-token-0123456789abcdef",  # what tests scrape with
     KEEL_FAULT_INJECTION="1",
     KEEL_REPORT_STEP_PAUSE_MS="50",
     KEEL_PROMOTE_INTERVAL_S="0.05",
     KEEL_STALLED_INTERVAL_S="1",
+    KEEL_RETENTION_INTERVAL_S="1",  # the default retention's sweep runs throughout the suite
+    # Text lines (Celery's own, then Keel's fields), which tests read; the JSON lines have
+    # tests of their own (tests/unit/test_logs.py, tests/acceptance/test_json_logs.py).
+    KEEL_LOG_FORMAT="text",
     KEEL_VISIBILITY_TIMEOUT_S="15",
     KEEL_PROVIDER_URL=f"http://127.0.0.1:{_SANDBOX_PORT}",
     KEEL_SANDBOX_ADMIN_KEY="test-sandbox-admin-key-0123456789",

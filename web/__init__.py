@@ -31,9 +31,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
 
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
-    from tasks import catalog, db, quotas
+    from tasks import catalog, db, quotas, tracing
     from tasks.celery import load_job_modules
-    from web import docs, errors, hosts, jobs, queues, ratelimit, schedulers, system, ui
+    from web import access, docs, errors, hosts, jobs, queues, ratelimit, schedulers, system, ui
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
@@ -41,6 +41,9 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     load_job_modules()  # every job type, Keel's and KEEL_JOB_MODULES', known to the API
 
     app.wsgi_app = StoreDeadline(app.wsgi_app, db.request_scope)  # type: ignore[method-assign]
+    tracing.configure("web")  # OTEL_TRACES_EXPORTER: off unless set (each gunicorn worker)
+    tracing.instrument_flask(app)  # the request span, around everything below
+    access.init_app(app)  # the request id and the access log, before any other hook
     errors.init_app(app)
     hosts.init_app(app)  # links and redirects from configuration, never the Host header
     ratelimit.init_app(app)

@@ -284,13 +284,15 @@ def operation(
     produces: str = "application/json",
     params: dict[str, str] | None = None,
     query: type[BaseModel] | None = None,
+    admits: Callable[[], bool] | None = None,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
     The view receives the validated body as ``body=`` when ``body`` is set, and
     the validated query string as ``query=`` when ``query`` is.
     ``params`` narrows path parameters to a regex (else ``PATH_PARAM_PATTERN``);
-    both the document and the check before the view use it.
+    both the document and the check before the view use it. ``admits`` lets a caller in
+    without a user's token when it says so (``/metrics``: the scraper's own token).
     """
     prefix = blueprint.url_prefix or ""
     path, names = _openapi_path(prefix + rule)
@@ -307,7 +309,7 @@ def operation(
                 kwargs["body"] = validate(body, parse_json_body())
             return view(*args, **kwargs)
 
-        endpoint = auth.require(role)(with_body) if authenticated else with_body
+        endpoint = auth.require(role, admits)(with_body) if authenticated else with_body
         blueprint.add_url_rule(rule, view.__name__, endpoint, methods=[method])
         OPERATIONS.append(
             Operation(

@@ -24,7 +24,7 @@ import jwt
 from flask import current_app, g, request
 
 from tasks.jobs import Owner
-from web import ratelimit
+from web import access, ratelimit
 from web.errors import ApiError
 
 OPERATOR = "operator"
@@ -143,6 +143,7 @@ def admit(principal: Principal, role: str | None = None) -> Principal:
     The rate limit is keyed by the verified identity; the role is checked
     before any object is looked up, so a 403 says nothing about existence.
     """
+    access.note_tenant(principal.tenant_id)  # this request's log lines name the tenant
     ratelimit.check(principal.tenant_id, principal.user_id)
     if role is not None and role not in principal.roles:
         raise ApiError(403, f"role {role!r} required")
@@ -150,13 +151,15 @@ def admit(principal: Principal, role: str | None = None) -> Principal:
     return principal
 
 
-def require(role: str | None = None) -> Callable:
-    """Authenticate the caller (and check ``role``) before the view runs."""
+def require(role: str | None = None, admits: Callable[[], bool] | None = None) -> Callable:
+    """Authenticate the caller (and check ``role``) before the view runs, unless ``admits``
+    lets the caller in on other grounds."""
 
     def wrap(view: Callable) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            admit(current_principal(), role)
+            if admits is None or not admits():
+                admit(current_principal(), role)
             return view(*args, **kwargs)
 
         inner.required_role = role  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ import signal
 from typing import Any
 
 from keel.embedded.lifeline import die_with_parent
+from tasks import logs, tracing
 from tasks.config import get_settings
 
 worker_class = "web.serving.StreamingWorker"
@@ -35,6 +36,8 @@ keepalive = 5
 # ~/.gunicorn/gunicorn.ctl), so two servers of one user (two stacks, or a test
 # run beside `keel up`) would take it from each other. Keel does not use it.
 control_socket_disable = True
+# gunicorn's own lines in Keel's format (tasks.logs); the access log is the app's (web.access).
+logconfig_dict = logs.gunicorn_config("web")
 
 
 def post_fork(server: Any, worker: Any) -> None:
@@ -48,5 +51,7 @@ def worker_int(worker: Any) -> None:
     """SIGINT or SIGQUIT — gunicorn's quick stop, and what the web child of ``keel up`` gets
     when ``keel up`` dies: the worker exits now. gunicorn's own ``sys.exit`` would wait for
     every request thread to finish its request, and the master waits for its workers up to
-    ``graceful_timeout``. A graceful stop is SIGTERM, unchanged."""
+    ``graceful_timeout``. A graceful stop is SIGTERM, unchanged. The spans it still holds are
+    exported first (``os._exit`` skips ``atexit``; bounded: ``tasks.tracing.FLUSH_TIMEOUT_MS``)."""
+    tracing.flush()
     os._exit(0)

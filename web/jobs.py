@@ -86,8 +86,9 @@ class SubmitOptions(Strict):
         description="milliseconds, at most the tenant quota maxDelaySeconds",
         json_schema_extra=configured_bound("maximum", _max_delay_ms),
     )
-    removeOnComplete: bool | Keep | TemplateKeepJobs = False
-    removeOnFail: bool | Keep | TemplateKeepJobs = False
+    # Unset: the default ages (tasks.jobs.upkeep.retention); false keeps every record.
+    removeOnComplete: bool | Keep | TemplateKeepJobs | None = None
+    removeOnFail: bool | Keep | TemplateKeepJobs | None = None
 
 
 class SubmitJob(Strict):

@@ -45,6 +45,19 @@ def status_url(job_id: str) -> str:
     responses={202: ReportAccepted, 400: None, 401: None},
 )
 def create_report(body: CreateReport):
+    _check_fault_injection(body)
+    submitted = service.submit(
+        g.principal.owner, body.reportId, body.rows, fail_until_attempt=body.failUntilAttempt
+    )
+    return {
+        "jobId": submitted.job_id,
+        "accepted": True,
+        "statusUrl": status_url(submitted.job_id),
+        "deduplicated": submitted.deduplicated,
+    }, 202
+
+
+def _check_fault_injection(body: CreateReport) -> None:
     if body.failUntilAttempt is not None and not current_app.config["KEEL_FAULT_INJECTION"]:
         raise ApiError(
             400,
@@ -58,15 +71,6 @@ def create_report(body: CreateReport):
                 }
             ],
         )
-    submitted = service.submit(
-        g.principal.owner, body.reportId, body.rows, fail_until_attempt=body.failUntilAttempt
-    )
-    return {
-        "jobId": submitted.job_id,
-        "accepted": True,
-        "statusUrl": status_url(submitted.job_id),
-        "deduplicated": submitted.deduplicated,
-    }, 202
 
 
 @operation(
@@ -96,7 +100,7 @@ def retry_job(job_id: str, body: RetryJob):
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
 
 
-class ScheduleReport(ReportRequest):
+class ScheduleReport(CreateReport):
     runAt: AwareDatetime = Field(strict=False, description="ISO-8601 with a time zone")
 
     @field_validator("runAt")
@@ -146,8 +150,14 @@ def schedule_report(body: ScheduleReport):
                 }
             ],
         )
+    _check_fault_injection(body)
     submitted = service.submit(
-        g.principal.owner, body.reportId, body.rows, run_at=body.runAt, now=now
+        g.principal.owner,
+        body.reportId,
+        body.rows,
+        fail_until_attempt=body.failUntilAttempt,
+        run_at=body.runAt,
+        now=now,
     )
     return {
         "jobId": submitted.job_id,

@@ -13,6 +13,7 @@ from typing import Annotated
 
 from flask import Blueprint, g
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from tasks import quotas
 from tasks.celery import load_job_modules
@@ -67,10 +68,15 @@ class TemplateOptions(JobOptions):
             "maximum", lambda: quotas.current().max_delay_seconds * 1000
         ),
     )
-    remove_on_complete: bool | Keep | TemplateKeepJobs = Field(
-        default=False, alias="removeOnComplete"
+    # A Celery task's own (from its max_retries), never a template's.
+    max_retries: SkipJsonSchema[None] = Field(default=None, alias="maxRetries")
+    # Unset: the default ages (tasks.jobs.upkeep.retention); false keeps every record.
+    remove_on_complete: bool | Keep | TemplateKeepJobs | None = Field(
+        default=None, alias="removeOnComplete"
     )
-    remove_on_fail: bool | Keep | TemplateKeepJobs = Field(default=False, alias="removeOnFail")
+    remove_on_fail: bool | Keep | TemplateKeepJobs | None = Field(
+        default=None, alias="removeOnFail"
+    )
 
 
 class SchedulerTemplate(JobTemplate):

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+import hmac
+import logging
+from collections.abc import Callable, Iterator
+from itertools import chain
 
-from tasks import health
-from tasks.celeryconfig import QUEUES
-from tasks.jobs.model import registry
+from flask import Blueprint, Response, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from tasks import celery, deadletters, health
+from tasks.config import get_settings
+from tasks.jobs.intake import pauses
 from tasks.jobs.observe import metrics as job_metrics
-from tasks.jobs.store.counts import counts
+from tasks.jobs.store.counts import counts, due_delayed, oldest_waiting_s
+from tasks.jobs.upkeep import liveness
+from web import http_metrics
 from web.api import operation
 from web.auth import OPERATOR
 from web.errors import ApiError
@@ -18,51 +36,162 @@ from web.openapi import document
 from web.schemas import Health, Open, Readiness, SystemStatus
 
 bp = Blueprint("system", __name__)
+log = logging.getLogger(__name__)
 
 
 def known_queues() -> list[str]:
     """Every queue a loaded job type runs on (your modules' too), and Celery's declared ones."""
-    return sorted(set(QUEUES) | set(registry.queues()))
+    return celery.known_queues()
 
 
-class JobStateCollector:
-    """Jobs by queue and state, read from the records at scrape time."""
+# Every metric name /metrics exports (samples carry the suffixes: _total, _bucket, _sum,
+# _count); ops/ (alert rules, dashboard) may use only these (tests/unit/test_ops_rules.py).
+EXPORTED = frozenset(
+    {
+        "keel_jobs",
+        "keel_jobs_delayed_due",
+        "keel_oldest_waiting_seconds",
+        "keel_queue_paused",
+        "keel_queue_paused_tenants",
+        "keel_jobs_held",
+        "keel_job_events_total",
+        "keel_job_duration_seconds",
+        "keel_job_wait_seconds",
+        "keel_workers_alive",
+        "keel_beat_last_tick_seconds",
+        "keel_dead_letters",
+        "keel_http_request_duration_seconds",
+        "keel_scrape_errors_total",
+        "keel_metrics_source_up",
+    }
+)
 
-    def collect(self):
-        family = GaugeMetricFamily(
-            "keel_jobs", "Job records by queue and state", labels=["queue", "state"]
+
+def job_states() -> Iterator[Metric]:
+    """Postgres: jobs by queue and state (the compacted counters), and delayed jobs whose
+    time has come but that no worker promoted yet."""
+    queues = known_queues()
+    family = GaugeMetricFamily(
+        "keel_jobs", "Job records by queue and state", labels=["queue", "state"]
+    )
+    for queue in queues:
+        for state, n in counts(queue).items():
+            family.add_metric([queue, state], n)
+    due = GaugeMetricFamily(
+        "keel_jobs_delayed_due",
+        "Delayed jobs whose time has come, not yet promoted (parked, or no worker promotes)",
+        labels=["queue"],
+    )
+    for queue, n in due_delayed(queues).items():
+        due.add_metric([queue], n)
+    oldest = GaugeMetricFamily(
+        "keel_oldest_waiting_seconds",
+        "How long the queue's oldest waiting job has waited since it became due (absent: none"
+        " waits)",
+        labels=["queue"],
+    )
+    for queue, age in oldest_waiting_s(queues).items():
+        oldest.add_metric([queue], age)
+    yield family
+    yield due
+    yield oldest
+    yield from paused_queues(queues)
+
+
+def paused_queues(queues: list[str]) -> Iterator[Metric]:
+    """Postgres: the pauses in force (``tasks.jobs.intake.pauses``) and the jobs they hold."""
+    whole = GaugeMetricFamily(
+        "keel_queue_paused", "1 while the queue is paused for every tenant", labels=["queue"]
+    )
+    tenants = GaugeMetricFamily(
+        "keel_queue_paused_tenants",
+        "Tenants whose jobs on the queue are paused (by their own operators)",
+        labels=["queue"],
+    )
+    in_force = pauses.paused()
+    for queue in queues:
+        whole.add_metric([queue], int(any(p.queue == queue and not p.tenant_id for p in in_force)))
+        tenants.add_metric([queue], sum(1 for p in in_force if p.queue == queue and p.tenant_id))
+    held = GaugeMetricFamily(
+        "keel_jobs_held",
+        "Waiting jobs a pause holds (their messages taken; published again on resume)",
+        labels=["queue"],
+    )
+    for queue, n in pauses.held().items():
+        held.add_metric([queue], n)
+    yield whole
+    yield tenants
+    yield held
+
+
+def job_activity() -> Iterator[Metric]:
+    """Redis: event counters and run histograms every worker process records."""
+    events = CounterMetricFamily(
+        "keel_job_events",
+        "Queue events by type (failed, retrying, deduplicated, stalled, ...) and job name",
+        labels=["queue", "job_name", "event"],
+    )
+    families = {
+        "duration": HistogramMetricFamily(
+            "keel_job_duration_seconds",
+            "Run time of finished runs, by queue and job name",
+            labels=["queue", "job_name"],
+        ),
+        "wait": HistogramMetricFamily(
+            "keel_job_wait_seconds",
+            "Time from due to start, by queue and job name",
+            labels=["queue", "job_name"],
+        ),
+    }
+    for queue, found in job_metrics.snapshot(known_queues()).items():
+        for (event, job_name), n in found["events"].items():
+            events.add_metric([queue, job_name, event], n)
+        for kind, family in families.items():
+            for job_name, histogram in sorted(found[kind].items()):
+                buckets, total = _cumulative(histogram)
+                family.add_metric([queue, job_name], buckets, sum_value=total)
+    yield events
+    yield from families.values()
+
+
+def http_requests() -> Iterator[Metric]:
+    """Redis: the API's requests from every web process (``web.http_metrics``)."""
+    family = HistogramMetricFamily(
+        "keel_http_request_duration_seconds",
+        "API requests by method, route template and status, from every web process",
+        labels=["method", "route", "status"],
+    )
+    for labels, histogram in sorted(http_metrics.snapshot().items()):
+        running, buckets = 0.0, []
+        for bound in [*map(str, http_metrics.BUCKETS), "+Inf"]:
+            running += histogram.get(bound, 0.0)
+            buckets.append((bound, running))
+        family.add_metric(list(labels), buckets, sum_value=histogram.get("sum", 0.0))
+    yield family
+
+
+def processes() -> Iterator[Metric]:
+    """Redis: live workers, beat's last tick, dead letters (read with a client that fails
+    within a second rather than retrying)."""
+    client = liveness.quick_client()
+    workers = GaugeMetricFamily(
+        "keel_workers_alive", f"Workers that beat in the last {liveness.FRESH_S:.0f} s"
+    )
+    workers.add_metric([], len(liveness.fresh(client, "worker")))
+    yield workers
+    since = liveness.since_last(client, "beat")
+    if since is not None:
+        beat = GaugeMetricFamily(
+            "keel_beat_last_tick_seconds", "Seconds since beat last ticked (Redis's clock)"
         )
-        for queue in known_queues():
-            for state, n in counts(queue).items():
-                family.add_metric([queue, state], n)
-        yield family
-
-
-class JobActivityCollector:
-    """Event counters and run histograms every worker process records in Redis."""
-
-    def collect(self):
-        events = CounterMetricFamily(
-            "keel_job_events",
-            "Queue events by type (failed, retrying, deduplicated, stalled, ...)",
-            labels=["queue", "event"],
-        )
-        families = {
-            "duration": HistogramMetricFamily(
-                "keel_job_duration_seconds", "Run time of finished runs", labels=["queue"]
-            ),
-            "wait": HistogramMetricFamily(
-                "keel_job_wait_seconds", "Time from due to start", labels=["queue"]
-            ),
-        }
-        for queue, found in job_metrics.snapshot(known_queues()).items():
-            for event, n in found["events"].items():
-                events.add_metric([queue, event], n)
-            for kind, family in families.items():
-                buckets, total = _cumulative(found[kind])
-                family.add_metric([queue], buckets, sum_value=total)
-        yield events
-        yield from families.values()
+        beat.add_metric([], since)
+        yield beat
+    letters = GaugeMetricFamily(
+        "keel_dead_letters", "Unreadable messages set aside, per queue", labels=["queue"]
+    )
+    for queue in deadletters.queues(client):
+        letters.add_metric([queue], client.llen(deadletters.key(queue)))
+    yield letters
 
 
 def _cumulative(histogram: dict[str, float]) -> tuple[list[tuple[str, float]], float]:
@@ -73,9 +202,60 @@ def _cumulative(histogram: dict[str, float]) -> tuple[list[tuple[str, float]], f
     return buckets, histogram.get("sum", 0.0)
 
 
+disable_created_metrics()  # no `_created` series beside each counter: nothing reads them
+SCRAPE_ERRORS = Counter(
+    "keel_scrape_errors",
+    "Scrapes that could not read a source; its series were left out of that scrape",
+    ["source"],
+    registry=None,
+)
+
+
+class Source:
+    """One source of a scrape's series: a failing source (Postgres down, Redis away) leaves
+    its series out of that scrape and counts an error; the other sources still answer."""
+
+    def __init__(self, name: str, read: Callable[[], Iterator[Metric]]) -> None:
+        self.name, self.read = name, read
+        SCRAPE_ERRORS.labels(name)  # exported at 0 before any error
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            found = list(self.read())
+        except Exception:
+            log.warning("metrics: could not read %s", self.name, exc_info=True)
+            SCRAPE_ERRORS.labels(self.name).inc()
+            _SOURCES_UP[self.name] = 0
+            return iter(())
+        _SOURCES_UP[self.name] = 1
+        return iter(found)
+
+
+_SOURCES_UP: dict[str, int] = {}
+
+
+class SourcesUp:
+    """``keel_metrics_source_up``: whether each source was read in this scrape. What alerts
+    use: the error counter is per web process, and scrapes that alternate between processes
+    would read its differences as counter resets."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "keel_metrics_source_up",
+            "1 if this scrape read the source, 0 if its series are missing",
+            labels=["source"],
+        )
+        for name, up in sorted(_SOURCES_UP.items()):
+            family.add_metric([name], up)
+        yield family
+
+
 REGISTRY = CollectorRegistry()
-REGISTRY.register(JobStateCollector())
-REGISTRY.register(JobActivityCollector())
+REGISTRY.register(Source("postgres", job_states))
+REGISTRY.register(Source("redis", lambda: chain(job_activity(), http_requests())))
+REGISTRY.register(Source("liveness", processes))
+REGISTRY.register(SourcesUp())  # after the sources: this scrape's outcome
+REGISTRY.register(SCRAPE_ERRORS)  # last: a scrape's own errors are in its answer
 
 
 @operation(bp, "/healthz", "GET", summary="Liveness", responses={200: Health}, authenticated=False)
@@ -126,13 +306,27 @@ def system_status():
     }
 
 
+def _scraper() -> bool:
+    """The metrics token (Prometheus's), compared in constant time; anyone if public."""
+    settings = get_settings()
+    if settings.metrics_public:
+        return True
+    token = settings.metrics_token
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if not token or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
 @operation(
     bp,
     "/metrics",
     "GET",
-    summary="Prometheus metrics",
+    summary="Prometheus metrics: with the `KEEL_METRICS_TOKEN` as bearer token, or an "
+    "operator's token (open to anyone only with `KEEL_METRICS_PUBLIC=1`)",
     responses={200: None},
-    authenticated=False,
+    role=OPERATOR,
+    admits=_scraper,
     produces="text/plain",
 )
 def metrics():

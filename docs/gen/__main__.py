@@ -19,7 +19,7 @@ PLACEHOLDER_SECRET = "docs-generation-placeholder-secret-0123456789"
 
 
 def _neutral_environment(home: str) -> None:
-    for name in [n for n in os.environ if n.startswith("KEEL_")]:
+    for name in [n for n in os.environ if n.startswith(("KEEL_", "OTEL_"))]:
         del os.environ[name]
     os.environ["KEEL_HOME"] = home
     os.environ["KEEL_SECRET_KEY"] = PLACEHOLDER_SECRET

@@ -21,7 +21,7 @@ import types
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic import BaseModel
@@ -57,6 +57,8 @@ def type_name(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         names = [type_name(arg) for arg in get_args(annotation) if arg is not type(None)]
         return " or ".join(names)
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{value}`" for value in get_args(annotation))
     return TYPE_NAMES.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 

@@ -34,6 +34,17 @@ NOTES: dict[str, str] = {
         " Unset: `keel up` generates one once in `$KEEL_HOME/secret`. Web hosts and wherever"
         " `keel token` runs need the same key; a new key ends every dashboard session."
     ),
+    "metrics_token": (
+        "A bearer token that reads `GET /metrics` (Prometheus: `authorization:"
+        " credentials_file`); an operator's token reads it too. Unset, and"
+        " `KEEL_METRICS_PUBLIC` off: only operators' tokens do. `keel up` generates one once in"
+        " `$KEEL_HOME/metrics-token` and writes it to `$KEEL_HOME/env`. Compared in constant"
+        " time; never logged."
+    ),
+    "metrics_public": (
+        "`1`: `GET /metrics` answers without a token — only where the API's port is reachable"
+        " from a private network alone. Off by default: the API's port is the public one."
+    ),
     "provider_url": (
         "Where workers reach the messaging provider's group API; the provider sandbox is"
         " `http://HOST:8025` (`keel up` points it at its own sandbox)."
@@ -114,6 +125,23 @@ NOTES: dict[str, str] = {
     "reconcile_grace_s": (
         "A waiting job is compared with the broker only once it was last published this long ago."
     ),
+    "log_format": (
+        "`json`: one JSON object per line; `text`: Celery's line with Keel's fields after it;"
+        " `auto`: text on a terminal, JSON anywhere else. See"
+        " [Observe](../operations/observe.md)."
+    ),
+    "log_level": "The level of every Keel process's logs; unset: INFO (a worker's `-l`).",
+    "keep_completed_s": (
+        "A completed record whose job sets no `removeOnComplete` is deleted once it ended this"
+        " many seconds ago; 0 keeps it. Unset: Celery's `result_expires` (1 day by default)."
+    ),
+    "keep_failed_s": (
+        "A failed or cancelled record whose job sets no `removeOnFail` is deleted (a failed one"
+        " into the failure archive) once it ended this many seconds ago (7 days); 0 keeps it."
+    ),
+    "retention_interval_s": (
+        "How often one worker deletes the finished records past those ages, in batches."
+    ),
     "queue_limits": (
         'JSON per queue, e.g. `{"reports": {"concurrency": 4, "rate": {"max": 10,'
         ' "duration_ms": 1000}}}`: at most that many running at once and that many started'
@@ -184,6 +212,12 @@ OTHER_VARIABLES: dict[str, str] = {
     "KEEL_SANDBOX_HOME": "The provider sandbox's ledger folder; unset: `$KEEL_HOME/sandbox`.",
     "KEEL_SANDBOX_CAPACITY": (
         "The provider sandbox's group capacity (10000) until `PUT /admin/config` says otherwise."
+    ),
+    "OTEL_TRACES_EXPORTER": (
+        "Traces ([Observe](../operations/observe.md#traces)): `otlp` (OTLP over HTTP),"
+        " `console`, or both; unset or `none`: off. The other `OTEL_*` variables"
+        " (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_SERVICE_NAME`, `OTEL_TRACES_SAMPLER`, ...) are"
+        " OpenTelemetry's own; an empty one counts as unset."
     ),
     "KEEL_IMAGE": "compose: Keel's image (`keel:latest`).",
     "KEEL_POSTGRES_IMAGE": "compose: the Postgres image (`postgres:16`).",

@@ -8,18 +8,23 @@ Its packages, each importing only from those listed after it (the
 
 - ``schedule/``  job schedulers and Celery beat's ``KeelScheduler``
 - ``upkeep/``    the maintenance loop: promotion, stalled runs, reconciling,
-  broker resets; liveness and the container health check
+  broker resets, the default retention (``retention``); liveness and the container
+  health check
 - ``run/``       a delivery's run: limits, claim, handler, lock renewal
   (``execute``: ``KeelTask``, ``handler``, ``JobContext``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
-  ``recorded_together`` (``celery_task``); Celery's signals
+  ``recorded_together`` (``celery_task``); ``AsyncResult`` (``result_backend``);
+  Celery's signals
 - ``end/``       how a job ends: ``finish`` (a run's outcome), ``ending`` (``ended``:
   the one way a job ends without a result), ``canvas`` (chains, links, chords),
   cancel, revoke, stalls
 - ``intake/``    how a job gets in: ``enqueue`` (``add``), ``bulk``, ``submit``,
   its message (``messages``), publishing (``promote``), tenants' admission
-  (``tenancy``), Celery's call options (``celery_options``), manual retry
-- ``observe/``   events, metrics, queries of the records and the broker
+  (``tenancy``), Celery's call options (``celery_options``), manual retry, the
+  caller's transaction (``caller_transaction``: ``in_transaction``), paused queues
+  (``pauses``)
+- ``observe/``   events, metrics, queries of the records (``results``: for
+  ``AsyncResult``) and the broker
 - ``store/``     the SQL: records, runs, upkeep, counts, listing, dedup
 - ``model/``     records and states, options, owner (and ``acting_as``),
   job types (``registry``), errors, formats, schedule rules
@@ -37,10 +42,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tasks.jobs.calls.celery_task import recorded_together
     from tasks.jobs.intake.bulk import BulkJob, add_bulk
+    from tasks.jobs.intake.caller_transaction import in_transaction
     from tasks.jobs.intake.enqueue import AddedJob, add
     from tasks.jobs.model.errors import (
         InvalidJobState,
         JobConflict,
+        JobFailed,
         JobNotFound,
         KeelError,
         UnrecoverableError,
@@ -53,6 +60,7 @@ _HOMES = {
     "tasks.jobs.model.errors": (
         "InvalidJobState",
         "JobConflict",
+        "JobFailed",
         "JobNotFound",
         "KeelError",
         "UnrecoverableError",
@@ -61,6 +69,7 @@ _HOMES = {
     "tasks.jobs.intake.enqueue": ("AddedJob", "add"),
     "tasks.jobs.calls.celery_task": ("recorded_together",),
     "tasks.jobs.intake.bulk": ("BulkJob", "add_bulk"),
+    "tasks.jobs.intake.caller_transaction": ("in_transaction",),
     "tasks.jobs.model.owner": ("Owner", "acting_as"),
     "tasks.jobs.run.execute": ("JobContext", "KeelTask", "handler"),
 }
@@ -74,6 +83,7 @@ __all__ = [
     "InvalidJobState",
     "JobConflict",
     "JobContext",
+    "JobFailed",
     "JobNotFound",
     "JobOptions",
     "KeelError",
@@ -85,6 +95,7 @@ __all__ = [
     "add",
     "add_bulk",
     "handler",
+    "in_transaction",
     "recorded_together",
 ]
 assert sorted(__all__) == sorted(_WHERE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -26,6 +27,8 @@ from tasks.jobs.model.models import JobRecord
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
+
+log = logging.getLogger(__name__)
 
 QUEUE = "reports"
 GENERATE = "report.generate"
@@ -130,7 +133,10 @@ def generate_report(job: JobContext) -> dict:
         )
     if settings.fault_injection and data.get("crashAfterStoreOnRun") == job.attempts_started:
         _crash_worker()
-    return artifacts.as_result(stored, reused=stored.job_id != job.id)
+    reused = stored.job_id != job.id
+    # The line carries the job's fields (tasks.logs): its id, name, queue, tenant, attempt.
+    log.info("report %s: %d rows stored as %s", data["reportId"], rows, stored.object_key)
+    return artifacts.as_result(stored, reused=reused)
 
 
 def _crash_worker() -> None:

@@ -113,7 +113,10 @@ def test_only_the_users_jobs_exist_and_run(own_jobs_only: KeelUp):
     ids = scheduler_ids(up)
     assert "campaign-monitor" not in ids and "daily-report-cleanup" not in ids
     # Metrics name the user's queue, not theirs
-    metrics = requests.get(f"{up.web}/metrics", timeout=10).text
+    # (with the token keel up generated; without one, no metrics)
+    scraper = {"Authorization": f"Bearer {up.stack_env['KEEL_METRICS_TOKEN']}"}
+    assert requests.get(f"{up.web}/metrics", timeout=10).status_code == 401
+    metrics = requests.get(f"{up.web}/metrics", headers=scraper, timeout=10).text
     assert 'queue="hello"' in metrics
     assert 'queue="reports"' not in metrics and 'queue="notifications"' not in metrics
     # No provider sandbox among the stack's processes

@@ -18,14 +18,7 @@ from tests.support.stack import PROJECT_ROOT, wait_for
 
 
 def user_token(up: KeelUp) -> dict[str, str]:
-    token = subprocess.run(
-        [KEEL, "token", "--tenant", "acme", "--user", "alice"],
-        env=up.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    return {"Authorization": f"Bearer {token}"}
+    return {"Authorization": f"Bearer {up.token()}"}
 
 
 def run_report(up: KeelUp, rows: int = 1000, timeout: float = 60) -> dict:

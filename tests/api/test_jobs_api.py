@@ -19,7 +19,7 @@ from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add
 from tasks.jobs.model.models import RetryAudit
 from tasks.jobs.store.counts import counts
 from tests.support import events as job_events
-from tests.support.client import bearer, record, unique, wait_state
+from tests.support.client import bearer, metrics_headers, record, unique, wait_state
 from tests.support.inline import join
 
 pytestmark = pytest.mark.usefixtures("inline_worker")
@@ -232,7 +232,7 @@ def test_cancelled_jobs_are_counted_and_exported(client):
     before = counts("default", tenant)["cancelled"]
     client.delete(f"{URL}/{later(tenant)}", headers=bearer(tenant=tenant))
     assert counts("default", tenant)["cancelled"] == before + 1
-    metrics = client.get("/metrics").get_data(as_text=True)
+    metrics = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
     assert 'keel_jobs{queue="default",state="cancelled"}' in metrics
 
 

@@ -7,7 +7,7 @@ import time
 import jwt
 import pytest
 
-from tests.support.client import bearer, token, unique
+from tests.support.client import bearer, metrics_headers, token, unique
 
 pytestmark = pytest.mark.usefixtures("stack")
 URL = "/api/v1/reports"
@@ -153,6 +153,6 @@ def test_health_and_openapi_need_no_token(client):
 
 
 def test_metrics_are_prometheus_text(client):
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=metrics_headers())
     assert response.status_code == 200
     assert 'keel_jobs{queue="reports",state="completed"}' in response.get_data(as_text=True)

@@ -43,7 +43,7 @@ def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=140,
+        timeout=200,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
@@ -56,6 +56,9 @@ def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
         assert isinstance(figure["met"], bool) and figure["ratio"] > 0
         assert all(len(s["samples"]) == 1 and s["median"] > 0 for s in figure["series"])
     assert [s["label"] for s in body["figures"]["P1"]["series"]][:2] == ["bare Celery", "Keel"]
+    # and tracing's cost, measured against a worker that did export spans
+    p1 = body["figures"]["P1"]["details"]
+    assert p1["traced_ratio"] > 0 and p1["traced_exports"]["requests"] > 0, p1
     png = out / f"{report.stem}.png"
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra is installed
         assert png.read_bytes().startswith(b"\x89PNG")

@@ -22,9 +22,9 @@ from contextlib import contextmanager, suppress
 import psutil
 
 from tasks.jobs.upkeep import liveness
-from tests.support.client import bearer
+from tests.support.client import bearer, metrics_headers
 from tests.support.keel_up import KEEL, command_line
-from tests.support.outages import embedded_postgres, redis_down
+from tests.support.outages import embedded_postgres, postgres_hung, redis_down
 from tests.support.stack import wait_for
 
 ANSWER_WITHIN_S = 2.0
@@ -78,6 +78,40 @@ def test_a_hung_postgres_is_named_within_2_s(stack, client, worker):
     assert status == 503 and took < ANSWER_WITHIN_S, (status, took)
     assert body["error"] == "not_ready" and failing(body) == {"postgres"}
     assert body["message"] == "not ready: postgres"
+    wait_for(lambda: client.get("/readyz").status_code == 200, timeout=30)
+
+
+def scrape_errors(exposed: str, source: str) -> float:
+    for line in exposed.splitlines():
+        if line.startswith(f'keel_scrape_errors_total{{source="{source}"}} '):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no scrape error counter for {source}:\n{exposed[:2000]}")
+
+
+def test_metrics_answer_while_postgres_hangs_with_the_redis_series_and_an_error(
+    stack, client, worker
+):
+    wait_for(lambda: client.get("/readyz").status_code == 200, timeout=30)
+    healthy = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
+    assert 'keel_jobs{queue="reports",state="waiting"}' in healthy
+    errors_before = scrape_errors(healthy, "postgres")
+    with postgres_hung(stack):  # every process of the cluster: open connections hang too
+        started = time.monotonic()
+        response = client.get("/metrics", headers=metrics_headers())
+        took = time.monotonic() - started
+    exposed = response.get_data(as_text=True)
+    # The scrape answers, in about the request's database deadline, without Postgres's series
+    assert response.status_code == 200 and took < ANSWER_WITHIN_S, (response.status_code, took)
+    assert "keel_jobs{" not in exposed and "keel_jobs_delayed_due{" not in exposed
+    # With Redis's (the worker's heartbeat, the run counters) and the error counted
+    workers = [line for line in exposed.splitlines() if line.startswith("keel_workers_alive ")]
+    assert workers and float(workers[0].split()[1]) >= 1, exposed[:2000]
+    assert "# TYPE keel_dead_letters gauge" in exposed
+    for source in ("redis", "liveness"):  # Redis's sources were read whole
+        assert scrape_errors(exposed, source) == scrape_errors(healthy, source)
+    assert scrape_errors(exposed, "postgres") == errors_before + 1
+    assert 'keel_metrics_source_up{source="postgres"} 0.0' in exposed
+    assert 'keel_metrics_source_up{source="postgres"} 1.0' in healthy
     wait_for(lambda: client.get("/readyz").status_code == 200, timeout=30)
 
 

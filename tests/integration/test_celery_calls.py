@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import textwrap
+import threading
 from datetime import datetime
 
 import pytest
@@ -72,6 +73,17 @@ def test_delay_records_the_job_and_the_worker_runs_it():
     assert job["state"] == "completed"
     assert job["result"] == 5
     assert (job["attemptsMade"], job["attemptsStarted"]) == (0, 1)
+
+
+def test_a_shared_task_sent_from_a_request_thread_lands_on_its_queue():
+    """A web server's request thread never set Celery's current app: a ``@shared_task``
+    sent there is Keel's all the same (its queue, not Celery's fallback "celery")."""
+    sent: list = []
+    thread = threading.Thread(target=lambda: sent.append(celery_add.delay(20, 3)))
+    thread.start()
+    thread.join(timeout=10)
+    assert sent and sent[0].get(timeout=20) == 23
+    assert record(sent[0].id)["queue"] == celery_add.job_queue() != "celery"
 
 
 def test_report_delay_and_countdown_are_records_and_the_countdown_is_durable():

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from tasks.db import engine
 from tasks.jobs import Backoff, JobOptions, add
 from tasks.jobs.store.counts import counts
-from tests.support.client import bearer, unique, wait_state
+from tests.support.client import bearer, metrics_headers, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -121,14 +121,26 @@ def test_metrics_count_events_and_time_runs_from_every_process(client):
     )
     wait_state(response.get_json()["jobId"], "completed", timeout=30)
     # Then the web app's /metrics shows what the worker recorded
-    text_body = client.get("/metrics").get_data(as_text=True)
+    text_body = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
     samples = {}
     for line in text_body.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
-    assert samples['keel_job_events_total{event="retrying",queue="reports"}'] >= 1
-    assert samples['keel_job_events_total{event="completed",queue="reports"}'] >= 1
-    assert samples['keel_job_duration_seconds_count{queue="reports"}'] >= 2
-    assert samples['keel_job_wait_seconds_bucket{le="+Inf",queue="reports"}'] >= 2
+    name = 'job_name="report.generate"'
+    assert samples[f'keel_job_events_total{{event="retrying",{name},queue="reports"}}'] >= 1
+    assert samples[f'keel_job_events_total{{event="completed",{name},queue="reports"}}'] >= 1
+    # and both runs' times, by job name
+    assert samples[f'keel_job_duration_seconds_count{{{name},queue="reports"}}'] >= 2
+    assert samples[f'keel_job_wait_seconds_bucket{{{name},le="+Inf",queue="reports"}}'] >= 2
+    assert samples[f'keel_job_duration_seconds_sum{{{name},queue="reports"}}'] > 0
     assert 'keel_jobs{queue="reports",state="completed"}' in text_body
+    # And what the worker's heartbeat and Postgres say beside the counters
+    assert samples["keel_workers_alive"] >= 1
+    assert samples['keel_jobs_delayed_due{queue="reports"}'] >= 0
+    # (the counter is the web process's: earlier tests may have counted errors in it)
+    assert (
+        text_body.count("keel_jobs{") >= 7
+        and 'keel_scrape_errors_total{source="postgres"}' in text_body
+    )
+    assert "# TYPE keel_dead_letters gauge" in text_body

@@ -154,3 +154,16 @@ BURST = 30
 
 def kinds(events: list[dict], task_id: str) -> set[str]:
     return {e["type"] for e in events if e.get("uuid") == task_id}
+
+
+def test_flower_hears_a_celery_calls_own_args_and_kwargs(task_events):
+    # Given a Celery-style task sent as a Celery call (its data is {"args", "kwargs"})
+    from tests.support.jobs import celery_add
+
+    job_id = celery_add.delay(2, y=3).id
+    assert join([job_id])[job_id]["result"] == 5
+    # Then its task-sent and task-received show the call as made, not the stored shape
+    wait_for(lambda: {"task-sent", "task-received"} <= kinds(task_events, job_id), timeout=10)
+    for event in task_events:
+        if event.get("uuid") == job_id and event["type"] in ("task-sent", "task-received"):
+            assert (event["args"], event["kwargs"]) == ("(2,)", "{'y': 3}"), event

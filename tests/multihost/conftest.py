@@ -21,6 +21,9 @@ SETTINGS = {
     "KEEL_LOCK_DURATION_S": str(LOCK_S),
     "KEEL_STALLED_INTERVAL_S": "1",
     "KEEL_VISIBILITY_TIMEOUT_S": "15",
+    # Celery's text lines, which test_partitions reads (a host's default outside a terminal
+    # is JSON: tasks.logs).
+    "KEEL_LOG_FORMAT": "text",
 }
 
 

@@ -79,6 +79,42 @@ def _ready_to_cut(hosts: KeelHosts, outlast_id: str) -> tuple[str, float] | None
     return (victim, _started(job["runs"][-1])) if ready else None
 
 
+def _victim_reports(hosts: KeelHosts, victim: str) -> int:
+    [row] = hosts.sql(
+        "SELECT count(*) AS n FROM jobs WHERE state = 'active' AND queue = 'reports' "
+        "AND runs -> -1 ->> 'worker' LIKE %(w)s",
+        {"w": f"{victim}@%"},
+    )
+    return row["n"]
+
+
+def _cut_holding_a_report(hosts: KeelHosts, outlast_id: str) -> tuple[str, float, float]:
+    """Cut the long job's host at a moment it holds a report: the host, when its long job
+    started, when the cut began.
+
+    A report lasts ~0.3 s here, so a report seen running before the cut may be done by the
+    time the cable is pulled (CI failed once on exactly that). So the check is read after
+    the cut, from Postgres, which the cut host can no longer write to: a report active there
+    then is one the cut interrupted. A cut that caught none is undone at once (a blip of
+    milliseconds, far inside every lock) and tried again.
+    """
+    deadline = time.monotonic() + 60
+    tries = 0
+    while True:
+        victim, outlast_started = wait_until(
+            lambda: _ready_to_cut(hosts, outlast_id), 60, "work on both workers"
+        )
+        tries += 1
+        cut_at = time.time()
+        hosts.network.cut(victim)
+        if _victim_reports(hosts, victim) >= 1:
+            print(f"\ncut {victim} on try {tries}")
+            return victim, outlast_started, cut_at
+        hosts.network.restore(victim)
+        assert time.monotonic() < deadline, f"{victim} held no report at {tries} cuts"
+        time.sleep(0.2)
+
+
 def _interrupted(tally: workload.Tally, victim: str) -> list[dict]:
     """Report records with a run on the victim that did not complete."""
     return [
@@ -97,14 +133,9 @@ def test_worker_host_cut_for_60s_mid_run_loses_nothing_and_repeats_nothing(hosts
     posting = workload.post_reports(hosts, tokens, PER_TENANT, "cut")
     # and a job that will still be running on its worker when the cut ends
     outlast_id = hosts.python("client", ADD_OUTLAST, str(OUTLAST_MAX_MS)).strip()
-    victim, outlast_started = wait_until(
-        lambda: _ready_to_cut(hosts, outlast_id), 60, "work on both workers"
-    )
+    # When the host running the long job loses its network for 60 s, with a report in hand
+    victim, outlast_started, cut_at = _cut_holding_a_report(hosts, outlast_id)
     [survivor] = [name for name in WORKERS if name != victim]
-
-    # When the host running the long job loses its network for 60 s
-    cut_at = time.time()
-    hosts.network.cut(victim)
     try:
         while time.time() < cut_at + CUT_S:
             time.sleep(0.5)

@@ -33,10 +33,12 @@ import pytest
 from sqlalchemy import func, select
 
 from tasks.db import transaction
+from tasks.jobs.intake import pauses
 from tasks.jobs.intake.enqueue import new_job_id
 from tasks.jobs.model.models import JobRecord, JobSchedulerRecord, RetryAudit
 from tasks.jobs.observe.queries import describe, get
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
+from tests.support import jobs as _test_jobs  # noqa: F401  (the pausable queue)
 from tests.support.client import bearer, unique
 
 pytestmark = pytest.mark.usefixtures("stack", "worker")  # a worker: GET /readyz is 200
@@ -150,20 +152,55 @@ def campaign_fingerprint(campaign_id: str) -> Any:
     return resumes, audits
 
 
+PAUSABLE = "pausable"  # a queue of tests.support.jobs' own (no worker consumes it here)
+
+
+def pause_queue(client) -> str:
+    """Tenant A's pause of its jobs on a queue (the object: the queue's name is everyone's)."""
+    response = client.post(f"/api/v1/queues/{PAUSABLE}/pause", headers=OWNER)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return PAUSABLE
+
+
+def pause_fingerprint(queue: str) -> Any:
+    return [(p.queue, p.paused_by) for p in pauses.paused(TENANT_A) if p.tenant_id == TENANT_A]
+
+
+def lift_pause(client, headers: dict, queue: str) -> None:
+    """What an intruder's pause left: its own, lifted again."""
+    client.post(f"/api/v1/queues/{queue}/resume", headers=headers)
+
+
 @dataclass(frozen=True)
 class Kind:
-    """What a path parameter names, how to make one, and how to see it was not touched."""
+    """What a path parameter names, how to make one, and how to see it was not touched.
+
+    A ``shared`` name (a queue) is no tenant's object: every tenant acts on it in its own
+    scope (B's pause of a queue is B's). There the check is that B's request leaves A's
+    object as it was and tells nothing of it, and that a name no one uses is a 404;
+    ``undo`` takes back what B's request did in its own scope.
+    """
 
     user_owned: bool
     create: Callable[[Any], str]
     missing: Callable[[], str]
     fingerprint: Callable[[str], Any]
+    shared: bool = False
+    undo: Callable[[Any, dict, str], None] | None = None
 
 
 KINDS: dict[str, Kind] = {
     "job_id": Kind(True, create_report_job, new_job_id, job_fingerprint),
     "scheduler_id": Kind(False, create_scheduler, lambda: unique("sched"), scheduler_fingerprint),
     "campaign_id": Kind(True, create_campaign, new_job_id, campaign_fingerprint),
+    "queue": Kind(
+        False,
+        pause_queue,
+        lambda: unique("noqueue"),
+        pause_fingerprint,
+        shared=True,
+        undo=lift_pause,
+    ),
 }
 
 OPERATIONS = documented_operations()
@@ -255,6 +292,15 @@ def test_a_foreign_object_answers_exactly_like_a_missing_one(client, op, intrude
     # When the intruder tries the operation on it, and on an id that does not exist
     foreign = answer(call(client, op, headers, object_id), object_id)
     missing = answer(call(client, op, headers, missing_id), missing_id)
+    if kind.shared:
+        # Then the intruder acted in its own scope: A's object as it was, nothing of A's shown
+        assert kind.fingerprint(object_id) == before, f"{op.label} as {intruder} changed A's"
+        assert foreign[0] < 500 and TENANT_A not in json.dumps(foreign[1]), foreign
+        assert missing[0] == 404, missing
+        assert kind.undo is not None
+        kind.undo(client, headers, object_id)
+        CHECKED.append(f"{op.label} as {intruder}")
+        return
 
     # Then both answers are identical, and nothing of A's changed
     assert foreign == missing, f"{op.label} as {intruder}: foreign {foreign} != missing {missing}"
@@ -272,8 +318,11 @@ def test_a_foreign_object_answers_exactly_like_a_missing_one(client, op, intrude
 
 @pytest.mark.parametrize("op", WITHOUT_IDS, ids=lambda op: op.label)
 def test_collection_endpoints_show_nothing_of_another_tenant(client, op):
-    # Given one object of each kind owned by tenant A
-    ids = [kind.create(client) for kind in KINDS.values()]
+    # Given one object of each kind owned by tenant A (a shared name is no secret: a queue's)
+    ids = [kind.create(client) for kind in KINDS.values() if not kind.shared]
+    for kind in KINDS.values():
+        if kind.shared:
+            kind.create(client)
     # When tenant B's operator calls the operation
     response = call(client, op, INTRUDERS["other tenant"])
     # Then no id of A's (nor A's name) is in the answer

@@ -29,6 +29,7 @@ def secrets_of(up: KeelUp) -> dict[str, str]:
         "KEEL_SECRET_KEY": env["KEEL_SECRET_KEY"],
         "KEEL_FLOWER_PASSWORD": env["KEEL_FLOWER_PASSWORD"],
         "KEEL_SANDBOX_ADMIN_KEY": env["KEEL_SANDBOX_ADMIN_KEY"],
+        "KEEL_METRICS_TOKEN": env["KEEL_METRICS_TOKEN"],
         "redis password": urlsplit(env["KEEL_REDIS_URL"]).password or "",
     }
     assert all(len(value) >= 16 for value in found.values()), "a secret is missing or short"

@@ -30,7 +30,7 @@ from tasks.broker import REDIS_TIMEOUT_S, UNREACHABLE_S
 from tasks.config import get_settings
 from tasks.reports.operation_key import operation_key
 from tests.support.chaos import job_rows, settle, stragglers
-from tests.support.client import bearer, token, unique
+from tests.support.client import bearer, metrics_headers, token, unique
 from tests.support.outages import embedded_postgres, embedded_redis, postgres_hung, redis_hung
 from tests.support.stack import WebProcess, wait_for
 from tests.support.streams import held_client_ports, open_stream, slow_head
@@ -203,7 +203,7 @@ def hung_postgres(stack, web: WebProcess, api: Api, watched_job: str, path: str)
         ("GET queue health", lambda: api.call("GET", "/api/v1/reports/queue/health", OPERATOR)),
         ("GET schedulers", lambda: api.call("GET", "/api/v1/schedulers", OPERATOR)),
         ("GET /healthz", lambda: api.call("GET", "/healthz")),
-        ("GET /metrics", lambda: api.call("GET", "/metrics")),
+        ("GET /metrics", lambda: api.call("GET", "/metrics", metrics_headers())),
     ]
     stop = threading.Event()
     in_flight = sum(1 for row in job_rows(list(jobs)).values() if row["state"] != "completed")

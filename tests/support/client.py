@@ -23,6 +23,11 @@ def bearer(tenant: str = "acme", user: str = "alice", roles: tuple[str, ...] = (
     return {"Authorization": f"Bearer {token(tenant, user, roles)}"}
 
 
+def metrics_headers() -> dict:
+    """What Prometheus sends for ``GET /metrics``: the metrics token (``KEEL_METRICS_TOKEN``)."""
+    return {"Authorization": f"Bearer {os.environ['KEEL_METRICS_TOKEN']}"}
+
+
 def unique(prefix: str = "r") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

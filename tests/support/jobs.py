@@ -232,3 +232,33 @@ def celery_spawn_later(x: int, countdown: float, tenant: str | None = None) -> d
         return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
     with acting_as(Owner(tenant, "sender")):
         return {"child": celery_add.apply_async(args=(x, 1), countdown=countdown).id}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_headers", max_retries=1)
+def celery_headers(self, fail_first: bool = False) -> dict:
+    """What a run sees of its call's ``headers=``; ``fail_first``: on its retry too."""
+    if fail_first and self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    return {
+        "headers": self.request.headers,
+        "trace_hint": getattr(self.request, "trace_hint", None),
+        "retries": self.request.retries,
+    }
+
+
+@handler("test.chain_of_three", queue="default", submittable=True)
+def chain_of_three(job: JobContext) -> dict:
+    """Sends a chain from inside a running job (a tenant may submit it: ``POST
+    /api/v1/jobs``): two ``celery_add`` steps, then a ``celery_retry`` that retries once
+    (through the delayed set, so a promoter publishes its second run). Returns the steps'
+    ids."""
+    from celery import chain
+
+    sent = chain(celery_add.s(1, 2), celery_add.s(3), celery_retry.si(1, "last")).delay()
+    return {"steps": [sent.parent.parent.id, sent.parent.id, sent.id]}
+
+
+@handler("test.pausable", queue="pausable", submittable=True)
+def pausable(job: JobContext) -> dict:
+    """Echoes its data, on a queue of its own (the pause tests pause it whole)."""
+    return {"echo": job.data, "tenant": job.tenant_id}

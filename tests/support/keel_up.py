@@ -100,6 +100,17 @@ class KeelUp:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def token(self, tenant: str = "acme", user: str = "alice") -> str:
+        """A user's API token from ``keel token``, as a user gets one."""
+        return subprocess.run(
+            [KEEL, "token", "--tenant", tenant, "--user", user],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+
     def log_tail(self, chars: int = 4000) -> str:
         return self.log()[-chars:] if self.log_path.exists() else ""
 

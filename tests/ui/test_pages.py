@@ -14,6 +14,7 @@ from sqlalchemy import select
 from tasks.config import reload_settings
 from tasks.db import transaction
 from tasks.jobs.end.cancel import cancel_many
+from tasks.jobs.intake import pauses
 from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord
 from tests.support.client import bearer, unique, wait_state
 from tests.support.ui import PAGE, csrf_token, signed_in
@@ -167,3 +168,32 @@ def test_the_queues_page_counts_the_tenants_jobs_and_links_to_flower(app, client
     assert page.status_code == 200 and 'href="http://keel.test:5555"' in text
     reports = text[text.index('data-queue="reports"') :]
     assert re.search(r'data-state="delayed">delayed <b>1</b>', reports)
+
+
+def test_an_operator_pauses_and_resumes_the_tenants_jobs_on_a_queue_from_the_queues_page(app):
+    tenant = unique("pausing")
+    operator = signed_in(app, tenant, "olga", OPERATOR)
+    page = operator.get("/ui/queues", headers=PAGE).get_data(as_text=True)
+    reports = page[page.index('data-queue="reports"') :].split("</section>")[0]
+    assert "/ui/queues/reports/pause" in reports and "paused" not in reports
+    # When she pauses it (the form, with its CSRF token)
+    token = csrf_token(operator)
+    done = operator.post(
+        "/ui/queues/reports/pause", data={"csrf_token": token}, follow_redirects=True
+    )
+    # Then the page says so, offers Resume, and the pause is her tenant's alone
+    text = done.get_data(as_text=True)
+    assert flashes(done) == ["Paused: your jobs on reports wait until you resume it."]
+    reports = text[text.index('data-queue="reports"') :].split("</section>")[0]
+    assert 'data-paused="tenant"' in reports and "/ui/queues/reports/resume" in reports
+    assert [(p.queue, p.tenant_id) for p in pauses.paused(tenant)] == [("reports", tenant)]
+    assert pauses.paused(unique("other")) == []
+    # When she resumes it
+    done = operator.post(
+        "/ui/queues/reports/resume", data={"csrf_token": token}, follow_redirects=True
+    )
+    assert flashes(done) == ["Resumed: your jobs on reports run again."]
+    assert pauses.paused(tenant) == []
+    # and a form without its token is refused
+    refused = operator.post("/ui/queues/reports/pause", data={})
+    assert refused.status_code == 400 and pauses.paused(tenant) == []

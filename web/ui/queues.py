@@ -1,4 +1,5 @@
-"""Queues of the operator's tenant: jobs per state, the last hour's throughput, the limits.
+"""Queues of the operator's tenant: jobs per state, the last hour's throughput, the limits,
+and a pause of the tenant's jobs on each (``tasks.jobs.intake.pauses``), with its button.
 
 Counts come from the trigger-maintained per-tenant counters
 (``store.counts.by_queue``); throughput and failures from the finished job
@@ -10,16 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import g, render_template
+from flask import g, render_template, url_for
 
 from tasks.celeryconfig import QUEUES
+from tasks.jobs.intake import pauses
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import STATES
 from tasks.jobs.observe.queries import activity
 from tasks.jobs.run.limits import configured
 from tasks.jobs.store.counts import by_queue
 from web.auth import OPERATOR
+from web.errors import ApiError
 from web.ui import bp
+from web.ui.forms import act
 from web.ui.session import signed_in
 
 CHART_HEIGHT = 60
@@ -41,6 +45,10 @@ def queues_page() -> Any:
     recent = activity(tenant)
     names = sorted(set(QUEUES) | set(registry.queues()) | set(counts))
     peak = max([n for s in (*recent.completed.values(), *recent.failed.values()) for n in s] or [0])
+    paused: dict[str, str] = {}  # queue -> "all" (every tenant's) or "tenant" (this tenant's)
+    for pause in pauses.paused(tenant):
+        if paused.get(pause.queue) != "all":
+            paused[pause.queue] = "tenant" if pause.tenant_id else "all"
     rows = []
     for queue in names:
         done = recent.completed.get(queue, [])
@@ -56,6 +64,8 @@ def queues_page() -> Any:
                 "done_bars": _bars(done, peak),
                 "failed_bars": _bars(failed, peak),
                 "limit": configured().get(queue),
+                "paused": paused.get(queue),
+                "pausable": queue in registry.queues(),
             }
         )
     return render_template(
@@ -64,4 +74,33 @@ def queues_page() -> Any:
         states=STATES,
         bucket_minutes=recent.bucket_s // 60,
         chart_height=CHART_HEIGHT,
+    )
+
+
+def _pausable(queue: str) -> str:
+    """A queue some job type runs on; else the 404 the API answers (not a refusal shown)."""
+    if queue not in registry.queues():
+        raise ApiError(404, f"no job type runs on queue {queue!r}", code="queue_not_found")
+    return queue
+
+
+@bp.post("/queues/<queue>/pause")
+@signed_in(OPERATOR)
+def pause_queue(queue: str) -> Any:
+    principal, queue = g.principal, _pausable(queue)
+    return act(
+        url_for("ui.queues_page"),
+        lambda: pauses.pause(queue, principal.tenant_id, by=principal.user_id),
+        f"Paused: your jobs on {queue} wait until you resume it.",
+    )
+
+
+@bp.post("/queues/<queue>/resume")
+@signed_in(OPERATOR)
+def resume_queue(queue: str) -> Any:
+    principal, queue = g.principal, _pausable(queue)
+    return act(
+        url_for("ui.queues_page"),
+        lambda: pauses.resume(queue, principal.tenant_id, by=principal.user_id),
+        f"Resumed: your jobs on {queue} run again.",
     )

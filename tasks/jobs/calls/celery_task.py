@@ -25,9 +25,12 @@ How Celery's options map:
   the default owner is that job's (``running_for``), and its quota is not
   checked again, as for the job's chain steps and links. Otherwise, without
   an owner the job is a system job.
+- ``headers`` are kept on the record (``celery_ctx``) and carried by every message
+  of the job: the handler reads them as ``self.request.headers`` and
+  ``self.request.<name>``, on every run, retries included.
 - ``priority`` is Keel's to set (a tenant's load decides it); ``retry``,
-  ``retry_policy``, ``serializer``, ``headers`` and the like are accepted
-  and have nothing to do: publishing is Keel's (``tasks.jobs.intake.enqueue``).
+  ``retry_policy``, ``serializer`` and the like are accepted and have nothing to do:
+  publishing is Keel's (``tasks.jobs.intake.enqueue``).
 """
 
 from __future__ import annotations
@@ -227,6 +230,17 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     )
 
 
+def in_process(request: Any) -> bool:
+    """Whether this run is in the caller's process, not a worker's delivery: ``task.apply()``
+    or ``task_always_eager`` (Celery's eager mode), or a task called as a function.
+
+    Such a run is Celery's alone — no record, no servers: a project's unit tests run its
+    tasks as they did before Keel (retries are Celery's, run at once, ``request.retries``
+    counting them; ``apply()`` returns an ``EagerResult``).
+    """
+    return bool(request.is_eager or request.called_directly)
+
+
 # ``max_retries=None`` (Celery: retry forever) is bounded: a job is retried at most this often.
 MAX_RETRIES_CAP = 99
 
@@ -289,8 +303,12 @@ class CeleryTask(Task):
         return str(getattr(self, "queue", None) or routed_queue(self.app, self.name))
 
     def default_options(self, data: dict[str, Any], owner: Owner | None) -> JobOptions:
-        """The options a job of this task gets unless the call says otherwise."""
-        return JobOptions.model_validate(self.default_job_options or {})
+        """The options a job of this task gets unless the call says otherwise; a Celery-style
+        task's record shows its ``max_retries`` (``maxRetries``)."""
+        given = dict(self.default_job_options or {})
+        if self.job_style == "celery":
+            given.setdefault("maxRetries", self.retry_limit())
+        return JobOptions.model_validate(given)
 
     def apply_async(
         self,
@@ -307,6 +325,10 @@ class CeleryTask(Task):
 
         See ``tasks.jobs.calls.celery_task`` for how Celery's options map to the record.
         """
+        if self.app.conf.task_always_eager:  # a user's tests: Celery's in-process run, no record
+            return self.apply(
+                args, kwargs, task_id=task_id, link=link, link_error=link_error, **options
+            )
         options.update(task_id=task_id, link=link, link_error=link_error)
         added = record(self, args, kwargs, options)
         return self.AsyncResult(added.job_id)
@@ -321,7 +343,7 @@ class CeleryTask(Task):
         countdown: float | None = None,
         max_retries: int | None = None,
         **options: Any,
-    ) -> RetryRequested:
+    ) -> Retry:
         """Celery's ``self.retry``, through Keel's durable delayed set.
 
         ``request.retries`` is the record's ``attemptsMade``; past ``max_retries``
@@ -332,8 +354,13 @@ class CeleryTask(Task):
         ``kwargs`` replace the recorded ones for the next run, as in Celery.
         """
         request = self.request
+        if in_process(request):  # ``apply()``, ``task_always_eager``, a direct call: Celery's
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
         if isinstance(exc, UnrecoverableError):  # ``autoretry_for=(Exception,)`` catches it too
             raise RetriesExhausted(exc) from exc
+        if max_retries is None:  # the record's (the task's, or the call's ``job_options``)
+            recorded = getattr(getattr(request, "keel_job", None), "opts", None)
+            max_retries = getattr(recorded, "max_retries", None)
         if (request.retries or 0) >= self.retry_limit(max_retries):
             error = exc or MaxRetriesExceededError(
                 f"Can't retry {self.name}[{request.id}] args:{request.args} kwargs:{request.kwargs}"

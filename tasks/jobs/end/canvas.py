@@ -32,12 +32,11 @@ from contextlib import nullcontext
 from typing import Any
 
 from celery import signature
-from celery.backends.redis import RedisBackend
 from celery.canvas import Signature
-from celery.states import FAILURE
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
+from tasks import tracing
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.end import ending
@@ -54,7 +53,7 @@ from tasks.jobs.store.runs import ClaimedJob
 log = logging.getLogger(__name__)
 
 
-def _keel_task(name: str) -> Any | None:
+def keel_task(name: str) -> Any | None:
     """The Keel task called ``name``, or ``None`` for a plain Celery task (or none)."""
     task = app.tasks.get(name)
     return task if task is not None and hasattr(task, "data_for") else None
@@ -85,7 +84,7 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         tenant_id=owner.tenant_id if owner else None,
         user_id=owner.user_id if owner else None,
         opts=task.default_options({}, owner),
-        celery_ctx=ctx,
+        celery_ctx=tracing.carried(ctx),
         waiting_children=True,
     )
     with transaction() as session:
@@ -157,7 +156,7 @@ def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> lis
     if any(part not in results for part in parts):
         return []
     row = jobs_store.get(session, body_id)
-    task = _keel_task(row.name) if row is not None else None
+    task = keel_task(row.name) if row is not None else None
     if row is None or task is None:
         return []
     ordered = [results[part] for part in parts]
@@ -189,7 +188,7 @@ def _child(
         "parent_id": parent.id,
         "root_id": (parent.celery_ctx or {}).get("root_id") or parent.id,
     }
-    task = _keel_task(sig.task)
+    task = keel_task(sig.task)
     owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
     if task is None:  # a group, chord or plain task: the Keel jobs in it keep the owner
 
@@ -209,7 +208,7 @@ def _child(
         tenant_id=parent.tenant_id,
         user_id=parent.user_id,
         opts=opts,
-        celery_ctx=canvas_context(options) or None,
+        celery_ctx=tracing.carried(canvas_context(options) or None),
     )
     if not jobs_store.insert(session, job):
         return []  # recorded already
@@ -227,35 +226,3 @@ def _after_commit(session: Session, action: Any) -> None:
             log.warning("after-commit canvas step failed", exc_info=True)
 
     event.listen(session, "after_commit", run, once=True)
-
-
-class KeelBackend(RedisBackend):
-    """Celery's Redis result backend, except that a chord whose body is a Keel task is
-    counted in the records (``open_chord``, ``part_ended``) instead of in Redis.
-
-    Configured as ``tasks.jobs.end.canvas:KeelBackend+redis://…`` (``tasks.celeryconfig``).
-    """
-
-    def apply_chord(self, header_result_args: Any, body: Any, **kwargs: Any) -> Any:
-        _group_id, results = header_result_args
-        task = _keel_task(body.task) if isinstance(body, Signature) else None
-        simple = all(not getattr(result, "results", None) for result in results)
-        keel = task is not None and simple and bool((body.options or {}).get("task_id"))
-        if keel and open_chord(task, body, [str(result.id) for result in results]):
-            return None
-        return super().apply_chord(header_result_args, body, **kwargs)
-
-    def on_chord_part_return(self, request: Any, state: str, result: Any, **kwargs: Any) -> None:
-        body_id = body_id_of({"chord": request.chord})
-        if body_id is None or not is_keel_chord(body_id):
-            super().on_chord_part_return(request, state, result, **kwargs)
-            return
-        if _keel_task(request.task) is not None:
-            return  # counted when its end was recorded (``completed``/``failed``)
-        with transaction() as session:  # a plain Celery task in a Keel chord
-            if state == FAILURE:
-                store.fail_body(session, body_id, f"chord part {request.id} failed: {result!r}")
-                return
-            ready = part_ended(session, body_id, str(request.id), result)
-            if ready:
-                publish_ready(session, ready)

@@ -79,7 +79,7 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
                 canvas.completed(session, claimed, result)
     except BaseException:
         if duration_s is not None:  # the run happened: its duration counts all the same
-            metrics.observe(claimed.queue, "duration", duration_s)
+            metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
         raise
     observed = ("duration", duration_s) if duration_s is not None else None
     events.emit(
@@ -105,7 +105,8 @@ def failed(
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
     with transaction(one_statement=_one_statement(claimed)) as session:
-        outcome = runs.fail(session, claimed, reason, failures.stack(exc), delay, data)
+        stack, kind = failures.stack(exc), failures.kind(exc)
+        outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
         if not outcome.ours:
             raise NotOurs(claimed.id)
         if outcome.final:  # announced below, with its attempts

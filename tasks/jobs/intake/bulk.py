@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks import tracing
 from tasks.db import transaction
-from tasks.jobs.intake import tenancy
+from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
@@ -48,6 +49,11 @@ def add_bulk(
     jobs: Sequence[BulkJob], *, owner: Owner | None = None, limits: TenantLimits | None = None
 ) -> list[AddedJob]:
     """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order."""
+    if caller_transaction.current() is not None:  # they would commit whatever the caller did
+        raise caller_transaction.NotInCallersTransaction(
+            "a bulk add (add_bulk, recorded_together) keeps its own transaction: call it "
+            "outside in_transaction, or add the jobs one by one inside it"
+        )
     single = {i for i, job in enumerate(jobs) if job.opts.deduplication is not None}
     records = [
         NewJob(
@@ -58,7 +64,7 @@ def add_bulk(
             tenant_id=owner.tenant_id if owner else None,
             user_id=owner.user_id if owner else None,
             opts=job.opts,
-            celery_ctx=job.ctx,
+            celery_ctx=tracing.carried(job.ctx),
         )
         for i, job in enumerate(jobs)
         if i not in single
@@ -84,7 +90,15 @@ def add_bulk(
     for i, job in enumerate(jobs):
         if i in single:
             results.append(
-                add(job.name, job.data, queue=job.queue, opts=job.opts, owner=owner, limits=limits)
+                add(
+                    job.name,
+                    job.data,
+                    queue=job.queue,
+                    opts=job.opts,
+                    owner=owner,
+                    limits=limits,
+                    ctx=job.ctx,
+                )
             )
             continue
         record = next(added)

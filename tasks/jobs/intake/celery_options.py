@@ -82,8 +82,55 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
         linked = options.get(option)
         if linked:
             ctx[option] = list(linked) if isinstance(linked, list | tuple) else [linked]
+    headers = call_headers(options.get("headers"))
+    if headers:
+        ctx["headers"] = headers
     plain: dict[str, Any] = _plain(ctx)
     return plain
+
+
+# Headers of Celery's task message that a call's ``headers=`` never replaces.
+PROTOCOL_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+        "keel",
+    }
+)
+
+
+def call_headers(given: Any) -> dict[str, Any]:
+    """A call's ``headers=`` (correlation ids and the like), as the record keeps them and its
+    messages carry them: names are text, values JSON; Celery's own headers are not theirs."""
+    if not given:
+        return {}
+    if not isinstance(given, dict):
+        raise TypeError(f"headers must be a dict, not {type(given).__name__}")
+    headers: dict[str, Any] = {}
+    for name, value in given.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"a header's name must be non-empty text, not {name!r}")
+        if name in PROTOCOL_HEADERS:
+            raise ValueError(f"header {name!r} is Celery's own: choose another name")
+        headers[name] = value
+    return headers
 
 
 def _plain(value: Any) -> Any:

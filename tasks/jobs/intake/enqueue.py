@@ -18,17 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tasks import broker, deadline
+from tasks import broker, deadline, tracing
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.intake import tenancy
+from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.messages import Message, publish
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import Deduplication, JobOptions
@@ -80,7 +82,30 @@ def add(
     applies the tenant's quota: what tenant-facing doors pass, so that
     ``QuotaExceeded`` refuses the add and nothing is recorded. ``ctx`` is the
     Celery canvas context (``publish``) recorded with the job.
+
+    Traced (``tasks.tracing``), the add is a ``keel.add`` span, and its context is kept on
+    the record, for every later publish of the job to join.
     """
+    if not tracing.on():
+        return _add(name, data, queue, opts, owner, publish_now, limits, ctx)
+    attributes = {"keel.job.name": name, "messaging.destination.name": queue}
+    with tracing.span("keel.add", attributes) as span:
+        added = _add(name, data, queue, opts, owner, publish_now, limits, tracing.carried(ctx))
+        span.set_attribute("keel.job.id", added.job_id)
+        span.set_attribute("keel.job.added", added.state)
+        return added
+
+
+def _add(
+    name: str,
+    data: dict[str, Any],
+    queue: str,
+    opts: JobOptions | None,
+    owner: Owner | None,
+    publish_now: bool,
+    limits: TenantLimits | None,
+    ctx: dict[str, Any] | None,
+) -> AddedJob:
     opts = opts or JobOptions()
     job = NewJob(
         id=opts.job_id or new_job_id(),
@@ -102,7 +127,8 @@ def add(
     # one statement on its own (no BEGIN/COMMIT, no Session), its dedup claim and quota
     # check included.
     debounce = rule is not None and (rule.extend or rule.replace)
-    one_statement = body_id is None and not debounce
+    caller = caller_transaction.current()  # ``in_transaction``: the caller's session records it
+    one_statement = body_id is None and not debounce and caller is None
     if one_statement and (rule is not None or limits is not None):
         admitted = tenancy.admit(job, limits, rule)
         kept, created = admitted.kept, admitted.created
@@ -113,43 +139,77 @@ def add(
     elif one_statement:
         created = store.insert_alone(job)
     else:
-        with transaction() as session:
-            # A tenant's quota lock goes with its dedup claim: one round trip for both.
+        with nullcontext(caller.session) if caller is not None else transaction() as session:
+            # A tenant's quota lock goes with its dedup claim: one round trip for both. Not in
+            # a caller's transaction: its lock would be held until the caller commits, and
+            # every add of the tenant (the caller's own next one, on Keel's connection,
+            # included) would wait for that. There the quota is checked from the caller's
+            # snapshot, unlocked (concurrent transactions may overshoot it by their number).
             quota_lock = None
             if rule is not None and limits is not None and job.tenant_id is not None:
-                quota_lock = tenancy.lock_key(job.tenant_id, "jobs")
+                quota_lock = tenancy.lock_key(job.tenant_id, "jobs") if caller is None else None
             if rule is not None:
                 kept, replaced = _deduplicate(session, queue, rule, job.id, quota_lock)
             if kept is None and limits is not None:
-                load = tenancy.admit_insert(session, job, limits, locked=quota_lock is not None)
+                unlocked = caller is not None  # (as if taken: ``admit_insert`` skips it)
+                load = tenancy.admit_insert(
+                    session, job, limits, locked=quota_lock is not None or unlocked
+                )
                 created = load is not None
                 priority = tenancy.priority_for(load.on_queue if load else 0)
+            elif kept is None and caller is not None:
+                created = store.insert(session, job)
             elif kept is None and publish_now and job.state == State.WAITING:
                 created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
                 priority = tenancy.priority_for(on_queue)
             elif kept is None:
                 created = store.insert(session, job)
+            if caller is not None and created and publish_now and job.state == State.WAITING:
+                caller.hold(job.id)  # published once the caller commits
             if body_id is not None and not created:  # a chord part counts the job it names
                 canvas_store.bind_part(session, body_id, job.id, kept or job.id)
     dedup_id = rule.id if rule else None
+
+    def announce(send: Callable[[], object]) -> None:
+        """Now, or in a caller's transaction once it commits (never if it rolls back)."""
+        if caller is not None:
+            caller.on_commit(send)
+        else:
+            send()
+
     if kept is not None:
-        events.emit(
-            queue, "deduplicated", kept, name, deduplicationId=dedup_id, deduplicatedJobId=job.id
+        announce(
+            partial(
+                events.emit,
+                queue,
+                "deduplicated",
+                kept,
+                name,
+                deduplicationId=dedup_id,
+                deduplicatedJobId=job.id,
+            )
         )
         return AddedJob(job_id=kept, created=False, state="deduplicated")
     if not created:
         return AddedJob(job_id=job.id, created=False, state="existing")
     if replaced is not None:
-        events.emit(
-            queue,
-            "deduplicated",
-            job.id,
-            name,
-            deduplicationId=dedup_id,
-            deduplicatedJobId=replaced,
+        announce(
+            partial(
+                events.emit,
+                queue,
+                "deduplicated",
+                job.id,
+                name,
+                deduplicationId=dedup_id,
+                deduplicatedJobId=replaced,
+            )
         )
     delay: dict[str, Any] = {"delay": opts.delay} if opts.delay else {}
     added = events.Event(queue, job.state, job.id, name, **delay)
+    if caller is not None:  # nothing is announced before the caller's commit
+        if not (publish_now and job.state == State.WAITING):  # (a held job's is, when sent)
+            caller.on_commit(added.send)
+        return AddedJob(job_id=job.id, created=True, state=job.state)
     if job.state == State.WAITING and publish_now:
         publish_or_park(job.id, name, queue, data, ctx, priority=priority, event=added)
     else:

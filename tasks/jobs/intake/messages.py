@@ -32,7 +32,7 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from celery.utils.time import utcoffset
 
-from tasks import broker
+from tasks import broker, tracing
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.jobs.intake import tenancy
@@ -67,7 +67,7 @@ class Message:
     promotion, a canvas's wake-up, a republish) builds its message here.
     """
 
-    __slots__ = ("body", "headers", "name", "properties", "queue", "sent")
+    __slots__ = ("body", "headers", "name", "properties", "queue", "sent", "trace")
 
     def __init__(
         self,
@@ -89,9 +89,7 @@ class Message:
                 root_id = root_id or parent.request.root_id or parent.request.id
                 parent_id = parent_id or parent.request.id
         settings = _settings()
-        kwargsrepr = repr(data)
-        if len(kwargsrepr) > app.amqp.kwargsrepr_maxsize:  # Celery's bounded repr
-            kwargsrepr = saferepr(data, app.amqp.kwargsrepr_maxsize)
+        argsrepr, kwargsrepr = shown_arguments(name, data)
         message = app.amqp.as_task_v2(
             job_id,
             name,
@@ -109,16 +107,19 @@ class Message:
             parent_id=parent_id,
             origin=settings.origin,
             ignore_result=True,
-            argsrepr="()",
+            argsrepr=argsrepr,
             kwargsrepr=kwargsrepr,
         )
         message.headers[KEEL_HEADER] = str(formats.MESSAGE_FORMAT)
+        for header, value in (ctx.get("headers") or {}).items():  # the call's ``headers=``
+            message.headers.setdefault(header, value)
         if registry.is_control(name):
             priority = 0  # ahead of its queue's bulk jobs, whatever its party's load
         message.properties["priority"] = tenancy.broker_priority(priority)
         self.name, self.queue = name, queue
         self.headers, self.properties, self.body = message.headers, message.properties, message.body
         self.sent: dict[str, Any] | None = message.sent_event
+        self.trace: dict[str, str] | None = ctx.get("trace")  # the add's (``tasks.tracing``)
 
     def publish(self, producer: Any) -> None:
         """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides).
@@ -132,36 +133,59 @@ class Message:
         # is a list that its first message creates.
         settings = _settings()
         declare = [app.amqp.queues[self.queue]] if get_settings().broker_on_amqp else None
-        signals.before_task_publish.send(
-            sender=self.name,
-            body=self.body,
-            exchange="",
-            routing_key=self.queue,
-            declare=declare,
-            headers=self.headers,
-            properties=self.properties,
-            retry_policy=None,
-        )
-        producer.publish(
-            self.body,
-            exchange="",
-            routing_key=self.queue,
-            serializer=settings.serializer,
-            compression=settings.compression,
-            retry=True,  # kombu's ensure(): with no retries, fails at once on a dead connection
-            retry_policy=PUBLISH_RETRY,
-            delivery_mode=2,
-            declare=declare,
-            headers=self.headers,
-            **self.properties,
-        )
-        signals.after_task_publish.send(
-            sender=self.name,
-            body=self.body,
-            exchange="",
-            routing_key=self.queue,
-            headers=self.headers,
-        )
+        # Published later than added (a delay, a retry, a park): in the trace of the add
+        # (the context kept on the record, ``tasks.tracing``), unless a run sends it.
+        with tracing.restored(self.trace):
+            signals.before_task_publish.send(
+                sender=self.name,
+                body=self.body,
+                exchange="",
+                routing_key=self.queue,
+                declare=declare,
+                headers=self.headers,
+                properties=self.properties,
+                retry_policy=None,
+            )
+            producer.publish(
+                self.body,
+                exchange="",
+                routing_key=self.queue,
+                serializer=settings.serializer,
+                compression=settings.compression,
+                retry=True,  # kombu's ensure(): with no retries, fails at once on a dead connection
+                retry_policy=PUBLISH_RETRY,
+                delivery_mode=2,
+                declare=declare,
+                headers=self.headers,
+                **self.properties,
+            )
+            signals.after_task_publish.send(
+                sender=self.name,
+                body=self.body,
+                exchange="",
+                routing_key=self.queue,
+                headers=self.headers,
+            )
+
+
+def _bounded(value: Any, limit: int) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else saferepr(value, limit)  # Celery's bounded repr
+
+
+def shown_arguments(name: str, data: dict[str, Any]) -> tuple[str, str]:
+    """``argsrepr``/``kwargsrepr``: what Flower and the worker's log show of a job's call.
+
+    The message body carries the job's data as its keyword arguments, whatever the
+    task's style; a Celery-style task's data is ``{"args": [...], "kwargs": {...}}``, and
+    shown as the call it was (``add.delay(2, 3)`` → ``(2, 3)`` and ``{}``).
+    """
+    limit = app.amqp.argsrepr_maxsize
+    task = app.tasks.get(name)
+    if getattr(task, "job_style", None) == "celery" and set(data) == {"args", "kwargs"}:
+        args, kwargs = tuple(data["args"] or ()), dict(data["kwargs"] or {})
+        return _bounded(args, limit), _bounded(kwargs, app.amqp.kwargsrepr_maxsize)
+    return "()", _bounded(data, app.amqp.kwargsrepr_maxsize)
 
 
 def publish(message: Message, producer: Any = None) -> None:

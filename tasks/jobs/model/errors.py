@@ -111,3 +111,10 @@ class Defer(ControlFlow):
         super().__init__(reason)
         self.delay_ms = delay_ms
         self.waiting_children = waiting_children
+
+
+class JobFailed(Exception):
+    """A job's failure as ``AsyncResult.get()`` raises it when the job ended without an
+    exception of its own (stalled too often, a chord body whose part failed): its reason.
+
+    Not a ``KeelError``: it is a job's outcome, never an answer of Keel's API."""

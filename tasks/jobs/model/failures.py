@@ -41,3 +41,12 @@ def stack(exc: BaseException) -> list[str]:
         frames = "".join(traceback.format_tb(exc.__traceback__))
         return [f"Traceback (most recent call last):\n{frames}{type(exc).__name__}: {reason(exc)}"]
     return ["".join(traceback.format_exception(exc))]
+
+
+def kind(exc: BaseException) -> dict[str, str]:
+    """The exception's type as Celery serializes it (``exc_type``, ``exc_module``), kept with
+    the failed run so that ``AsyncResult.get()`` raises the same type where it is loaded."""
+    if isinstance(exc, SQLAlchemyError) and isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig  # the driver's error, as the reason names it
+    exctype = type(exc)
+    return {"exc_type": exctype.__qualname__, "exc_module": exctype.__module__}

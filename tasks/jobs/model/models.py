@@ -100,6 +100,28 @@ class JobRecord(Base):
             "finished_on",
             postgresql_where=text("state IN ('completed','failed','cancelled')"),
         ),
+        # The default retention's sweep (tasks.jobs.upkeep.retention): finished records whose
+        # job sets no rule of its own, oldest first (migration 0011).
+        Index(
+            "ix_jobs_expiring_completed",
+            "finished_on",
+            postgresql_where=text("state = 'completed' AND NOT (opts ? 'removeOnComplete')"),
+        ),
+        Index(
+            "ix_jobs_expiring_ended",
+            "state",
+            "finished_on",
+            postgresql_where=text(
+                "state IN ('failed', 'cancelled') AND NOT (opts ? 'removeOnFail')"
+            ),
+        ),
+        # The age of each queue's oldest waiting job (/metrics), read as a min (0012).
+        Index(
+            "ix_jobs_waiting_since",
+            "queue",
+            text("COALESCE(run_at, created_at)"),
+            postgresql_where=text("state = 'waiting'"),
+        ),
         Index(
             "ix_jobs_tenant_live",
             "tenant_id",
@@ -231,3 +253,32 @@ class JobCountDelta(Base):
     tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
     state: Mapped[str] = mapped_column(String(20))
     n: Mapped[int] = mapped_column(Integer)
+
+
+class QueuePause(Base):
+    """A paused queue (BullMQ's ``queue.pause()``), durable: for every tenant
+    (``tenant_id`` ``""``, the CLI's system scope) or for one tenant's jobs on it.
+
+    See ``tasks.jobs.intake.pauses``.
+    """
+
+    __tablename__ = "queue_pauses"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True, server_default="")
+    paused_by: Mapped[str | None] = mapped_column(String(200))
+    paused_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class HeldJob(Base):
+    """A waiting job a worker set aside because its queue was paused: its message was
+    acknowledged, and it is published again when the pause is lifted."""
+
+    __tablename__ = "held_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
+    held_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (Index("ix_held_jobs_queue", "queue", "tenant_id"),)

@@ -46,9 +46,20 @@ class JobOptions(_Options):
     backoff: Backoff | None = None
     delay: int = Field(default=0, ge=0, description="milliseconds before the job may run")
     job_id: str | None = Field(default=None, alias="jobId", min_length=1, max_length=200)
-    remove_on_complete: bool | int | KeepJobs = Field(default=False, alias="removeOnComplete")
-    remove_on_fail: bool | int | KeepJobs = Field(default=False, alias="removeOnFail")
+    # Unset: the global default ages (``KEEL_KEEP_COMPLETED_S`` / ``KEEL_KEEP_FAILED_S``,
+    # ``tasks.jobs.upkeep.retention``); ``False`` keeps this job's records for ever.
+    remove_on_complete: bool | int | KeepJobs | None = Field(default=None, alias="removeOnComplete")
+    remove_on_fail: bool | int | KeepJobs | None = Field(default=None, alias="removeOnFail")
     deduplication: Deduplication | None = None
+    max_retries: int | None = Field(
+        default=None,
+        alias="maxRetries",
+        ge=0,
+        le=99,
+        description="a Celery task's retries (``self.retry``, ``autoretry_for``): at most this"
+        " many; set from the task's ``max_retries`` (``attempts`` counts runs Keel retries on its"
+        " own, BullMQ's way)",
+    )
     expires_at: datetime | None = Field(
         default=None,
         alias="expiresAt",
@@ -64,7 +75,8 @@ class JobOptions(_Options):
         return cls.model_validate(stored or {})
 
     def retention(self, completed: bool) -> Retention | None:
-        """What to keep of finished records of this kind (``None``: keep them all)."""
+        """What the end of a job of this kind trims (``None``: nothing; an unset option is the
+        periodic sweep's, ``tasks.jobs.upkeep.retention``)."""
         return Retention.of(self.remove_on_complete if completed else self.remove_on_fail)
 
     def retry_in_ms(self, failures: int) -> int | None:

@@ -41,8 +41,21 @@ EVENT_NAMES = (
 )
 
 
+# The events that end a job: each also tells a waiting ``AsyncResult.get()`` to read the
+# record again (``tasks.jobs.observe.results``), on Celery's channel for the job's result.
+ENDING_EVENTS = frozenset({"completed", "failed", "cancelled"})
+RESULT_CHANNEL_PREFIX = "celery-task-meta-"  # Celery's Redis backend's key for a result
+# Not the result itself (another tenant may listen on a guessed id): only the news that the
+# record changed; a waiting reader reads the record, scoped to its owner.
+ENDED = "KEEL-ENDED"
+
+
 def stream_key(queue: str) -> str:
     return f"keel:events:{queue}"
+
+
+def result_channel(job_id: str) -> str:
+    return f"{RESULT_CHANNEL_PREFIX}{job_id}"
 
 
 def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
@@ -57,7 +70,7 @@ class Event:
     transition measured. ``emit`` sends it; a publish can take it along (``tasks.transport``).
     """
 
-    __slots__ = ("entry", "event", "job_id", "observed", "queue")
+    __slots__ = ("entry", "event", "job_id", "name", "observed", "queue")
 
     def __init__(
         self,
@@ -80,20 +93,26 @@ class Event:
             entry["name"] = name
         for key, value in fields.items():
             entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
-        self.queue, self.event, self.job_id = queue, event, job_id
+        self.queue, self.event, self.job_id, self.name = queue, event, job_id, name
         self.entry, self.observed = entry, observed
 
     def add_to(self, pipe: Any, *, counted: bool = True) -> None:
         """Its commands; ``counted=False``: without its counter (the caller adds it)."""
         pipe.xadd(stream_key(self.queue), self.entry, maxlen=STREAM_MAXLEN, approximate=True)
+        if self.event in ENDING_EVENTS:  # the news only: a reader reads the record, scoped
+            pipe.publish(result_channel(self.job_id), _ended_news(self.job_id))
         if counted:
-            metrics.count_event(pipe, self.queue, self.event)
+            metrics.count_event(pipe, self.queue, self.event, job_name=self.name)
         if self.observed is not None:
-            metrics.add_observation(pipe, self.queue, *self.observed)
+            metrics.add_observation(pipe, self.queue, *self.observed, job_name=self.name)
 
     def send(self) -> None:
         """In one round trip, after whatever this process holds back (``later``)."""
         _send([*_held.take(), self])
+
+
+def _ended_news(job_id: str) -> str:
+    return json.dumps({"task_id": job_id, "status": ENDED})
 
 
 def _send(batch: list[Event]) -> None:
@@ -106,12 +125,12 @@ def _send(batch: list[Event]) -> None:
     started = time.monotonic()
     try:
         pipe = redis_client().pipeline(transaction=False)
-        counts: Counter[tuple[str, str]] = Counter()
+        counts: Counter[tuple[str, str, str | None]] = Counter()
         for event in batch:
             event.add_to(pipe, counted=False)
-            counts[event.queue, event.event] += 1
-        for (queue, name), n in counts.items():  # a bulk add's 10,000 are one HINCRBY
-            metrics.count_event(pipe, queue, name, n)
+            counts[event.queue, event.event, event.name] += 1
+        for (queue, kind, job_name), n in counts.items():  # a bulk add's 10,000: one HINCRBY
+            metrics.count_event(pipe, queue, kind, n, job_name=job_name)
         pipe.execute()
     except broker.UNREACHABLE_ERRORS as exc:
         broker.failed(exc, started)

@@ -31,32 +31,56 @@ def bucket_of(seconds: float) -> str:
     return next((str(b) for b in BUCKETS if seconds <= b), "+Inf")
 
 
-def count_event(pipe: Any, queue: str, event: str, n: int = 1) -> None:
-    """Add to a pipeline (the event's own XADD): ``n`` more ``event`` on ``queue``."""
-    pipe.hincrby(events_key(queue), event, n)
+# Between an event and its job's name in a counter's field (a name never holds it).
+NAME_SEPARATOR = "\x1f"
 
 
-def add_observation(pipe: Any, queue: str, kind: str, seconds: float) -> None:
-    """Add to a pipeline: one observation of a run's ``duration`` or its ``wait``."""
+def count_event(
+    pipe: Any, queue: str, event: str, n: int = 1, *, job_name: str | None = None
+) -> None:
+    """Add to a pipeline (the event's own XADD): ``n`` more ``event`` of ``job_name``'s jobs
+    on ``queue``."""
+    field = f"{event}{NAME_SEPARATOR}{job_name}" if job_name else event
+    pipe.hincrby(events_key(queue), field, n)
+
+
+def event_field(field: str) -> tuple[str, str]:
+    """``(event, job name)`` of a counter's field; ``""`` for events counted without a name
+    (and by releases before names were counted)."""
+    event, _, job_name = field.partition(NAME_SEPARATOR)
+    return event, job_name
+
+
+def _named(field: str, job_name: str | None) -> str:
+    return f"{field}{NAME_SEPARATOR}{job_name}" if job_name else field
+
+
+def add_observation(
+    pipe: Any, queue: str, kind: str, seconds: float, job_name: str | None = None
+) -> None:
+    """Add to a pipeline: one observation of a run of ``job_name``: its ``duration`` or its
+    ``wait``. The histogram's fields are its bucket, ``sum`` and ``count``, each with the
+    job's name as a counter's field has it."""
     key = histogram_key(queue, kind)
-    pipe.hincrby(key, bucket_of(seconds), 1)
-    pipe.hincrbyfloat(key, "sum", seconds)
-    pipe.hincrby(key, "count", 1)
+    pipe.hincrby(key, _named(bucket_of(seconds), job_name), 1)
+    pipe.hincrbyfloat(key, _named("sum", job_name), seconds)
+    pipe.hincrby(key, _named("count", job_name), 1)
 
 
-def observe(queue: str, kind: str, seconds: float) -> None:
+def observe(queue: str, kind: str, seconds: float, job_name: str | None = None) -> None:
     """One observation of a run's ``duration`` or its ``wait`` before starting, on its own
     (a transition's event carries its observation in the same round trip: ``events.emit``)."""
     try:
         pipe = redis_client().pipeline(transaction=False)
-        add_observation(pipe, queue, kind, seconds)
+        add_observation(pipe, queue, kind, seconds, job_name)
         pipe.execute()
     except Exception:  # metrics must never break a job
         log.debug("could not record %s for %s", kind, queue, exc_info=True)
 
 
 def snapshot(queues: list[str]) -> dict[str, Any]:
-    """Everything recorded for ``queues``: event counts and histograms."""
+    """Everything recorded for ``queues``: event counts by ``(event, job name)``, histograms
+    by job name (``""``: observations made before names were recorded) and field."""
     client = redis_client()
     pipe = client.pipeline(transaction=False)
     for queue in queues:
@@ -66,9 +90,13 @@ def snapshot(queues: list[str]) -> dict[str, Any]:
     raw = iter(pipe.execute())
     found: dict[str, Any] = {}
     for queue in queues:
-        counts = {k.decode(): int(v) for k, v in next(raw).items()}
-        histograms = {
-            kind: {k.decode(): float(v) for k, v in next(raw).items()} for kind in HISTOGRAMS
-        }
+        counts = {event_field(k.decode()): int(v) for k, v in next(raw).items()}
+        histograms: dict[str, dict[str, dict[str, float]]] = {}
+        for kind in HISTOGRAMS:
+            by_name: dict[str, dict[str, float]] = {}
+            for key, value in next(raw).items():
+                field, job_name = event_field(key.decode())
+                by_name.setdefault(job_name, {})[field] = float(value)
+            histograms[kind] = by_name
         found[queue] = {"events": counts, **histograms}
     return found

@@ -22,20 +22,23 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
 
+from tasks import tracing
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.end import ending, finish
+from tasks.jobs.intake import pauses
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
-from tasks.jobs.model.owner import Owner, running_for
+from tasks.jobs.model.owner import Owner, current_owner, running_for
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
 from tasks.jobs.run import limits, lock_renewal
 from tasks.jobs.store import jobs as store
+from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import runs, upkeep
 from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.store.runs import ClaimedJob
@@ -44,6 +47,7 @@ log = logging.getLogger(__name__)
 
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
+PAUSED = "its queue is paused: held until the pause is lifted"
 
 
 class JobExpired(Exception):
@@ -75,6 +79,28 @@ class JobContext:
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
 
 
+class InProcessJob:
+    """A ``JobContext`` for a handler run in the caller's process (``task.apply()``,
+    ``task_always_eager``): the same fields, nothing recorded; progress is kept here."""
+
+    def __init__(self, task: CeleryTask, data: dict[str, Any]) -> None:
+        request = task.request
+        owner = current_owner()
+        self.id = str(request.id or uuid.uuid4().hex)
+        self.name = task.name
+        self.queue = task.job_queue()
+        self.data = data
+        self.opts: JobOptions = task.default_options(data, owner)
+        self.tenant_id = owner.tenant_id if owner is not None else None
+        self.user_id = owner.user_id if owner is not None else None
+        self.attempts_made = int(request.retries or 0)
+        self.attempts_started = self.attempts_made + 1
+        self.progress: Any = None
+
+    def update_progress(self, progress: Any) -> None:
+        self.progress = progress
+
+
 class KeelTask(CeleryTask):
     """Base class of every Keel job: claims its record, runs the handler, records the end.
 
@@ -87,11 +113,22 @@ class KeelTask(CeleryTask):
     reject_on_worker_lost = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.request.is_eager:  # ``apply()``, ``task_always_eager``: Celery's tracer ran us
+            return self._run_in_process(args, kwargs)
+        if self.request.called_directly:  # ``task(...)`` as a function: pushes its request
+            return Task.__call__(self, *args, **kwargs)
         admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
         finally:
             limits.release(admission)
+
+    def _run_in_process(self, args: Any, kwargs: Any) -> Any:
+        """The handler, run the way Celery's eager mode runs a task: no record, no servers
+        (``tasks.jobs.calls.celery_task.in_process``)."""
+        if self.job_style == "context":
+            return self.run(InProcessJob(self, self.data_for(args, kwargs)))
+        return self.run(*args, **kwargs)
 
     def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
         """Wait out the queue's global limits before claiming, so waiting costs no attempt.
@@ -125,7 +162,10 @@ class KeelTask(CeleryTask):
         return str(info.get("routing_key") or self.queue)
 
     def _run_claimed(self, admission: limits.Admission, args: Any, kwargs: Any) -> Any:
-        claimed = self._claim(args, kwargs)
+        with tracing.span("keel.claim", {"keel.job.id": self.request.id}) as span:
+            claimed = self._claim(args, kwargs)
+            span.set_attribute("keel.job.attempt", claimed.attempts_started)
+            span.set_attribute("keel.job.stalled", claimed.stalled)
         limits.started(admission)
         if claimed.stalled:
             events.emit(claimed.queue, "stalled", claimed.id, claimed.name)
@@ -142,7 +182,8 @@ class KeelTask(CeleryTask):
         started = time.monotonic()
         ran: float | None = None  # how long a run that returned took (its end reports it)
         try:
-            result = self._run_handler(claimed)
+            with tracing.span("keel.handler", {"keel.job.name": claimed.name}):
+                result = self._run_handler(claimed)
             asked: RetryRequested | None = getattr(self.request, "keel_retry", None)
             if asked is not None:  # ``self.retry(throw=False)``: the run ends as that retry
                 raise asked
@@ -173,9 +214,10 @@ class KeelTask(CeleryTask):
         finally:
             lock_renewal.untrack(claimed.token)
             if ran is None:
-                metrics.observe(claimed.queue, "duration", time.monotonic() - started)
+                metrics.observe(claimed.queue, "duration", time.monotonic() - started, claimed.name)
         try:
-            finish.completed(claimed, result, ran)
+            with tracing.span("keel.finish", {"keel.job.end": "completed"}):
+                finish.completed(claimed, result, ran)
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this result is not recorded")
             raise Ignore() from None
@@ -200,6 +242,12 @@ class KeelTask(CeleryTask):
             raise RetriesExhausted(JobExpired(f"expired at {expires.isoformat()}"))
         self.request.retries = claimed.attempts_made
         self.request.keel_retry = None
+        headers = (claimed.celery_ctx or {}).get("headers") or {}
+        if headers:  # the call's ``headers=``, from the record whichever message brought it
+            self.request.headers = dict(headers)
+            for header, value in headers.items():
+                if getattr(self.request, header, None) is None:
+                    setattr(self.request, header, value)
         context = JobContext(claimed)
         self.request.keel_job = context
         # What the handler sends the Celery way (``.delay()``, canvas) belongs to the job's
@@ -231,13 +279,15 @@ class KeelTask(CeleryTask):
         """
         by_rules = retry_in_ms is self._NO_RULES
         try:
-            retrying = finish.failed(
-                claimed,
-                exc,
-                by_rules=by_rules,
-                retry_in_ms=None if by_rules else retry_in_ms,
-                data=data,
-            )
+            with tracing.span("keel.finish", {"keel.job.end": "failed"}) as span:
+                retrying = finish.failed(
+                    claimed,
+                    exc,
+                    by_rules=by_rules,
+                    retry_in_ms=None if by_rules else retry_in_ms,
+                    data=data,
+                )
+                span.set_attribute("keel.job.retrying", retrying is not None)
         except finish.NotOurs:
             self._announce_ignored("taken over by another worker; this failure is not recorded")
             raise Ignore() from None
@@ -262,16 +312,28 @@ class KeelTask(CeleryTask):
         recorded = bool(header)
         claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
         try:
+            # A paused queue's job is held, not claimed (``tasks.jobs.intake.pauses``).
+            paused = pauses.queue_paused(self._delivered_queue())
             if recorded:  # a Keel message's record exists: its claim is one statement
+                if paused and pauses.hold(self.request.id):
+                    self._announce_ignored(PAUSED)
+                    raise Ignore()
                 claimed = runs.claim_alone(*claim, self._canvas_context())
                 if claimed is None and runs.await_insert(self.request.id):
                     # The record may have been committed since the claim looked: a canvas
                     # child is published inside the transaction that records it.
+                    if paused and pauses.hold(self.request.id):
+                        self._announce_ignored(PAUSED)
+                        raise Ignore()
                     claimed = runs.claim_alone(*claim, self._canvas_context())
             else:
                 with transaction() as session:
                     self._record_on_arrival(session, args, kwargs)
-                    claimed = runs.claim(session, *claim, self._canvas_context())
+                    held = paused and pauses_store.hold(session, self.request.id)
+                    claimed = None if held else runs.claim(session, *claim, self._canvas_context())
+                if held:
+                    self._announce_ignored(PAUSED)
+                    raise Ignore()
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
         if claimed is None:
@@ -303,7 +365,7 @@ class KeelTask(CeleryTask):
             tenant_id=None,
             user_id=None,
             opts=self.default_options(data, None),
-            celery_ctx=self._canvas_context(),
+            celery_ctx=tracing.carried(self._canvas_context()),
         )
         if not store.insert(session, job):
             return

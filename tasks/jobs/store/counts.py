@@ -89,3 +89,35 @@ def by_queue(tenant_id: str) -> dict[str, dict[str, int]]:
     for queue, state, n in rows:
         found.setdefault(queue, dict.fromkeys(STATES, 0))[state] = int(n)
     return dict(sorted(found.items()))
+
+
+def due_delayed(queues: list[str]) -> dict[str, int]:
+    """Delayed jobs per queue whose time has come and that no one promoted yet (read
+    through ``ix_jobs_due``: only due rows are visited)."""
+    with transaction() as session:
+        rows = session.execute(
+            text(
+                "SELECT queue, count(*) FROM jobs WHERE state = 'delayed' "
+                "AND run_at <= clock_timestamp() AND queue = ANY(:queues) GROUP BY queue"
+            ),
+            {"queues": queues},
+        ).all()
+    found = dict.fromkeys(queues, 0)
+    found.update({queue: int(n) for queue, n in rows})
+    return found
+
+
+def oldest_waiting_s(queues: list[str]) -> dict[str, float]:
+    """Per queue with waiting jobs, how long its oldest has waited since it became due
+    (``ix_jobs_waiting_since``: one index probe per queue)."""
+    with transaction() as session:
+        rows = session.execute(
+            text(
+                "SELECT q.queue, EXTRACT(EPOCH FROM clock_timestamp() - ("
+                "  SELECT min(COALESCE(run_at, created_at)) FROM jobs"
+                "  WHERE jobs.queue = q.queue AND state = 'waiting')) AS age "
+                "FROM unnest(CAST(:queues AS text[])) AS q(queue)"
+            ),
+            {"queues": queues},
+        ).all()
+    return {queue: max(0.0, float(age)) for queue, age in rows if age is not None}

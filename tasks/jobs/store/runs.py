@@ -68,6 +68,10 @@ _FINISH_RUN = f"""
 # is still delayed in that snapshot; the lock waits for the promoter's commit, and
 # ``before`` then holds the row as committed (the update itself follows it there).
 #
+# The delivery's canvas context (chord, chain, links) replaces the record's, except the
+# call's ``headers=`` and the add's trace context (``tasks.tracing``): only its add records
+# them, and every later run and publish reads them there.
+#
 # A record in a layout this release does not read (``tasks.jobs.model.formats``) is not claimed:
 # it waits for a worker of the release that wrote it.
 _FORMATS_READ = ", ".join(str(f) for f in sorted(formats.RECORD_FORMATS_READ))
@@ -81,7 +85,11 @@ _CLAIM = text(
         processed_on = clock_timestamp(),
         lock_token = :token,
         locked_until = clock_timestamp() + make_interval(secs => :lock_s),
-        celery_ctx = COALESCE(CAST(:ctx AS jsonb), jobs.celery_ctx),
+        celery_ctx = COALESCE(
+            CAST(:ctx AS jsonb)
+                || jsonb_strip_nulls(jsonb_build_object(
+                    'headers', jobs.celery_ctx -> 'headers', 'trace', jobs.celery_ctx -> 'trace')),
+            jobs.celery_ctx),
         runs = jobs.runs || jsonb_build_array(jsonb_build_object(
             'attempt', jobs.attempts_started + 1,
             'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
@@ -218,6 +226,7 @@ def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
 _COMPLETE = text(
     f"""
     UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
+        failed_reason = NULL,  -- an earlier run's failure stays in that run (``runs``)
         finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
         {_FINISH_RUN}
     WHERE id = :id AND lock_token = :token
@@ -253,10 +262,12 @@ def fail(
     stack: list[str],
     retry_in_ms: int | None,
     data: dict[str, Any] | None = None,
+    kind: dict[str, str] | None = None,
 ) -> FailedRun:
     """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
 
-    ``data`` replaces the job's data for its next run (only when it runs again).
+    ``data`` replaces the job's data for its next run (only when it runs again); ``kind``
+    is the exception's type (``failures.kind``), kept in the run as ``exception``.
     """
     retrying = retry_in_ms is not None
     row = session.execute(
@@ -287,7 +298,11 @@ def fail(
             "data": json.dumps(data) if data is not None else None,
             "delay_s": (retry_in_ms or 0) / 1000.0,
             "run_patch": json.dumps(
-                {"outcome": "retrying" if retrying else "failed", "error": reason}
+                {
+                    "outcome": "retrying" if retrying else "failed",
+                    "error": reason,
+                    **({"exception": kind} if kind else {}),
+                }
             ),
         },
     ).first()

@@ -100,6 +100,32 @@ def trim(
     return removed
 
 
+# The option that, set on a job, makes its own retention rule (``trim``) for each end.
+# (A cancelled job's records follow ``removeOnFail``, as its end's trim does.)
+_OWN_RULE = {
+    State.COMPLETED: "removeOnComplete",
+    State.FAILED: "removeOnFail",
+    State.CANCELLED: "removeOnFail",
+}
+
+
+def expire_finished(session: Session, state: State, age_s: int, limit: int = 500) -> int:
+    """Delete up to ``limit`` records in ``state`` finished more than ``age_s`` ago whose job
+    sets no retention option of its own (the global default's sweep), oldest first; failed
+    ones are copied to the archive by the same statement. Rows another transaction holds
+    are skipped (the next sweep takes them). Returns how many went."""
+    # State and option are literals (of ``_OWN_RULE``, never input), so that the planner
+    # matches the partial indexes of migration 0011 (``ix_jobs_expiring_*``).
+    delete = (
+        f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state = '{state.value}' "
+        f"AND NOT (opts ? '{_OWN_RULE[state]}') "
+        "AND finished_on < clock_timestamp() - make_interval(secs => :age) "
+        "ORDER BY finished_on LIMIT :limit FOR UPDATE SKIP LOCKED)"
+    )
+    statement = _ARCHIVE.format(delete=delete) if state == State.FAILED else delete
+    return affected(session.execute(text(statement), {"age": age_s, "limit": limit}))
+
+
 # --- waking up ------------------------------------------------------------------------------
 
 
@@ -119,6 +145,23 @@ def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
         {"limit": limit},
     ).all()
     rows = sorted(rows, key=lambda r: r.run_at)  # RETURNING keeps no order
+    return [ready_job(r) for r in rows]
+
+
+def promote_now(session: Session, job_ids: Sequence[str]) -> list[ReadyJob]:
+    """Those of ``job_ids`` that are parked (delayed) → waiting now, whatever their time; the
+    caller publishes them. A job the promoter holds (or took already) is left to it."""
+    rows = session.execute(
+        text(
+            """
+            UPDATE jobs SET state = 'waiting'
+            WHERE id IN (SELECT id FROM jobs WHERE id = ANY(:ids) AND state = 'delayed'
+                         FOR UPDATE SKIP LOCKED)
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at
+            """
+        ),
+        {"ids": list(job_ids)},
+    ).all()
     return [ready_job(r) for r in rows]
 
 
@@ -151,12 +194,16 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
     return [ready_job(r, state=State(r.state), opts=r.opts) for r in rows]
 
 
+# A job held by a paused queue has no message on purpose (``tasks.jobs.intake.pauses``).
+_NOT_HELD = "NOT EXISTS (SELECT 1 FROM held_jobs h WHERE h.job_id = jobs.id)"
+
+
 def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]:
     """Waiting jobs in id order after ``after_id`` (to republish them all, a page at a time)."""
     rows = session.execute(
         text(
             "SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
-            "WHERE state = 'waiting' AND id > :after ORDER BY id LIMIT :limit"
+            f"WHERE state = 'waiting' AND id > :after AND {_NOT_HELD} ORDER BY id LIMIT :limit"
         ),
         {"after": after_id, "limit": limit},
     ).all()
@@ -188,7 +235,7 @@ def waiting_since(session: Session, queue: str, older_than_s: float, limit: int)
     rows = session.execute(
         text(
             f"SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
-            f"WHERE state = 'waiting' AND queue = :queue "
+            f"WHERE state = 'waiting' AND queue = :queue AND {_NOT_HELD} "
             f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) "
             f"ORDER BY {_LAST_MOVE} LIMIT :limit"
         ),

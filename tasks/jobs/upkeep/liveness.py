@@ -88,6 +88,15 @@ return redis.call('ZRANGEBYSCORE', KEYS[1], now - tonumber(ARGV[1]), '+inf')
 """
 
 
+LAST_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local last = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #last == 0 then return false end
+return tostring(now - tonumber(last[2]))
+"""
+
+
 def local_dir() -> Path:
     return get_settings().home / "alive"
 
@@ -224,6 +233,13 @@ def wedged(consumer: Any, age_s: float = 0.0) -> str | None:
     if for_s < WEDGED_S:
         return None
     return f"consumer wedged: {consumer['stuck']} for {for_s:.0f} s (limit {WEDGED_S:.0f} s)"
+
+
+def since_last(client: redis.Redis, role: str) -> float | None:
+    """Seconds since any process of ``role`` last beat (Redis's clock); None: none ever did
+    within ``KEEP_S``."""
+    found = client.eval(LAST_SCRIPT, 1, key(role))
+    return float(found) if found is not None else None
 
 
 def fresh(client: redis.Redis, role: str, within_s: float = FRESH_S) -> list[str]:

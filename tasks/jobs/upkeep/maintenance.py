@@ -4,7 +4,10 @@ In a thread of every worker's main process, every ``KEEL_PROMOTE_INTERVAL_S``:
 promote due delayed jobs (``promote``) and notice a broker that lost its data
 (``broker_reset``); every ``KEEL_STALLED_INTERVAL_S``: recover stalled jobs
 (``stalls``), count the chord parts that stand for another job once it ended
-(``canvas``) and fold the state counters' pending deltas (``store.counts``).
+(``canvas``), fold the state counters' pending deltas (``store.counts``) and publish
+the jobs a lifted pause still holds (``pauses``); every
+``KEEL_RETENTION_INTERVAL_S``: delete finished records past their default age
+(``retention``; one worker per round).
 Any number of workers run it at once; each piece is safe to share.
 """
 
@@ -19,9 +22,9 @@ from celery import bootsteps
 
 from tasks.config import get_settings
 from tasks.jobs.end import canvas, revocations, stalls
-from tasks.jobs.intake import promote
+from tasks.jobs.intake import pauses, promote
 from tasks.jobs.store import counts
-from tasks.jobs.upkeep import broker_reset, reconcile
+from tasks.jobs.upkeep import broker_reset, reconcile, retention
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +61,12 @@ class Maintenance(bootsteps.StartStopStep):
                     pass
                 broker_reset.check_epoch()
                 reconcile.when_due()
+                retention.when_due()
                 if time.monotonic() >= next_stalled_check:
                     next_stalled_check = time.monotonic() + settings.stalled_interval_s
                     stalls.requeue_stalled_once()
                     canvas.count_bound_parts()
                     counts.compact()
+                    pauses.release_unpaused()  # what a resume that died midway left held
             except Exception:  # a database blip must not stop maintenance
                 log.warning("job maintenance failed; retrying", exc_info=True)

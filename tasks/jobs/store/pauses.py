@@ -1,0 +1,140 @@
+"""The SQL of paused queues and the jobs they hold (``tasks.jobs.intake.pauses``).
+
+A pause is a row of ``queue_pauses``: ``tenant_id`` ``""`` pauses the queue for every
+tenant, a tenant's id pauses that tenant's jobs on it. A job held by a pause is a row of
+``held_jobs`` beside its (still waiting) record.
+
+The hold and the lifting of a pause are ordered by the pause row's lock: ``hold`` reads it
+``FOR SHARE`` in the transaction that notes the job, and ``lift`` deletes it. So either the
+hold commits first (and the release that follows the lift sees its row), or the lift does
+(and the hold finds no pause: the worker runs the job). No held job is left behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from tasks.jobs.store.jobs import ReadyJob, ready_job
+
+ALL_TENANTS = ""
+
+
+@dataclass(frozen=True)
+class Pause:
+    queue: str
+    tenant_id: str  # "" for every tenant
+    paused_by: str | None
+    paused_at: datetime
+
+
+def pause(session: Session, queue: str, tenant_id: str, by: str | None) -> bool:
+    """Pause ``queue`` for ``tenant_id`` (``""``: everyone); ``False`` if it was already."""
+    row = session.execute(
+        text(
+            "INSERT INTO queue_pauses (queue, tenant_id, paused_by) VALUES (:queue, :tenant, :by) "
+            "ON CONFLICT DO NOTHING RETURNING queue"
+        ),
+        {"queue": queue, "tenant": tenant_id, "by": by},
+    ).first()
+    return row is not None
+
+
+def lift(session: Session, queue: str, tenant_id: str) -> bool:
+    """Lift that pause; ``False`` if there was none."""
+    row = session.execute(
+        text("DELETE FROM queue_pauses WHERE queue = :queue AND tenant_id = :tenant RETURNING 1"),
+        {"queue": queue, "tenant": tenant_id},
+    ).first()
+    return row is not None
+
+
+def pauses(session: Session, tenant_id: str | None = None) -> list[Pause]:
+    """Every pause (``tenant_id`` given: those that hold that tenant's jobs), by queue."""
+    where = "" if tenant_id is None else "WHERE tenant_id IN ('', :tenant)"
+    rows = session.execute(
+        text(
+            f"SELECT queue, tenant_id, paused_by, paused_at FROM queue_pauses {where} "
+            "ORDER BY queue, tenant_id"
+        ),
+        {"tenant": tenant_id},
+    ).all()
+    return [Pause(r.queue, r.tenant_id, r.paused_by, r.paused_at) for r in rows]
+
+
+def paused_queues(session: Session) -> set[str]:
+    """The queues with a pause of any scope (what a worker checks before a claim)."""
+    return set(session.execute(text("SELECT DISTINCT queue FROM queue_pauses")).scalars())
+
+
+def hold(session: Session, job_id: str) -> bool:
+    """Note the waiting job ``job_id`` as held, if a pause covers it now (``False``: none
+    does, or the job is not waiting). The pause row stays share-locked until the commit."""
+    covered = session.execute(
+        text(
+            "SELECT j.queue, COALESCE(j.tenant_id, '') AS tenant FROM jobs j "
+            "JOIN queue_pauses p ON p.queue = j.queue "
+            "AND p.tenant_id IN ('', COALESCE(j.tenant_id, '')) "
+            "WHERE j.id = :id AND j.state = 'waiting' LIMIT 1 FOR SHARE OF p"
+        ),
+        {"id": job_id},
+    ).first()
+    if covered is None:
+        return False
+    session.execute(
+        text(
+            "INSERT INTO held_jobs (job_id, queue, tenant_id) VALUES (:id, :queue, :tenant) "
+            "ON CONFLICT DO NOTHING"
+        ),
+        {"id": job_id, "queue": covered.queue, "tenant": covered.tenant},
+    )
+    return True
+
+
+def release(session: Session, limit: int) -> tuple[list[ReadyJob], int]:
+    """Up to ``limit`` held jobs that no pause covers any more, forgotten as held: those
+    still waiting (the caller publishes them), and how many rows were taken in all (a job
+    cancelled or deleted while held has nothing to publish)."""
+    taken = session.execute(
+        text(
+            """
+            DELETE FROM held_jobs WHERE job_id IN (
+                SELECT h.job_id FROM held_jobs h
+                WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = h.queue
+                                  AND p.tenant_id IN ('', h.tenant_id))
+                ORDER BY h.held_at LIMIT :limit FOR UPDATE SKIP LOCKED)
+            RETURNING job_id
+            """
+        ),
+        {"limit": limit},
+    ).scalars()
+    ids = list(taken)
+    if not ids:
+        return [], 0
+    rows = session.execute(
+        text(
+            "SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            "WHERE id = ANY(:ids) AND state = 'waiting' ORDER BY created_at"
+        ),
+        {"ids": ids},
+    ).all()
+    return [ready_job(r) for r in rows], len(ids)
+
+
+def held_counts(session: Session) -> dict[str, int]:
+    """Held jobs per queue."""
+    rows = session.execute(
+        text("SELECT queue, count(*) AS n FROM held_jobs GROUP BY queue ORDER BY queue")
+    ).all()
+    return {r.queue: int(r.n) for r in rows}
+
+
+def held_ids(session: Session, job_ids: list[str]) -> list[str]:
+    """Which of ``job_ids`` are held."""
+    rows = session.execute(
+        text("SELECT job_id FROM held_jobs WHERE job_id = ANY(:ids)"), {"ids": job_ids}
+    ).scalars()
+    return list(rows)

@@ -1,0 +1,103 @@
+"""The default retention: finished records are not kept for ever.
+
+A job that sets ``removeOnComplete`` / ``removeOnFail`` keeps what its rule says (trimmed at
+each of its ends, ``tasks.jobs.end.ending``; ``False`` keeps every record). A job that sets
+neither — a Celery task's, unless it says otherwise — is deleted once finished longer ago
+than a default age:
+
+- completed: ``KEEL_KEEP_COMPLETED_S``; unset, Celery's ``result_expires`` (one day unless
+  the app sets it), as Celery's own results expire;
+- failed and cancelled: ``KEEL_KEEP_FAILED_S`` (seven days); a failed record goes to the
+  failure archive (``failed_jobs_archive``) by the statement that deletes it.
+
+``0`` (or ``result_expires = None``) keeps them for ever. A deleted job reads as missing:
+404 in the API, ``PENDING`` for ``AsyncResult``, as Celery's expired results do.
+
+**Off the hot path.** No job's end pays for it: every ``KEEL_RETENTION_INTERVAL_S`` (60 s)
+one worker's maintenance thread (a Redis ``SET NX`` gives each round to one worker) deletes
+expired records in batches of ``BATCH``, oldest first, through partial indexes that hold
+only the records this sweep may take, and skips rows another transaction holds. A round
+stops after ``MAX_BATCHES`` batches: a backlog (say, after the ages were lowered) drains
+over the next rounds instead of in one long transaction.
+
+**Records from before this default.** The previous release stored ``removeOnComplete:
+false`` on every job that set nothing (and in every scheduler template): those records are
+kept for ever, as their option says; nothing can tell them from a job that asked for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+
+from tasks.broker import redis_client
+from tasks.celery import app
+from tasks.config import get_settings
+from tasks.db import transaction
+from tasks.jobs.model.models import State
+from tasks.jobs.store import upkeep
+
+log = logging.getLogger(__name__)
+
+ROUND_KEY = "keel:retention:round"
+BATCH = 500
+MAX_BATCHES = 20
+
+_next_round = {"at": 0.0}
+
+
+def default_ages() -> dict[State, int | None]:
+    """How old a finished record without a rule of its own may get, per end (``None``: kept)."""
+    settings = get_settings()
+    completed: float | None
+    if settings.keep_completed_s is not None:
+        completed = settings.keep_completed_s
+    else:
+        expires = app.conf.result_expires
+        completed = expires.total_seconds() if isinstance(expires, timedelta) else expires
+    failed = settings.keep_failed_s
+    return {
+        State.COMPLETED: int(completed) if completed else None,
+        State.FAILED: failed or None,
+        State.CANCELLED: failed or None,
+    }
+
+
+def sweep() -> int:
+    """One round: delete the records past their default age, at most ``MAX_BATCHES`` batches
+    per end. Returns how many were deleted."""
+    removed = 0
+    for state, age_s in default_ages().items():
+        if age_s is None:
+            continue
+        for _ in range(MAX_BATCHES):
+            with transaction() as session:
+                gone = upkeep.expire_finished(session, state, age_s, BATCH)
+            removed += gone
+            if gone < BATCH:
+                break
+    if removed:
+        log.info("retention: deleted %d finished records past their default age", removed)
+    return removed
+
+
+def when_due() -> int | None:
+    """The maintenance loop's call: a round if its time has come and no other worker took it.
+
+    Returns how many records went, ``None`` when no round ran here. Errors are logged, not
+    raised: the rest of maintenance goes on, and the next round tries again.
+    """
+    interval_s = get_settings().retention_interval_s
+    if time.monotonic() < _next_round["at"]:
+        return None
+    _next_round["at"] = time.monotonic() + interval_s
+    try:
+        turn_ms = max(1, int(interval_s * 900))  # free again before this worker looks next
+        if not redis_client().set(ROUND_KEY, uuid.uuid4().hex, nx=True, px=turn_ms):
+            return None
+        return sweep()
+    except Exception:  # Redis or Postgres away
+        log.warning("the retention sweep failed", exc_info=True)
+        return None

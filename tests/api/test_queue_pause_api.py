@@ -1,0 +1,59 @@
+"""``/api/v1/queues/<queue>/pause`` and ``/resume``: who may, on which queue, and what the
+answers say (no worker here: what pausing does to jobs is tests/integration/test_pause.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.jobs.intake import pauses
+from tests.support import jobs as _test_jobs  # noqa: F401  (the test.pausable queue)
+from tests.support.client import bearer, metrics_headers, unique
+
+QUEUE = "pausable"
+
+
+@pytest.fixture
+def operator():
+    return bearer(unique("t"), "ops", ("operator",))
+
+
+def test_only_operators_pause(client):
+    response = client.post(f"/api/v1/queues/{QUEUE}/pause", headers=bearer(unique("t")))
+    assert response.status_code == 403
+    assert response.get_json()["error"] == "forbidden"
+
+
+def test_a_queue_no_job_type_runs_on_is_not_found(client, operator):
+    for action in ("pause", "resume"):
+        response = client.post(f"/api/v1/queues/nosuch-{unique()}/{action}", headers=operator)
+        assert response.status_code == 404, response.get_json()
+        assert response.get_json()["error"] == "queue_not_found"
+
+
+def test_pause_and_resume_are_idempotent(client, operator):
+    first = client.post(f"/api/v1/queues/{QUEUE}/pause", headers=operator).get_json()
+    again = client.post(f"/api/v1/queues/{QUEUE}/pause", headers=operator).get_json()
+    assert (first["changed"], again["changed"]) == (True, False)
+    assert first["paused"] and again["paused"]
+    resumed = client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()
+    twice = client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()
+    assert (resumed["changed"], twice["changed"]) == (True, False)
+    assert not resumed["paused"] and not twice["paused"]
+
+
+def test_a_pause_of_the_whole_queue_shows_to_every_tenant_and_only_the_system_lifts_it(
+    client, operator
+):
+    assert pauses.pause(QUEUE, by="cli:root")
+    try:
+        shown = client.get("/api/v1/queues", headers=operator).get_json()["paused"]
+        assert [(p["queue"], p["scope"]) for p in shown] == [(QUEUE, "all")]
+        # a tenant's resume lifts its own pause only: the queue stays paused for it
+        answer = client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()
+        assert answer == {"queue": QUEUE, "paused": True, "changed": False, "released": 0}
+        scraped = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
+        assert f'keel_queue_paused{{queue="{QUEUE}"}} 1.0' in scraped
+    finally:
+        assert pauses.resume(QUEUE, by="cli:root").lifted
+    scraped = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
+    assert f'keel_queue_paused{{queue="{QUEUE}"}} 0.0' in scraped

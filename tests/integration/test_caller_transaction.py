@@ -1,0 +1,199 @@
+"""Jobs recorded in the caller's own transaction (``tasks.jobs.in_transaction``).
+
+The caller is an application of its own: its engine, its table, its sessions, as a Flask
+view with SQLAlchemy has. A real ``celery worker`` runs the jobs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
+
+from tasks.config import get_settings, sqlalchemy_url
+from tasks.jobs import Owner, acting_as, in_transaction, recorded_together
+from tasks.jobs.intake.caller_transaction import (
+    BACKSTOP_S,
+    ForeignDatabase,
+    NotInCallersTransaction,
+)
+from tests.support import events
+from tests.support.client import record, wait_state
+from tests.support.jobs import celery_add
+from tests.support.stack import PROJECT_ROOT
+
+pytestmark = [pytest.mark.stack, pytest.mark.usefixtures("worker")]
+
+
+@pytest.fixture(scope="module")
+def users_engine():
+    """The application's own engine and table, on Keel's database."""
+    engine = create_engine(get_settings().sqlalchemy_url)
+    with engine.begin() as connection:
+        connection.execute(
+            text("CREATE TABLE IF NOT EXISTS shop_orders (id text PRIMARY KEY, job_id text)")
+        )
+    yield engine
+    engine.dispose()
+
+
+def test_only_committed_views_have_jobs_and_each_runs_once(users_engine):
+    committed, rolled_back = [], []
+    for n in range(100):  # 100 views, every other one rolled back
+        order = f"order-{uuid.uuid4().hex[:8]}"
+        with Session(users_engine) as session:
+            with in_transaction(session):
+                job_id = celery_add.delay(n, 1000).id
+            session.execute(
+                text("INSERT INTO shop_orders (id, job_id) VALUES (:id, :job)"),
+                {"id": order, "job": job_id},
+            )
+            if n % 2:
+                session.rollback()
+                rolled_back.append(job_id)
+            else:
+                # Not committed yet: nobody else sees the job, no worker runs it
+                assert record(job_id) is None
+                session.commit()
+                committed.append((job_id, n))
+    for job_id, n in committed:
+        done = wait_state(job_id, "completed", timeout=30)
+        assert (done["result"], done["attemptsStarted"]) == (n + 1000, 1)
+    for job_id in rolled_back:
+        assert record(job_id) is None
+    with users_engine.connect() as connection:
+        kept = connection.execute(
+            text("SELECT job_id FROM shop_orders WHERE job_id = ANY(:ids)"),
+            {"ids": [job_id for job_id, _ in committed] + rolled_back},
+        ).scalars()
+        assert sorted(kept) == sorted(job_id for job_id, _ in committed)
+
+
+KILLED_AFTER_COMMIT = """
+import os, signal, sys
+from sqlalchemy import create_engine, event
+from sqlalchemy.orm import Session
+from tasks.config import get_settings
+from tasks.jobs import in_transaction, recorded_together
+from tests.support.jobs import celery_add
+
+engine = create_engine(get_settings().sqlalchemy_url)
+with Session(engine) as session:
+    # Registered before Keel's own listener: the process dies once the commit is done and
+    # before Keel publishes anything.
+    event.listen(session, "after_commit", lambda s: os.kill(os.getpid(), signal.SIGKILL))
+    with in_transaction(session):
+        print(celery_add.delay(20, 22).id, flush=True)
+    session.commit()
+print("not reached", flush=True)
+"""
+
+
+def test_a_process_killed_between_its_commit_and_the_publish_loses_no_job():
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_COMMIT],
+        cwd=PROJECT_ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -9, done.stderr
+    [job_id] = done.stdout.split()
+    # The promoter publishes it once its parking runs out
+    finished = wait_state(job_id, "completed", "failed", timeout=BACKSTOP_S + 30)
+    assert (finished["state"], finished["result"], finished["attemptsStarted"]) == (
+        "completed",
+        42,
+        1,
+    )
+
+
+def test_a_session_of_another_database_is_refused_before_anything_is_recorded():
+    settings = get_settings()
+    admin = create_engine(sqlalchemy_url(settings.database_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text("DROP DATABASE IF EXISTS shop_elsewhere"))
+        connection.execute(text("CREATE DATABASE shop_elsewhere"))
+    admin.dispose()
+    url = create_engine(settings.sqlalchemy_url).url.set(database="shop_elsewhere")
+    elsewhere = create_engine(url)
+    try:
+        with (
+            Session(elsewhere) as session,
+            pytest.raises(ForeignDatabase, match="shop_elsewhere"),
+            in_transaction(session),
+        ):
+            pytest.fail("the block must not run")
+    finally:
+        elsewhere.dispose()
+
+
+def test_a_bulk_add_inside_the_block_is_refused_rather_than_committed_on_its_own(users_engine):
+    with Session(users_engine) as session:
+        with (
+            pytest.raises(NotInCallersTransaction, match="own transaction"),
+            in_transaction(session),
+            recorded_together(),
+        ):
+            celery_add.delay(1, 2)
+        session.rollback()
+
+
+def test_a_tenants_add_in_the_block_holds_no_lock_its_next_add_waits_for(users_engine):
+    """The tenant's quota lock is not taken in the caller's transaction: it would be held
+    until the caller commits, and the same thread's next add (on Keel's own connection)
+    would wait for it for ever."""
+    owner = Owner(f"tx-{uuid.uuid4().hex[:6]}", "alice")
+    outside: list[str] = []
+    with Session(users_engine) as session, acting_as(owner):
+        with in_transaction(session):
+            inside = celery_add.delay(1, 1).id
+        # A job of the same tenant, added outside the block before the caller commits (in a
+        # thread only so that a wait fails the test instead of hanging it)
+        context = contextvars.copy_context()  # acting as the tenant, outside the block
+        adder = threading.Thread(
+            target=lambda: context.run(lambda: outside.append(celery_add.delay(2, 2).id))
+        )
+        adder.start()
+        adder.join(timeout=10)
+        assert outside, "the add outside the block waited on the caller's open transaction"
+        session.commit()
+    assert wait_state(inside, "completed")["result"] == 2
+    assert wait_state(outside[0], "completed")["result"] == 4
+
+
+def test_flask_sqlalchemys_scoped_session_is_taken(users_engine):
+    scoped = scoped_session(sessionmaker(users_engine))
+    try:
+        with in_transaction(scoped):
+            job_id = celery_add.delay(3, 4).id
+        assert record(job_id) is None  # not committed yet
+        scoped.commit()
+        assert wait_state(job_id, "completed")["result"] == 7
+    finally:
+        scoped.remove()
+
+
+def test_a_rolled_back_add_is_never_announced_even_after_a_later_commit(users_engine):
+    with Session(users_engine) as session:
+        with in_transaction(session):
+            delayed = celery_add.apply_async((5, 5), countdown=600).id
+        session.rollback()
+        # The same session commits other work later: the rolled-back job stays unannounced
+        session.execute(text("SELECT 1"))
+        session.commit()
+    with Session(users_engine) as session:
+        with in_transaction(session):
+            announced = celery_add.apply_async((6, 6), countdown=600).id
+        session.commit()
+    queue = celery_add.job_queue()
+    assert events.names(queue, announced) == ["delayed"]  # a committed one is, once
+    assert record(delayed) is None and events.names(queue, delayed) == []

@@ -1,0 +1,234 @@
+"""``AsyncResult`` over the job records: Celery's result API answered by Keel's backend.
+
+A real ``celery worker`` runs the jobs; this process calls them the Celery way and waits
+with ``.get()``, as a project that already uses Celery does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+from celery import chain, chord, group
+from celery.exceptions import TimeoutError as ResultTimeout
+from celery.result import AsyncResult
+from sqlalchemy import event, text
+
+from tasks import db
+from tasks.broker import redis_client
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs import Owner, acting_as
+from tasks.jobs.calls.result_backend import FALLBACK_POLL_S
+from tasks.jobs.observe.events import result_channel
+from tasks.jobs.observe.queries import describe_full, get
+from tests.support.client import wait_state
+from tests.support.jobs import (
+    FlakyIO,
+    PlainFailure,
+    always_fails,
+    celery_add,
+    celery_autoretry,
+    celery_collect,
+    celery_headers,
+    celery_retry,
+)
+from tests.support.stack import wait_for
+
+pytestmark = [pytest.mark.stack, pytest.mark.usefixtures("worker")]
+
+
+def test_a_result_is_the_handlers_return_value():
+    result = celery_add.delay(2, 3)
+    assert result.get(timeout=20) == 5
+    assert result.state == "SUCCESS"
+    assert result.successful() and result.ready() and not result.failed()
+    assert result.date_done is not None
+    assert result.retries == 0
+    # A fresh handle reads the record too (no cache of this process's)
+    fresh = AsyncResult(result.id, app=app)
+    assert (fresh.state, fresh.result) == ("SUCCESS", 5)
+
+
+def test_a_failure_raises_the_handlers_exception_with_its_traceback():
+    result = always_fails.delay()
+    with pytest.raises(PlainFailure, match="plain failure on run 1"):
+        result.get(timeout=20)
+    assert result.state == "FAILURE" and result.failed()
+    returned = AsyncResult(result.id, app=app).get(timeout=5, propagate=False)
+    assert isinstance(returned, PlainFailure)
+    assert "in always_fails" in result.traceback  # the handler's own frame
+    assert "PlainFailure: plain failure on run 1" in result.traceback
+
+
+def test_a_job_waiting_out_a_retry_reads_retry_then_success():
+    result = celery_autoretry.delay(1)  # fails once with FlakyIO, retried after ~1 s
+    assert wait_state(result.id, "delayed", timeout=20)["attemptsMade"] == 1
+    retrying = AsyncResult(result.id, app=app)
+    assert retrying.state == "RETRY"
+    assert isinstance(retrying.result, FlakyIO)  # the error it waits out, as in Celery
+    assert result.get(timeout=20) == {"retries": 1}
+    assert AsyncResult(result.id, app=app).retries == 1
+
+
+def test_a_revoked_job_reads_revoked():
+    result = celery_add.apply_async((1, 2), countdown=120)
+    assert AsyncResult(result.id, app=app).state == "PENDING"
+    result.revoke()
+    wait_state(result.id, "cancelled", timeout=20)
+    assert AsyncResult(result.id, app=app).state == "REVOKED"
+
+
+def test_group_chord_and_chain_results_come_back_in_order():
+    assert group(celery_add.s(i, i) for i in range(6))().get(timeout=30) == [0, 2, 4, 6, 8, 10]
+    assert chain(celery_add.s(1, 2), celery_add.s(3), celery_add.s(4))().get(timeout=30) == 10
+    body = chord([celery_add.s(i, 1) for i in range(4)], celery_collect.s())()
+    assert body.get(timeout=30) == {"results": [1, 2, 3, 4], "total": 10}
+
+
+def test_another_tenants_job_reads_pending_with_nothing_of_its_data():
+    with acting_as(Owner("results-a", "ann")):
+        result = celery_add.delay(40, 2)
+        assert result.get(timeout=20) == 42
+    with acting_as(Owner("results-b", "bob")):
+        other = AsyncResult(result.id, app=app)
+        assert (other.state, other.result, other.traceback) == ("PENDING", None, None)
+        with pytest.raises(ResultTimeout):
+            AsyncResult(result.id, app=app).get(timeout=1)
+    assert AsyncResult(result.id, app=app).result == 42  # a system process reads every job
+
+
+def test_a_plain_celery_tasks_result_is_celerys_own():
+    # beat_tick is base=celery.Task: no record; its result is stored by Celery in Redis
+    from tests.support.jobs import beat_tick
+
+    result = beat_tick.delay()
+    assert wait_for(lambda: result.ready() or None, timeout=20)
+    assert result.state == "SUCCESS"
+
+
+def test_forget_drops_the_result_and_keeps_the_record():
+    result = celery_add.delay(7, 7)
+    assert result.get(timeout=20) == 14
+    result.forget()
+    again = AsyncResult(result.id, app=app)
+    assert again.state == "SUCCESS" and again.result is None
+    assert wait_state(result.id, "completed")["result"] is None
+
+
+def test_a_wait_whose_news_was_lost_ends_by_reading_the_record_again():
+    # Given a job that will never run here, and a caller waiting on it
+    result = celery_add.apply_async((1, 1), countdown=600)
+    answers: list = []
+    waiter = threading.Thread(target=lambda: answers.append(result.get(timeout=30)))
+    waiter.start()
+    subscribed = lambda: redis_client().pubsub_numsub(result_channel(result.id))[0][1] or None  # noqa: E731
+    wait_for(subscribed, timeout=10)
+    time.sleep(0.5)  # past its first read of the record, which found it delayed
+    # When its record ends without the news a worker publishes (a worker that committed
+    # and died before its publish, or a Redis that restarted in between)
+    with transaction() as session:
+        session.execute(
+            text(
+                "UPDATE jobs SET state = 'completed', result = '99', finished_on = now(), "
+                "run_at = NULL WHERE id = :id"
+            ),
+            {"id": result.id},
+        )
+    # Then the waiting caller reads the record again within its fallback interval
+    waiter.join(timeout=FALLBACK_POLL_S * 3)
+    assert answers == [99]
+
+
+def test_a_calls_headers_reach_every_run_and_stay_on_the_record():
+    headers = {"correlation_id": "req-42", "trace_hint": {"span": 7}}
+    result = celery_headers.apply_async(kwargs={"fail_first": True}, headers=headers)
+    assert result.get(timeout=20) == {
+        "headers": headers,  # correlation_id too: Celery's request keeps only its own
+        "trace_hint": {"span": 7},  # a name Celery's request does not use: an attribute too
+        "retries": 1,  # the retry's run saw them too
+    }
+    with transaction() as session:
+        ctx = session.execute(
+            text("SELECT celery_ctx FROM jobs WHERE id = :id"), {"id": result.id}
+        ).scalar_one()
+    assert ctx["headers"] == headers
+    # Celery's own headers are not a call's to set
+    with pytest.raises(ValueError, match="'task' is Celery's own"):
+        celery_add.apply_async((1, 2), headers={"task": "something.else"})
+
+
+def test_a_job_completed_after_a_retry_keeps_its_failure_in_the_run_alone():
+    result = celery_autoretry.delay(1)
+    assert result.get(timeout=20) == {"retries": 1}
+    done = wait_state(result.id, "completed")
+    assert done["failedReason"] is None
+    first, second = done["runs"]
+    assert (first["outcome"], first["error"]) == ("retrying", "flaky run 1")
+    assert first["exception"] == {"exc_type": "FlakyIO", "exc_module": "tests.support.jobs"}
+    assert second["outcome"] == "completed"
+
+
+def test_two_hundred_callers_waiting_at_once_cost_postgres_a_few_reads_each():
+    # Given 200 jobs due in 2 s, each waited on by a thread of its own meanwhile
+    results = [celery_add.apply_async((n, n), countdown=2) for n in range(200)]
+    statements: list[str] = []
+    engine = db.engine()
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if "FROM jobs WHERE id = ANY" in statement:
+            statements.append(threading.current_thread().name)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        answers: dict[int, int] = {}
+
+        def wait(n: int) -> None:
+            answers[n] = AsyncResult(results[n].id, app=app).get(timeout=60)
+
+        threads = [threading.Thread(target=wait, args=(n,)) for n in range(200)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=90)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    # Then every result is right, and each caller read its record a few times at most (its
+    # first look, the news of its job's end, a fallback round), never in a polling loop
+    assert answers == {n: 2 * n for n in range(200)}
+    per_caller = Counter(statements)
+    assert max(per_caller.values()) <= 4, per_caller.most_common(3)
+    print(f"200 waiting callers: {len(statements)} reads of the jobs table")
+
+
+def test_an_expired_result_reads_pending_once_a_workers_sweep_took_it():
+    result = celery_add.delay(20, 22)
+    assert result.get(timeout=20) == 42
+    # When it ended longer ago than Celery's result_expires (1 day: the default retention)
+    with transaction() as session:
+        session.execute(
+            text("UPDATE jobs SET finished_on = now() - interval '25 hours' WHERE id = :id"),
+            {"id": result.id},
+        )
+    # Then a worker's maintenance sweeps it (every KEEL_RETENTION_INTERVAL_S, 1 s here), and
+    # its result reads as an expired Celery result does
+    wait_for(lambda: AsyncResult(result.id, app=app).state == "PENDING", timeout=30)
+    with transaction() as session:
+        assert (
+            session.scalar(text("SELECT count(*) FROM jobs WHERE id = :id"), {"id": result.id}) == 0
+        )
+
+
+def test_the_record_shows_the_tasks_max_retries_and_a_call_can_set_its_own():
+    # A task declared with max_retries=2: its record says so, and it may retry twice
+    kept = celery_retry.delay(2, "kept")
+    assert kept.get(timeout=20) == {"retries": 2, "label": "kept"}
+    assert describe_full(get(kept.id))["opts"]["maxRetries"] == 2
+    # The same task called with maxRetries 0 fails at its first retry, with the run's error
+    once = celery_retry.apply_async((1, "once"), job_options={"maxRetries": 0})
+    with pytest.raises(PlainFailure, match="run 1"):
+        once.get(timeout=20)
+    done = describe_full(get(once.id))
+    assert (done["state"], done["attemptsMade"], done["opts"]["maxRetries"]) == ("failed", 1, 0)
