@@ -18,6 +18,7 @@ commands:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -165,9 +166,20 @@ def close(campaign_id: str, generation: int, *, open_next: bool) -> bool:
     return won is not None
 
 
-def assign(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[Approval, list[int]]:
+def assign(
+    campaign_id: str,
+    chunk_no: int,
+    size: int,
+    capacity: int,
+    before_close: Callable[[int], None] | None = None,
+) -> tuple[Approval, list[int]]:
     """Assign an unassigned chunk: its generation (and group, if made), and the generations
-    this call closed on overflow."""
+    this call closed on overflow.
+
+    ``before_close(g)`` runs before this call tries to close generation ``g``, so before
+    the next generation opens: what it commits precedes every assignment to a later
+    generation.
+    """
     closed_here: list[int] = []
     while True:
         approval = _approve(campaign_id, chunk_no, size, capacity)
@@ -175,6 +187,8 @@ def assign(campaign_id: str, chunk_no: int, size: int, capacity: int) -> tuple[A
             return approval, closed_here
         if approval.closed or readiness(campaign_id, approval.generation).closed:
             continue  # someone already rolled over: try the new current generation
+        if before_close is not None:
+            before_close(approval.generation)
         if not close(campaign_id, approval.generation, open_next=True):
             raise Rollover(f"generation {approval.generation} is being closed by another chunk")
         closed_here.append(approval.generation)

@@ -144,13 +144,16 @@ def load_chunk(job: JobContext) -> dict:
     if generation is None:
         try:
             approval, closed = generations.assign(
-                campaign_id, chunk_no, state.size, state.campaign.capacity
+                campaign_id,
+                chunk_no,
+                state.size,
+                state.campaign.capacity,
+                before_close=lambda full: prepare_group(state.campaign, full + GROUPS_AHEAD),
             )
         except Rollover:
             raise Defer(ROLLOVER_WAIT_MS, "joining the next generation") from None
         for full in closed:
             maybe_send(campaign_id, full)
-            prepare_group(state.campaign, full + GROUPS_AHEAD)
         generation, group_id = approval.generation, approval.group_id
     if group_id is None:
         _await_group(job, campaign_id, generation)
@@ -166,8 +169,10 @@ def prepare_group(campaign: campaigns.Campaign, generation: int) -> None:
 
     Each generation holds at most ``capacity`` messages, so one numbered ``g`` is reached
     whenever the campaign has more than ``g * capacity`` recipients. The plan prepares the
-    first ``GROUPS_AHEAD``; a chunk that closes generation ``g`` prepares ``g +
-    GROUPS_AHEAD``. Its chunks then find the group made, instead of each generation's
+    first ``GROUPS_AHEAD``; a chunk about to close generation ``g`` prepares ``g +
+    GROUPS_AHEAD`` before the close commits, so before ``g + 1`` opens: however many
+    chunks run at once, none is assigned to ``g + GROUPS_AHEAD`` before its creator is
+    recorded. Its chunks then find the group made, instead of each generation's
     first chunk adding the creator and waiting for it (``_await_group``, still the way
     for a generation the count did not foresee). The creator is a control job: it runs
     ahead of the queue's chunks.
