@@ -634,10 +634,10 @@ def queues_resume(queue: str, tenant: str) -> None:
     """Resume QUEUE: the jobs its pause held are published again, in the order they came."""
     from tasks.jobs.intake import pauses
 
-    _queue_known(queue)
     resumed = pauses.resume(queue, tenant, by=f"cli:{getpass.getuser()}")
     scope = f"tenant {tenant}'s jobs" if tenant else "every tenant's jobs"
     if not resumed.lifted:
+        _queue_known(queue)  # only now: a queue no job type runs on any more can be resumed
         click.echo(f"queue {queue} was not paused for {scope}")
         return
     click.echo(f"queue {queue} resumed for {scope}: {resumed.released} held jobs published again")

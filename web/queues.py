@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from flask import Blueprint, g
+from pydantic import Field
 
 from tasks.jobs.intake import pauses
 from tasks.jobs.store.counts import by_queue
@@ -41,14 +42,19 @@ class PauseState(Open):
     queue: str
     paused: bool
     changed: bool  # false: it was so already (pause and resume are idempotent)
-    released: int = 0  # resume: held jobs of the tenant published again
+    released: int = Field(
+        default=0,
+        description="resume: the held jobs of this pause published again by this call (up to "
+        "5,000; the workers publish the rest)",
+    )
 
 
 def _shown(pause: pauses.Pause) -> dict:
     return {
         "queue": pause.queue,
         "scope": "tenant" if pause.tenant_id else "all",
-        "pausedBy": pause.paused_by,
+        # Who paused every tenant's jobs (a system account) is not the tenant's to know.
+        "pausedBy": pause.paused_by if pause.tenant_id else None,
         "pausedAt": pause.paused_at,
     }
 
@@ -99,7 +105,10 @@ def pause_queue(queue: str):
 )
 def resume_queue(queue: str):
     principal = g.principal
-    resumed = pauses.resume(_known(queue), principal.tenant_id, by=principal.user_id)
+    resumed = pauses.resume(queue, principal.tenant_id, by=principal.user_id)
+    if not resumed.lifted:
+        # Checked only now: a pause of a queue no job type runs on any more can be lifted.
+        _known(queue)
     # Still paused for this tenant if the whole queue is (the system scope's pause).
     still = any(p.queue == queue for p in pauses.paused(principal.tenant_id))
     return {

@@ -46,6 +46,8 @@ def upgrade() -> None:
             "held_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
         sa.PrimaryKeyConstraint("job_id"),
+        # A held job deleted (retention, removeOnFail) is no longer held.
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], ondelete="CASCADE"),
         if_not_exists=True,
     )
     op.create_index(

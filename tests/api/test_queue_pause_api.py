@@ -48,6 +48,7 @@ def test_a_pause_of_the_whole_queue_shows_to_every_tenant_and_only_the_system_li
     try:
         shown = client.get("/api/v1/queues", headers=operator).get_json()["paused"]
         assert [(p["queue"], p["scope"]) for p in shown] == [(QUEUE, "all")]
+        assert shown[0]["pausedBy"] is None  # the system's account is not the tenant's to see
         # a tenant's resume lifts its own pause only: the queue stays paused for it
         answer = client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()
         assert answer == {"queue": QUEUE, "paused": True, "changed": False, "released": 0}
@@ -57,3 +58,18 @@ def test_a_pause_of_the_whole_queue_shows_to_every_tenant_and_only_the_system_li
         assert pauses.resume(QUEUE, by="cli:root").lifted
     scraped = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
     assert f'keel_queue_paused{{queue="{QUEUE}"}} 0.0' in scraped
+
+
+def test_a_pause_of_a_queue_no_job_type_runs_on_any_more_can_be_lifted(client, operator):
+    # Given a tenant's pause of a queue whose job types were since removed
+    tenant = unique("t")
+    gone = f"gone-{unique()}"
+    assert pauses.pause(gone, tenant, by="ops")
+    headers = bearer(tenant, "ops", ("operator",))
+    # When its operator resumes it: lifted, though no job type runs on it
+    response = client.post(f"/api/v1/queues/{gone}/resume", headers=headers)
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json() == {"queue": gone, "paused": False, "changed": True, "released": 0}
+    # and once lifted, the name is unknown again
+    again = client.post(f"/api/v1/queues/{gone}/resume", headers=headers)
+    assert again.status_code == 404 and again.get_json()["error"] == "queue_not_found"

@@ -197,3 +197,26 @@ def test_an_operator_pauses_and_resumes_the_tenants_jobs_on_a_queue_from_the_que
     # and a form without its token is refused
     refused = operator.post("/ui/queues/reports/pause", data={})
     assert refused.status_code == 400 and pauses.paused(tenant) == []
+
+
+def test_a_tenants_own_pause_can_be_resumed_while_the_system_pauses_the_queue_too(app):
+    tenant = unique("pausing")
+    assert pauses.pause("reports", tenant, by="olga")
+    assert pauses.pause("reports", by="cli:root")
+    try:
+        operator = signed_in(app, tenant, "olga", OPERATOR)
+        page = operator.get("/ui/queues", headers=PAGE).get_data(as_text=True)
+        reports = page[page.index('data-queue="reports"') :].split("</section>")[0]
+        # Both pauses show: the system's note, and her own pause's Resume
+        assert 'data-paused="all"' in reports and "Paused for every tenant" in reports
+        assert "/ui/queues/reports/resume" in reports and "/ui/queues/reports/pause" not in reports
+        done = operator.post(
+            "/ui/queues/reports/resume",
+            data={"csrf_token": csrf_token(operator)},
+            follow_redirects=True,
+        )
+        assert flashes(done) == ["Resumed: your jobs on reports run again."]
+        assert [(p.queue, p.tenant_id) for p in pauses.paused(tenant)] == [("reports", "")]
+    finally:
+        pauses.resume("reports", by="cli:root")
+        pauses.resume("reports", tenant, by="olga")

@@ -43,12 +43,15 @@ def queues_page() -> Any:
     tenant = g.principal.tenant_id
     counts = by_queue(tenant)
     recent = activity(tenant)
-    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts))
-    peak = max([n for s in (*recent.completed.values(), *recent.failed.values()) for n in s] or [0])
     paused: dict[str, str] = {}  # queue -> "all" (every tenant's) or "tenant" (this tenant's)
+    mine: set[str] = set()  # the queues this tenant paused (it may resume them)
     for pause in pauses.paused(tenant):
+        if pause.tenant_id:
+            mine.add(pause.queue)
         if paused.get(pause.queue) != "all":
             paused[pause.queue] = "tenant" if pause.tenant_id else "all"
+    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | mine)
+    peak = max([n for s in (*recent.completed.values(), *recent.failed.values()) for n in s] or [0])
     rows = []
     for queue in names:
         done = recent.completed.get(queue, [])
@@ -65,7 +68,8 @@ def queues_page() -> Any:
                 "failed_bars": _bars(failed, peak),
                 "limit": configured().get(queue),
                 "paused": paused.get(queue),
-                "pausable": queue in registry.queues(),
+                "paused_by_tenant": queue in mine,
+                "pausable": queue in registry.queues() or queue in mine,
             }
         )
     return render_template(
@@ -98,7 +102,9 @@ def pause_queue(queue: str) -> Any:
 @bp.post("/queues/<queue>/resume")
 @signed_in(OPERATOR)
 def resume_queue(queue: str) -> Any:
-    principal, queue = g.principal, _pausable(queue)
+    principal = g.principal
+    if not any(p.queue == queue and p.tenant_id for p in pauses.paused(principal.tenant_id)):
+        _pausable(queue)  # nothing of this tenant's to lift: an unknown queue is a 404
     return act(
         url_for("ui.queues_page"),
         lambda: pauses.resume(queue, principal.tenant_id, by=principal.user_id),

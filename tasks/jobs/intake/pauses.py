@@ -16,9 +16,11 @@ a claim, so a pause is honoured by every worker within a second, by one read of 
 per process and half second while jobs arrive; only a job of a queue with a pause costs a
 statement more (the hold, ``tasks.jobs.store.pauses``).
 
-Lifting a pause (``resume``) publishes the jobs it held again, in the order they were added,
-in batches. A worker's maintenance also releases, every stalled-check interval, held jobs
-that no pause covers any more: what a process that died in the middle of a ``resume`` left.
+Lifting a pause (``resume``) publishes the jobs that pause held again, oldest held first,
+in batches (up to ``RESUME_BATCHES`` of ``RELEASE_BATCH`` in the call itself). A worker's
+maintenance also releases, every stalled-check interval, held jobs that no pause covers any
+more: the rest of a bigger backlog, and what a process that died in the middle of a
+``resume`` left.
 
 Pauses and held jobs live in Postgres, so they outlast the restart of every process; a
 worker started while a queue is paused holds its jobs like the others.
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 0.5
 RELEASE_BATCH = 500
+RESUME_BATCHES = 10  # what a resume publishes itself; maintenance publishes the rest
 
 
 class _PausedQueues:
@@ -103,12 +106,18 @@ def pause(queue: str, tenant_id: str = ALL_TENANTS, by: str | None = None) -> bo
 
 
 def resume(queue: str, tenant_id: str = ALL_TENANTS, by: str | None = None) -> Resumed:
-    """Lift that pause, and publish the jobs it held (unless another pause holds them)."""
+    """Lift that pause, and publish the jobs it held (unless another pause holds them).
+
+    Up to ``RESUME_BATCHES`` batches are published here, oldest held first; a worker's
+    maintenance publishes the rest of a bigger backlog (``release_unpaused``), so the
+    caller (an HTTP request) is not held up by a million held jobs.
+    """
     with transaction() as session:
         lifted = store.lift(session, queue, tenant_id)
     _PAUSED.forget()
-    released = release_unpaused() if lifted else 0
+    released = 0
     if lifted:
+        released = release_unpaused(queue=queue, tenant_id=tenant_id, batches=RESUME_BATCHES)
         log.info(
             "queue %s resumed for %s by %s: %d held jobs published again",
             queue,
@@ -132,19 +141,30 @@ def held() -> dict[str, int]:
         return store.held_counts(session)
 
 
-def release_unpaused(batch: int = RELEASE_BATCH) -> int:
-    """Publish again the held jobs that no pause covers any more; how many were published."""
+def release_unpaused(
+    batch: int = RELEASE_BATCH,
+    *,
+    queue: str | None = None,
+    tenant_id: str | None = None,
+    batches: int | None = None,
+) -> int:
+    """Publish again the held jobs that no pause covers any more (``queue``, ``tenant_id``:
+    only those a lifted pause held; ``batches``: at most that many); how many were
+    published."""
     published = 0
-    while True:
+    done = 0
+    while batches is None or done < batches:
         with transaction() as session:
-            ready, taken = store.release(session, batch)
-            if ready:
-                publish_ready(session, ready)
-        published += len(ready)
-        if ready:
-            events.emit_many([(j.queue, "waiting", j.id, j.name) for j in ready])
+            ready, taken = store.release(session, batch, queue, tenant_id)
+            # What a broker that fails the publish leaves unsent is parked for the promoter.
+            sent = publish_ready(session, ready) if ready else []
+        done += 1
+        published += len(sent)
+        if sent:
+            events.emit_many([(j.queue, "waiting", j.id, j.name) for j in sent])
         if taken < batch:
-            return published
+            break
+    return published
 
 
 def queue_paused(queue: str) -> bool:

@@ -14,6 +14,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    ForeignKey,
     Identity,
     Index,
     Integer,
@@ -276,7 +277,9 @@ class HeldJob(Base):
 
     __tablename__ = "held_jobs"
 
-    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(
+        String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
     queue: Mapped[str] = mapped_column(String(100))
     tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
     held_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -117,6 +117,7 @@ class KeelTask(CeleryTask):
             return self._run_in_process(args, kwargs)
         if self.request.called_directly:  # ``task(...)`` as a function: pushes its request
             return Task.__call__(self, *args, **kwargs)
+        self._hold_if_paused()
         admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
@@ -129,6 +130,21 @@ class KeelTask(CeleryTask):
         if self.job_style == "context":
             return self.run(InProcessJob(self, self.data_for(args, kwargs)))
         return self.run(*args, **kwargs)
+
+    def _hold_if_paused(self) -> None:
+        """A recorded job of a paused queue is held (``tasks.jobs.intake.pauses``) before its
+        queue's limits are asked: a limit would park it to delayed, and the promoter would
+        publish it again and again while the pause lasts. A message without a record is
+        recorded first, then held (``_claim``)."""
+        if not getattr(self.request, KEEL_HEADER, None):
+            return
+        try:
+            held = pauses.queue_paused(self._delivered_queue()) and pauses.hold(self.request.id)
+        except STORE_UNAVAILABLE as exc:
+            self._requeue_while_store_unavailable(exc)
+        if held:
+            self._announce_ignored(PAUSED)
+            raise Ignore()
 
     def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
         """Wait out the queue's global limits before claiming, so waiting costs no attempt.
@@ -312,12 +328,10 @@ class KeelTask(CeleryTask):
         recorded = bool(header)
         claim = (self.request.id, uuid.uuid4().hex, settings.lock_duration_s, worker)
         try:
-            # A paused queue's job is held, not claimed (``tasks.jobs.intake.pauses``).
+            # A paused queue's job is held, not claimed (``tasks.jobs.intake.pauses``); a
+            # recorded one was looked at already (``_hold_if_paused``).
             paused = pauses.queue_paused(self._delivered_queue())
             if recorded:  # a Keel message's record exists: its claim is one statement
-                if paused and pauses.hold(self.request.id):
-                    self._announce_ignored(PAUSED)
-                    raise Ignore()
                 claimed = runs.claim_alone(*claim, self._canvas_context())
                 if claimed is None and runs.await_insert(self.request.id):
                     # The record may have been committed since the claim looked: a canvas

@@ -72,15 +72,29 @@ def paused_queues(session: Session) -> set[str]:
 
 def hold(session: Session, job_id: str) -> bool:
     """Note the waiting job ``job_id`` as held, if a pause covers it now (``False``: none
-    does, or the job is not waiting). The pause row stays share-locked until the commit."""
-    covered = session.execute(
+    does, or the job is not waiting).
+
+    The job's row is read ``FOR SHARE`` first: a transaction that is making it waiting
+    (a promotion, a stalled requeue, a retry) publishes before it commits, so its message
+    can arrive first, and a snapshot read would see the job delayed and let the claim
+    that follows wait for the commit and run it. The lock waits for that commit and reads
+    the state it wrote. The pause row stays share-locked until this commit.
+    """
+    job = session.execute(
         text(
-            "SELECT j.queue, COALESCE(j.tenant_id, '') AS tenant FROM jobs j "
-            "JOIN queue_pauses p ON p.queue = j.queue "
-            "AND p.tenant_id IN ('', COALESCE(j.tenant_id, '')) "
-            "WHERE j.id = :id AND j.state = 'waiting' LIMIT 1 FOR SHARE OF p"
+            "SELECT state, queue, COALESCE(tenant_id, '') AS tenant FROM jobs "
+            "WHERE id = :id FOR SHARE"
         ),
         {"id": job_id},
+    ).first()
+    if job is None or job.state != "waiting":
+        return False
+    covered = session.execute(
+        text(
+            "SELECT 1 FROM queue_pauses WHERE queue = :queue AND tenant_id IN ('', :tenant) "
+            "LIMIT 1 FOR SHARE"
+        ),
+        {"queue": job.queue, "tenant": job.tenant},
     ).first()
     if covered is None:
         return False
@@ -89,27 +103,35 @@ def hold(session: Session, job_id: str) -> bool:
             "INSERT INTO held_jobs (job_id, queue, tenant_id) VALUES (:id, :queue, :tenant) "
             "ON CONFLICT DO NOTHING"
         ),
-        {"id": job_id, "queue": covered.queue, "tenant": covered.tenant},
+        {"id": job_id, "queue": job.queue, "tenant": job.tenant},
     )
     return True
 
 
-def release(session: Session, limit: int) -> tuple[list[ReadyJob], int]:
-    """Up to ``limit`` held jobs that no pause covers any more, forgotten as held: those
-    still waiting (the caller publishes them), and how many rows were taken in all (a job
-    cancelled or deleted while held has nothing to publish)."""
+def release(
+    session: Session, limit: int, queue: str | None = None, tenant_id: str | None = None
+) -> tuple[list[ReadyJob], int]:
+    """Up to ``limit`` held jobs that no pause covers any more, oldest held first, forgotten
+    as held: those still waiting (the caller publishes them), and how many rows were taken
+    in all (a job cancelled while held has nothing to publish). ``queue`` (and
+    ``tenant_id``, ``""`` meaning every tenant) keeps to the jobs a lifted pause held."""
+    scope = ""
+    if queue is not None:
+        scope = "AND h.queue = :queue"
+        if tenant_id:
+            scope += " AND h.tenant_id = :tenant"
     taken = session.execute(
         text(
-            """
+            f"""
             DELETE FROM held_jobs WHERE job_id IN (
                 SELECT h.job_id FROM held_jobs h
                 WHERE NOT EXISTS (SELECT 1 FROM queue_pauses p WHERE p.queue = h.queue
-                                  AND p.tenant_id IN ('', h.tenant_id))
+                                  AND p.tenant_id IN ('', h.tenant_id)) {scope}
                 ORDER BY h.held_at LIMIT :limit FOR UPDATE SKIP LOCKED)
             RETURNING job_id
             """
         ),
-        {"limit": limit},
+        {"limit": limit, "queue": queue, "tenant": tenant_id},
     ).scalars()
     ids = list(taken)
     if not ids:
@@ -125,9 +147,12 @@ def release(session: Session, limit: int) -> tuple[list[ReadyJob], int]:
 
 
 def held_counts(session: Session) -> dict[str, int]:
-    """Held jobs per queue."""
+    """Held jobs per queue (those still waiting: one cancelled while held is not)."""
     rows = session.execute(
-        text("SELECT queue, count(*) AS n FROM held_jobs GROUP BY queue ORDER BY queue")
+        text(
+            "SELECT h.queue, count(*) AS n FROM held_jobs h JOIN jobs j ON j.id = h.job_id "
+            "WHERE j.state = 'waiting' GROUP BY h.queue ORDER BY h.queue"
+        )
     ).all()
     return {r.queue: int(r.n) for r in rows}
 
