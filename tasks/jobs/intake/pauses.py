@@ -37,13 +37,15 @@ from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.observe import events
 from tasks.jobs.store import pauses as store
-from tasks.jobs.store.pauses import ALL_TENANTS, Pause
+from tasks.jobs.store import runs
+from tasks.jobs.store.pauses import ALL_TENANTS, Hold, Pause
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 0.5
 RELEASE_BATCH = 500
 RESUME_BATCHES = 10  # what a resume publishes itself; maintenance publishes the rest
+MAINTENANCE_BATCHES = 4  # what a worker's maintenance publishes per stalled-check tick
 
 
 class _PausedQueues:
@@ -71,10 +73,12 @@ _PAUSED = _PausedQueues()
 
 __all__ = [
     "ALL_TENANTS",
+    "Hold",
     "Pause",
     "Resumed",
     "held",
     "hold",
+    "hold_delivery",
     "pause",
     "paused",
     "queue_paused",
@@ -172,10 +176,21 @@ def queue_paused(queue: str) -> bool:
     return _PAUSED.holds(queue)
 
 
-def hold(job_id: str) -> bool:
-    """Hold the waiting job ``job_id`` if a pause covers it now (``False``: run it)."""
+def hold(job_id: str) -> Hold:
+    """Hold the waiting job ``job_id`` if a pause covers it now (``store.hold``)."""
     with transaction() as session:
         return store.hold(session, job_id)
+
+
+def hold_delivery(job_id: str) -> Hold:
+    """``hold`` for a delivery of a recorded job. A record not visible yet may be in a
+    transaction still open (a chain's next step is published inside the one that records
+    it): that insert is waited for and the job looked at again, or the claim that follows
+    would find it waiting and run it."""
+    found = hold(job_id)
+    if found is Hold.NO_RECORD and runs.await_insert(job_id):
+        found = hold(job_id)
+    return found
 
 
 def _scope(tenant_id: str) -> str:

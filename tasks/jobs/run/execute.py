@@ -41,6 +41,7 @@ from tasks.jobs.store import jobs as store
 from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import runs, upkeep
 from tasks.jobs.store.jobs import NewJob
+from tasks.jobs.store.pauses import Hold
 from tasks.jobs.store.runs import ClaimedJob
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 # How long a delivery that found the records unreachable waits before going back to the queue.
 STORE_UNAVAILABLE_PAUSE_S = 1.0
 PAUSED = "its queue is paused: held until the pause is lifted"
+PAUSED_STALLED = "its queue is paused and its last run's worker is gone: requeued, then held"
 
 
 class JobExpired(Exception):
@@ -139,11 +141,19 @@ class KeelTask(CeleryTask):
         if not getattr(self.request, KEEL_HEADER, None):
             return
         try:
-            held = pauses.queue_paused(self._delivered_queue()) and pauses.hold(self.request.id)
+            if not pauses.queue_paused(self._delivered_queue()):
+                return
+            found = pauses.hold_delivery(self.request.id)
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
-        if held:
+        self._ignore_if_held(found)
+
+    def _ignore_if_held(self, found: Hold) -> None:
+        if found is Hold.HELD:
             self._announce_ignored(PAUSED)
+            raise Ignore()
+        if found is Hold.LEAVE:
+            self._announce_ignored(PAUSED_STALLED)
             raise Ignore()
 
     def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
@@ -336,18 +346,17 @@ class KeelTask(CeleryTask):
                 if claimed is None and runs.await_insert(self.request.id):
                     # The record may have been committed since the claim looked: a canvas
                     # child is published inside the transaction that records it.
-                    if paused and pauses.hold(self.request.id):
-                        self._announce_ignored(PAUSED)
-                        raise Ignore()
+                    if paused:
+                        self._ignore_if_held(pauses.hold(self.request.id))
                     claimed = runs.claim_alone(*claim, self._canvas_context())
             else:
                 with transaction() as session:
                     self._record_on_arrival(session, args, kwargs)
-                    held = paused and pauses_store.hold(session, self.request.id)
-                    claimed = None if held else runs.claim(session, *claim, self._canvas_context())
-                if held:
-                    self._announce_ignored(PAUSED)
-                    raise Ignore()
+                    found = pauses_store.hold(session, self.request.id) if paused else Hold.RUN
+                    claimed = None
+                    if found is Hold.RUN:
+                        claimed = runs.claim(session, *claim, self._canvas_context())
+                self._ignore_if_held(found)
         except STORE_UNAVAILABLE as exc:
             self._requeue_while_store_unavailable(exc)
         if claimed is None:

@@ -12,6 +12,7 @@ hold commits first (and the release that follows the lift sees its row), or the 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -70,25 +71,41 @@ def paused_queues(session: Session) -> set[str]:
     return set(session.execute(text("SELECT DISTINCT queue FROM queue_pauses")).scalars())
 
 
-def hold(session: Session, job_id: str) -> bool:
-    """Note the waiting job ``job_id`` as held, if a pause covers it now (``False``: none
-    does, or the job is not waiting).
+class Hold(enum.Enum):
+    """What ``hold`` found: the delivery is held, is to run, is to be left alone, or has
+    no record (yet: the transaction inserting it may still be open)."""
+
+    HELD = "held"
+    RUN = "run"
+    LEAVE = "leave"
+    NO_RECORD = "no_record"
+
+
+def hold(session: Session, job_id: str) -> Hold:
+    """Note the waiting job ``job_id`` as held if a pause covers it now.
 
     The job's row is read ``FOR SHARE`` first: a transaction that is making it waiting
     (a promotion, a stalled requeue, a retry) publishes before it commits, so its message
     can arrive first, and a snapshot read would see the job delayed and let the claim
     that follows wait for the commit and run it. The lock waits for that commit and reads
-    the state it wrote. The pause row stays share-locked until this commit.
+    the state it wrote. An uncommitted *insert* is invisible instead (``NO_RECORD``): the
+    caller waits for it (``runs.await_insert``) and asks again. An active job whose lock
+    expired (its worker died) is ``LEAVE`` under a pause: a claim would start it again;
+    the stalled check makes it waiting, and its new message is held. The pause row stays
+    share-locked until this commit.
     """
     job = session.execute(
         text(
-            "SELECT state, queue, COALESCE(tenant_id, '') AS tenant FROM jobs "
+            "SELECT state, queue, COALESCE(tenant_id, '') AS tenant, "
+            "locked_until < clock_timestamp() AS lock_expired FROM jobs "
             "WHERE id = :id FOR SHARE"
         ),
         {"id": job_id},
     ).first()
-    if job is None or job.state != "waiting":
-        return False
+    if job is None:
+        return Hold.NO_RECORD
+    if job.state not in ("waiting", "active"):
+        return Hold.RUN  # not ours to hold: the claim refuses it
     covered = session.execute(
         text(
             "SELECT 1 FROM queue_pauses WHERE queue = :queue AND tenant_id IN ('', :tenant) "
@@ -97,7 +114,9 @@ def hold(session: Session, job_id: str) -> bool:
         {"queue": job.queue, "tenant": job.tenant},
     ).first()
     if covered is None:
-        return False
+        return Hold.RUN
+    if job.state == "active":
+        return Hold.LEAVE if job.lock_expired else Hold.RUN
     session.execute(
         text(
             "INSERT INTO held_jobs (job_id, queue, tenant_id) VALUES (:id, :queue, :tenant) "
@@ -105,7 +124,7 @@ def hold(session: Session, job_id: str) -> bool:
         ),
         {"id": job_id, "queue": job.queue, "tenant": job.tenant},
     )
-    return True
+    return Hold.HELD
 
 
 def release(

@@ -245,9 +245,9 @@ def waiting_since(session: Session, queue: str, older_than_s: float, limit: int)
 
 
 def still_waiting(session: Session, job_ids: Sequence[str]) -> set[str]:
-    """Which of these jobs are waiting now."""
+    """Which of these jobs are waiting now (and not held by a pause: they have no message)."""
     rows = session.execute(
-        text("SELECT id FROM jobs WHERE id = ANY(:ids) AND state = 'waiting'"),
+        text(f"SELECT id FROM jobs WHERE id = ANY(:ids) AND state = 'waiting' AND {_NOT_HELD}"),
         {"ids": list(job_ids)},
     ).scalars()
     return set(rows)

@@ -67,6 +67,8 @@ class Maintenance(bootsteps.StartStopStep):
                     stalls.requeue_stalled_once()
                     canvas.count_bound_parts()
                     counts.compact()
-                    pauses.release_unpaused()  # what a resume that died midway left held
+                    # What a resume left to publish (a big backlog, or it died midway), a
+                    # few batches a tick: the rest of this loop's upkeep does not wait on it.
+                    pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
             except Exception:  # a database blip must not stop maintenance
                 log.warning("job maintenance failed; retrying", exc_info=True)
