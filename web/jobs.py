@@ -16,6 +16,7 @@ naming ``name``, like any other refused field of the body.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 from flask import Blueprint, g
@@ -28,6 +29,7 @@ from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
 from tasks.jobs.model.models import STATES, JobRecord
 from tasks.jobs.model.options import JobOptions, backoff_max_ms
+from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
     DEFAULT_PAGE,
     MAX_PAGE,
@@ -41,7 +43,15 @@ from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
 from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
-from web.schemas import JobAccepted, JobList, JobView, RetryJob, Strict, configured_bound
+from web.schemas import (
+    JobAccepted,
+    JobList,
+    JobView,
+    Open,
+    RetryJob,
+    Strict,
+    configured_bound,
+)
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 # Printable text: no control characters (Postgres text cannot hold NUL).
@@ -68,6 +78,31 @@ class JobListQuery(BaseModel):
         description="the nextCursor of the previous page",
     )
     limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+
+
+class JobLogQuery(BaseModel):
+    """Paging of ``GET /api/v1/jobs/<id>/logs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    after: int = Field(default=0, ge=0, le=2**31 - 1, description="the next of the previous page")
+    limit: int = Field(default=job_logs.DEFAULT_PAGE, ge=1, le=job_logs.MAX_PAGE)
+
+
+class JobLogLine(Open):
+    seq: int = Field(description="the line's number among every line the job wrote, from 1")
+    attempt: int = Field(description="the run that wrote it")
+    loggedAt: datetime
+    message: str
+
+
+class JobLog(Open):
+    jobId: str
+    logs: list[JobLogLine]
+    written: int = Field(
+        description="lines the job wrote in all; only the newest KEEL_JOB_LOG_LINES are kept"
+    )
+    next: int | None = Field(description="pass as ?after= for the next page; null: no more yet")
 
 
 def _max_delay_ms() -> int:
@@ -167,6 +202,19 @@ def list_all(query: JobListQuery):
 )
 def get_job(job_id: str):
     return describe_full(read_job(g.principal, job_id))
+
+
+@operation(
+    bp,
+    "/<job_id>/logs",
+    "GET",
+    summary="The lines the job's handler wrote with job.log() / self.log(), oldest first",
+    query=JobLogQuery,
+    responses={200: JobLog, 400: None, 404: None},
+)
+def get_job_logs(job_id: str, query: JobLogQuery):
+    job = read_job(g.principal, job_id)
+    return job_logs.page(job.id, after=query.after, limit=query.limit)
 
 
 @operation(

@@ -142,6 +142,10 @@ NOTES: dict[str, str] = {
     "retention_interval_s": (
         "How often one worker deletes the finished records past those ages, in batches."
     ),
+    "job_log_lines": (
+        "How many lines of a job's log (`job.log()`, `self.log()`) are kept: the newest; an"
+        " older line is deleted as a new one is written. Each line is at most 2,000 characters."
+    ),
     "queue_limits": (
         'JSON per queue, e.g. `{"reports": {"concurrency": 4, "rate": {"max": 10,'
         ' "duration_ms": 1000}}}`: at most that many running at once and that many started'

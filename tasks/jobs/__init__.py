@@ -11,7 +11,7 @@ Its packages, each importing only from those listed after it (the
   broker resets, the default retention (``retention``); liveness and the container
   health check
 - ``run/``       a delivery's run: limits, claim, handler, lock renewal
-  (``execute``: ``KeelTask``, ``handler``, ``JobContext``)
+  (``execute``: ``KeelTask``, ``handler``, ``JobContext``), the job's log (``job_log``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
   ``recorded_together`` (``celery_task``); ``AsyncResult`` (``result_backend``);
   Celery's signals
@@ -24,8 +24,8 @@ Its packages, each importing only from those listed after it (the
   caller's transaction (``caller_transaction``: ``in_transaction``), paused queues
   (``pauses``)
 - ``observe/``   events, metrics, queries of the records (``results``: for
-  ``AsyncResult``) and the broker
-- ``store/``     the SQL: records, runs, upkeep, counts, listing, dedup
+  ``AsyncResult``; ``job_logs``) and the broker
+- ``store/``     the SQL: records, runs, upkeep, counts, listing, dedup, pauses, logs
 - ``model/``     records and states, options, owner (and ``acting_as``),
   job types (``registry``), errors, formats, schedule rules
 

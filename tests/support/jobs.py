@@ -262,3 +262,19 @@ def chain_of_three(job: JobContext) -> dict:
 def pausable(job: JobContext) -> dict:
     """Echoes its data, on a queue of its own (the pause tests pause it whole)."""
     return {"echo": job.data, "tenant": job.tenant_id}
+
+
+@handler("test.logs", queue="default", submittable=True)
+def logs(job: JobContext) -> dict:
+    """Writes ``lines`` lines to its log (``job.log()``); fails its first run if ``failFirst``."""
+    numbers = [job.log(f"line {n} of run {job.attempts_started}") for n in range(job.data["lines"])]
+    if job.data.get("failFirst") and job.attempts_started == 1:
+        raise RuntimeError("first run fails after logging")
+    return {"last": numbers[-1] if numbers else None}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_logs")
+def celery_logs(self, text: str) -> int:
+    """A Celery-style task writing its log with ``self.log()``."""
+    self.log(f"started with {text}")
+    return self.log("done")

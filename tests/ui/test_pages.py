@@ -220,3 +220,25 @@ def test_a_tenants_own_pause_can_be_resumed_while_the_system_pauses_the_queue_to
     finally:
         pauses.resume("reports", by="cli:root")
         pauses.resume("reports", tenant, by="olga")
+
+
+def test_the_job_page_shows_the_newest_lines_of_its_log(app, client):
+    from tasks.jobs.run import job_log
+    from web.ui.jobs import JOB_PAGE_LOG_LINES
+
+    job_id = delayed_job(client)
+    alice = signed_in(app, TENANT, "alice")
+    empty = alice.get(f"/ui/jobs/{job_id}", headers=PAGE).get_data(as_text=True)
+    assert "No lines:" in empty and 'id="job-log"' not in empty
+    # Given more lines than the page shows, one with markup in it
+    for n in range(JOB_PAGE_LOG_LINES + 5):
+        job_log.write(job_id, 1, f"line {n}")
+    assert job_log.write(job_id, 2, "<script>alert(1)</script>") == JOB_PAGE_LOG_LINES + 6
+    page = alice.get(f"/ui/jobs/{job_id}", headers=PAGE).get_data(as_text=True)
+    table = page[page.index('id="job-log"') :].split("</table>")[0]
+    # Then the newest are shown, numbered, the markup as text
+    seqs = [int(s) for s in re.findall(r'data-seq="(\d+)"', table)]
+    total = JOB_PAGE_LOG_LINES + 6
+    assert seqs == list(range(total - JOB_PAGE_LOG_LINES + 1, total + 1))
+    assert f"The newest {JOB_PAGE_LOG_LINES} of {total} lines" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in table and "<script>alert" not in table

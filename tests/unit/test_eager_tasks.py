@@ -32,7 +32,13 @@ def flaky(self, fail_times):
 @handler("mine.context", queue="default")
 def context_job(job):
     job.update_progress(50)
-    return {"data": job.data, "attempt": job.attempts_started}
+    job.log("from the handler")
+    return {"data": job.data, "attempt": job.attempts_started, "lines": job.logs}
+
+
+@app.task(bind=True, name="mine.logs")
+def logs(self, n):
+    return [self.log(f"line {i}") for i in range(n)]
 
 
 @pytest.fixture
@@ -59,7 +65,13 @@ def test_retries_run_out_as_in_celery(eager):
 def test_apply_and_a_direct_call_need_no_setting():
     assert flaky.apply((1,)).get() == {"retries": 1}
     assert flaky(0) == {"retries": 0}
-    assert context_job.apply(kwargs={"a": 1}).get() == {"data": {"a": 1}, "attempt": 1}
+    assert context_job.apply(kwargs={"a": 1}).get() == {
+        "data": {"a": 1}, "attempt": 1, "lines": ["from the handler"]
+    }
+
+
+def test_a_job_log_written_in_process_is_kept_in_memory(eager):
+    assert logs.delay(3).get() == [1, 2, 3]
 """
 
 
@@ -72,4 +84,4 @@ def test_a_users_eager_tests_pass_with_no_servers(tmp_path):
     }
     files = {"test_users_tasks.py": USERS_TESTS}
     done = run_pytest(tmp_path, files, settings, "--noconftest")
-    assert "3 passed" in done.stdout
+    assert "4 passed" in done.stdout, done.stdout

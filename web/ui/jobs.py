@@ -23,6 +23,7 @@ from werkzeug.datastructures import MultiDict
 
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import CANCELLABLE_STATES, STATES, JobRecord, State
+from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import audit_trail, count_states, describe, describe_full, list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR
@@ -34,6 +35,7 @@ from web.ui.forms import act
 from web.ui.session import signed_in
 
 STREAM_TIMEOUT_S = 120.0  # then the browser reconnects with Last-Event-ID
+JOB_PAGE_LOG_LINES = 100  # the newest lines of its log a job's page shows
 
 
 def given_filters() -> MultiDict:
@@ -84,9 +86,12 @@ def jobs_table() -> Any:
 @signed_in()
 def job(job_id: str) -> Any:
     record = read_job(g.principal, job_id)
+    log_lines, written = job_logs.newest(record.id, JOB_PAGE_LOG_LINES)
     return render_template(
         "ui/job.html",
         job=describe_full(record),
+        log_lines=log_lines,
+        log_written=written,
         stacktrace=record.stacktrace,
         audits=audit_trail(record.id),
         cancellable=record.state in CANCELLABLE_STATES,

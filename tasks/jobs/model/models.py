@@ -271,6 +271,21 @@ class QueuePause(Base):
     paused_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+class JobLogLine(Base):
+    """A line a handler wrote with ``job.log()`` / ``self.log()`` (``tasks.jobs.store.logs``):
+    numbered from 1 per job, the newest ``KEEL_JOB_LOG_LINES`` kept, deleted with the job."""
+
+    __tablename__ = "job_logs"
+
+    job_id: Mapped[str] = mapped_column(
+        String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    logged_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    message: Mapped[str] = mapped_column(Text)
+
+
 class HeldJob(Base):
     """A waiting job a worker set aside because its queue was paused: its message was
     acknowledged, and it is published again when the pause is lifted."""

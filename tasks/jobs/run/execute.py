@@ -36,7 +36,7 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner, current_owner, running_for
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
-from tasks.jobs.run import limits, lock_renewal
+from tasks.jobs.run import job_log, limits, lock_renewal
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import runs, upkeep
@@ -80,6 +80,11 @@ class JobContext:
             runs.set_progress(session, self._claimed, progress)
         events.emit(self.queue, "progress", self.id, self.name, data=progress)
 
+    def log(self, message: object) -> int | None:
+        """Add a line to the job's log (BullMQ's ``job.log()``), read by ``GET
+        /api/v1/jobs/<id>/logs`` and the job's page; its number among the job's lines."""
+        return job_log.write(self.id, self.attempts_started, message)
+
 
 class InProcessJob:
     """A ``JobContext`` for a handler run in the caller's process (``task.apply()``,
@@ -98,9 +103,15 @@ class InProcessJob:
         self.attempts_made = int(request.retries or 0)
         self.attempts_started = self.attempts_made + 1
         self.progress: Any = None
+        self.logs: list[str] = []
 
     def update_progress(self, progress: Any) -> None:
         self.progress = progress
+
+    def log(self, message: object) -> int:
+        """The line goes to this process's log and ``self.logs``; nothing is stored."""
+        self.logs.append(job_log.echo(message))
+        return len(self.logs)
 
 
 class KeelTask(CeleryTask):
@@ -130,8 +141,19 @@ class KeelTask(CeleryTask):
         """The handler, run the way Celery's eager mode runs a task: no record, no servers
         (``tasks.jobs.calls.celery_task.in_process``)."""
         if self.job_style == "context":
-            return self.run(InProcessJob(self, self.data_for(args, kwargs)))
+            job = InProcessJob(self, self.data_for(args, kwargs))
+            self.request.keel_job = job  # what ``self.log()`` writes to
+            return self.run(job)
+        self.request.keel_job = InProcessJob(self, {"args": list(args), "kwargs": dict(kwargs)})
         return self.run(*args, **kwargs)
+
+    def log(self, message: object) -> int | None:
+        """``self.log(message)`` in a bound task (``bind=True``): a line of the running job's
+        log, as ``job.log()`` writes it for a ``handler(job)``."""
+        job: JobContext | InProcessJob | None = getattr(self.request, "keel_job", None)
+        if job is None:
+            raise RuntimeError("self.log() writes to a running job's log: call it from the task")
+        return job.log(message)
 
     def _hold_if_paused(self) -> None:
         """A recorded job of a paused queue is held (``tasks.jobs.intake.pauses``) before its

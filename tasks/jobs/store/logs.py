@@ -1,0 +1,99 @@
+"""The SQL of job logs: the lines a handler writes with ``job.log()`` / ``self.log()``.
+
+A job's lines are numbered from 1 (``seq``) in the order they were written, across its
+runs (each line keeps the attempt that wrote it). Only the newest ``keep`` are kept: each
+append deletes what falls out of that window, in the same statement, so a handler that
+logs in a loop costs a bounded table. The lines go with the job's record (a foreign key
+``ON DELETE CASCADE``): retention and ``removeOnComplete`` trim them too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+MAX_LINE_CHARS = 2_000  # a longer line is cut, and ends with "…"
+
+# The next number is the job's highest + 1; a concurrent append of the same job (two runs
+# of one job at once: a stalled run still going) that took it adds nothing, and is retried.
+_APPEND = text(
+    """
+    WITH job AS (
+        SELECT id FROM jobs WHERE id = CAST(:id AS varchar)
+    ), line AS (
+        INSERT INTO job_logs (job_id, seq, attempt, message)
+        SELECT job.id, COALESCE((SELECT max(seq) FROM job_logs WHERE job_id = job.id), 0) + 1,
+               CAST(:attempt AS integer), CAST(:message AS text)
+        FROM job
+        ON CONFLICT DO NOTHING
+        RETURNING seq
+    ), trimmed AS (
+        DELETE FROM job_logs
+        WHERE job_id = (SELECT id FROM job) AND seq <= (SELECT seq FROM line) - :keep
+    )
+    SELECT seq FROM line
+    """
+)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    seq: int
+    attempt: int
+    logged_at: datetime
+    message: str
+
+
+def clean(message: object) -> str:
+    """The line as stored: text without NUL (Postgres text cannot hold it), at most
+    ``MAX_LINE_CHARS`` long."""
+    line = str(message).replace("\x00", "\ufffd")
+    if len(line) > MAX_LINE_CHARS:
+        line = line[: MAX_LINE_CHARS - 1] + "…"
+    return line
+
+
+def append(session: Session, job_id: str, attempt: int, message: str, keep: int) -> int | None:
+    """Add a line to the job's log, keeping its newest ``keep``; its number (``None``: the
+    job's record is gone, or a concurrent append took the number: try again)."""
+    seq = session.execute(
+        _APPEND, {"id": job_id, "attempt": attempt, "message": message, "keep": keep}
+    ).scalar()
+    return int(seq) if seq is not None else None
+
+
+def lines(session: Session, job_id: str, after: int, limit: int) -> list[LogLine]:
+    """The job's kept lines numbered above ``after``, oldest first, at most ``limit``."""
+    rows = session.execute(
+        text(
+            "SELECT seq, attempt, logged_at, message FROM job_logs "
+            "WHERE job_id = :id AND seq > :after ORDER BY seq LIMIT :limit"
+        ),
+        {"id": job_id, "after": after, "limit": limit},
+    ).all()
+    return [LogLine(r.seq, r.attempt, r.logged_at, r.message) for r in rows]
+
+
+def newest(session: Session, job_id: str, limit: int) -> list[LogLine]:
+    """The job's newest ``limit`` lines, oldest first (the dashboard's view)."""
+    rows = session.execute(
+        text(
+            "SELECT seq, attempt, logged_at, message FROM job_logs "
+            "WHERE job_id = :id ORDER BY seq DESC LIMIT :limit"
+        ),
+        {"id": job_id, "limit": limit},
+    ).all()
+    return [LogLine(r.seq, r.attempt, r.logged_at, r.message) for r in reversed(rows)]
+
+
+def written(session: Session, job_id: str) -> int:
+    """How many lines the job has written in all (the kept ones are the newest of them)."""
+    return int(
+        session.execute(
+            text("SELECT COALESCE(max(seq), 0) FROM job_logs WHERE job_id = :id"),
+            {"id": job_id},
+        ).scalar_one()
+    )
