@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks import quotas
 from tasks.celery import load_job_modules
 from tasks.jobs.end.cancel import cancel
+from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
 from tasks.jobs.model.models import STATES, JobRecord
@@ -103,6 +104,25 @@ class JobLog(Open):
         description="lines the job wrote in all; only the newest KEEL_JOB_LOG_LINES are kept"
     )
     next: int | None = Field(description="pass as ?after= for the next page; null: no more yet")
+
+
+class UpdateJobData(Strict):
+    """A waiting or delayed job's new data, and why (kept in the job's audit)."""
+
+    data: dict[str, Any] = Field(
+        description="the whole new data, checked as a submission's is (a Celery-style "
+        'task\'s: {"args": [...], "kwargs": {...}})'
+    )
+    reason: str = Field(min_length=10, max_length=2000, pattern=TEXT)
+
+
+class ChangeDelay(Strict):
+    delay: int = Field(
+        ge=0,
+        le=MAX_PERIOD_MS,
+        description="milliseconds from now, at most the tenant quota maxDelaySeconds",
+        json_schema_extra=configured_bound("maximum", lambda: _max_delay_ms()),
+    )
 
 
 def _max_delay_ms() -> int:
@@ -241,6 +261,74 @@ def cancel_job(job_id: str):
 def retry_job(job_id: str, body: RetryJob):
     retry_for(g.principal, job_id, body.reason)
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
+
+
+@operation(
+    bp,
+    "/<job_id>/data",
+    "PUT",
+    summary="Operator: replace a waiting or delayed job's data (audited; 409 once it runs)",
+    body=UpdateJobData,
+    role=OPERATOR,
+    responses={200: JobView, 400: None, 403: None, 404: None, 409: None},
+)
+def update_job_data(job_id: str, body: UpdateJobData):
+    load_job_modules()  # every job type's data model declared
+    principal = g.principal
+    job = edits.update_data(
+        job_id, principal.owner, body.data, actor=principal.user_id, reason=body.reason
+    )
+    return describe_full(job)
+
+
+@operation(
+    bp,
+    "/<job_id>/delay",
+    "POST",
+    summary="Change a delayed job's delay: it is due that many milliseconds from now",
+    body=ChangeDelay,
+    responses={200: JobView, 400: None, 404: None, 409: None},
+)
+def change_job_delay(job_id: str, body: ChangeDelay):
+    most = _max_delay_ms()
+    if body.delay > most:
+        raise ApiError(
+            400,
+            f"the delay must be at most {most // 1000} s",
+            code="validation_failed",
+            details=[
+                {
+                    "field": "delay",
+                    "type": "value_error",
+                    "limit": "maxDelaySeconds",
+                    "max": most // 1000,
+                }
+            ],
+        )
+    principal = g.principal
+    job = edits.change_delay(
+        job_id,
+        principal.owner,
+        body.delay,
+        actor=principal.user_id,
+        tenant_wide=principal.operator,
+    )
+    return describe_full(job)
+
+
+@operation(
+    bp,
+    "/<job_id>/promote",
+    "POST",
+    summary="Promote a delayed job: it waits to run now (409 unless delayed)",
+    responses={200: JobView, 404: None, 409: None},
+)
+def promote_job(job_id: str):
+    principal = g.principal
+    job = edits.promote(
+        job_id, principal.owner, actor=principal.user_id, tenant_wide=principal.operator
+    )
+    return describe_full(job)
 
 
 def _options(opts: SubmitOptions) -> JobOptions:

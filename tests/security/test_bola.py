@@ -75,6 +75,11 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
         "recipientCount": 1,
     },
     "SubmitJob": lambda: {"name": "test.echo", "data": {"from": "the matrix"}},
+    "UpdateJobData": lambda: {
+        "data": {"reportId": unique(), "rows": 7},
+        "reason": "security matrix: edited by whoever asks",
+    },
+    "ChangeDelay": lambda: {"delay": 3_600_000},
 }
 
 

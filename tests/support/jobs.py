@@ -273,7 +273,7 @@ def logs(job: JobContext) -> dict:
     return {"last": numbers[-1] if numbers else None}
 
 
-@shared_task(bind=True, base=KeelTask, name="test.celery_logs")
+@shared_task(bind=True, base=KeelTask, name="test.celery_logs", submittable=True)
 def celery_logs(self, text: str) -> int:
     """A Celery-style task writing its log with ``self.log()``."""
     self.log(f"started with {text}")

@@ -81,7 +81,7 @@ def _claimed_identity(data: dict[str, Any]) -> list[str]:
     return found + (registry.owner_fields_in(named) if isinstance(named, dict) else [])
 
 
-def _check_data(job_type: registry.JobType, data: dict[str, Any], where: str) -> None:
+def check_data(job_type: registry.JobType, data: dict[str, Any], where: str) -> None:
     claimed = _claimed_identity(data)
     if claimed:
         raise SubmissionRefused(
@@ -111,7 +111,7 @@ def submit(owner: Owner, submission: Submission, limits: TenantLimits) -> AddedJ
     if submission.opts.job_id is not None or submission.opts.deduplication is not None:
         raise SubmissionRefused("opts", "jobId and deduplication are not accepted")
     data = _data_of(submission)
-    _check_data(job_type, data, "kwargs" if submission.kwargs is not None else "data")
+    check_data(job_type, data, "kwargs" if submission.kwargs is not None else "data")
     return add(
         job_type.name,
         data,

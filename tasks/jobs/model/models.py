@@ -179,6 +179,24 @@ class RetryAudit(Base):
     )
 
 
+class JobAction(Base):
+    """Append-only record of an operator's edit of one job (``tasks.jobs.intake.edits``):
+    its data replaced, its delay changed, promoted. The database refuses UPDATE, DELETE
+    and TRUNCATE on this table; rows outlive their job."""
+
+    __tablename__ = "job_actions"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200), index=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(50))
+    actor: Mapped[str] = mapped_column(String(200))
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
 class ArchivedJob(Base):
     """A failed job record trimmed by retention, kept so operators can still read why."""
 

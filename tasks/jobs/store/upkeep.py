@@ -165,6 +165,17 @@ def promote_now(session: Session, job_ids: Sequence[str]) -> list[ReadyJob]:
     return [ready_job(r) for r in rows]
 
 
+def set_run_at(session: Session, job_id: str, delay_ms: int) -> None:
+    """The delayed job is due ``delay_ms`` from now."""
+    session.execute(
+        text(
+            "UPDATE jobs SET run_at = clock_timestamp() + make_interval(secs => :ms / 1000.0) "
+            "WHERE id = :id AND state = 'delayed'"
+        ),
+        {"id": job_id, "ms": delay_ms},
+    )
+
+
 STALLED_TOO_OFTEN = "job stalled more than allowable limit"
 
 

@@ -1,0 +1,126 @@
+"""Editing one job before it runs: BullMQ's ``job.updateData()``, ``changeDelay()`` and
+``promote()``.
+
+- ``update_data``: an operator replaces the data of a waiting or delayed job, checked as
+  a submission is (the job type's ``data`` model; no identity fields; a Celery-style
+  task's ``{"args": [...], "kwargs": {...}}``). The claim reads the data from the record,
+  so the next run sees it, even for a job whose message is already queued.
+- ``change_delay``: a delayed job is due ``delay_ms`` from now instead.
+- ``promote``: a delayed job becomes waiting and is published now (a paused queue still
+  holds it).
+
+Each locks the job's row, so it is ordered with a claim: the claim either ran first (the
+job is active: 409) or reads what the edit wrote. Each writes one row of ``job_actions``
+(append-only) in the same transaction, saying who did what.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.intake.promote import publish_ready
+from tasks.jobs.intake.submit import SubmissionRefused, check_data, task_style
+from tasks.jobs.model import registry
+from tasks.jobs.model.errors import JobConflict, JobNotFound
+from tasks.jobs.model.models import JobAction, JobRecord, State
+from tasks.jobs.model.owner import Owner
+from tasks.jobs.observe import events
+from tasks.jobs.observe.queries import owned_by
+from tasks.jobs.store import jobs as store
+from tasks.jobs.store import upkeep
+
+DATA_EDITABLE = (State.WAITING, State.DELAYED)
+
+
+def _locked(session: Session, job_id: str, owner: Owner, tenant_wide: bool) -> JobRecord:
+    job = store.lock(session, job_id)
+    if job is None or not owned_by(job, owner, tenant_wide=tenant_wide):
+        raise JobNotFound("job not found")
+    return job
+
+
+def _refuse(job: JobRecord, what: str, states: tuple[State, ...]) -> None:
+    if job.state not in states:
+        allowed = " or ".join(str(s) for s in states)
+        raise JobConflict(
+            f"a {job.state} job cannot {what}: only a {allowed} one can",
+            details=[{"jobId": job.id, "state": job.state}],
+        )
+
+
+def _audit(session: Session, job: JobRecord, action: str, actor: str, **details: Any) -> None:
+    session.add(
+        JobAction(
+            job_id=job.id, tenant_id=job.tenant_id, action=action, actor=actor, details=details
+        )
+    )
+
+
+def update_data(
+    job_id: str, owner: Owner, data: dict[str, Any], *, actor: str, reason: str
+) -> JobRecord:
+    """Replace a waiting or delayed job's data (an operator of its tenant)."""
+    with transaction() as session:
+        job = _locked(session, job_id, owner, tenant_wide=True)
+        _refuse(job, "have its data changed", DATA_EDITABLE)
+        _check_shape(job.name, data)
+        _audit(session, job, "update_data", actor, reason=reason, before=job.data, after=data)
+        job.data = data
+        session.flush()
+        session.refresh(job)
+    return job
+
+
+def _check_shape(name: str, data: dict[str, Any]) -> None:
+    if task_style(name) == "celery" and (
+        set(data) - {"args", "kwargs"}
+        or not isinstance(data.get("args", []), list)
+        or not isinstance(data.get("kwargs", {}), dict)
+    ):
+        raise SubmissionRefused(
+            "data", 'a Celery-style task\'s data is {"args": [...], "kwargs": {...}}'
+        )
+    job_type = registry.get(name)
+    if job_type is not None:
+        check_data(job_type, data, "data")
+
+
+def change_delay(
+    job_id: str, owner: Owner, delay_ms: int, *, actor: str, tenant_wide: bool = False
+) -> JobRecord:
+    """A delayed job is due ``delay_ms`` from now (its owner, or an operator of its tenant)."""
+    with transaction() as session:
+        job = _locked(session, job_id, owner, tenant_wide)
+        _refuse(job, "have its delay changed", (State.DELAYED,))
+        before = job.run_at
+        upkeep.set_run_at(session, job.id, delay_ms)
+        session.refresh(job)
+        _audit(
+            session,
+            job,
+            "change_delay",
+            actor,
+            delayMs=delay_ms,
+            before=before.isoformat() if before else None,
+            after=job.run_at.isoformat() if job.run_at else None,
+        )
+    events.emit(job.queue, "delayed", job.id, job.name, delay=delay_ms)
+    return job
+
+
+def promote(job_id: str, owner: Owner, *, actor: str, tenant_wide: bool = False) -> JobRecord:
+    """A delayed job becomes waiting and is published now (its owner, or an operator)."""
+    with transaction() as session:
+        job = _locked(session, job_id, owner, tenant_wide)
+        _refuse(job, "be promoted", (State.DELAYED,))
+        before = job.run_at
+        ready = upkeep.promote_now(session, [job.id])
+        sent = publish_ready(session, ready)
+        _audit(session, job, "promote", actor, before=before.isoformat() if before else None)
+        session.refresh(job)
+    if sent:
+        events.emit(job.queue, "waiting", job.id, job.name)
+    return job
