@@ -107,7 +107,7 @@ class JobLog(Open):
 
 
 class UpdateJobData(Strict):
-    """A waiting or delayed job's new data, and why (kept in the job's audit)."""
+    """A waiting or delayed job's new data, and why (kept in the ``job_actions`` audit)."""
 
     data: dict[str, Any] = Field(
         description="the whole new data, checked as a submission's is (a Celery-style "

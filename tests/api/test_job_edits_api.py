@@ -5,13 +5,17 @@ No worker here: what a promoted, edited job then does is tests/integration/test_
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select, text
 
 from tasks.db import transaction
+from tasks.jobs.intake.enqueue import add
 from tasks.jobs.model.models import JobAction
+from tasks.jobs.model.options import JobOptions
+from tasks.jobs.model.owner import Owner
 from tests.support import jobs as _test_jobs  # noqa: F401  (test.echo, test.celery_logs)
 from tests.support.client import bearer, ts, unique
 
@@ -51,9 +55,54 @@ def test_an_operator_replaces_a_delayed_jobs_data_and_the_audit_says_who_and_why
     assert response.status_code == 200, response.get_json()
     job = response.get_json()
     assert job["data"] == {"n": 2} and job["state"] == "delayed"
-    assert actions(job_id) == [
-        ("update_data", "ops", {"reason": body["reason"], "before": {"n": 1}, "after": {"n": 2}})
-    ]
+    [(action, actor, details)] = actions(job_id)
+    assert (action, actor, details["reason"], details["changedFields"]) == (
+        "update_data",
+        "ops",
+        body["reason"],
+        ["n"],
+    )
+    # Digests, never the data (the audit outlives the record, which retention deletes)
+    assert set(details) == {"reason", "changedFields", "before", "after"}
+    assert details["before"] != details["after"]
+    assert all(re.fullmatch(r"[0-9a-f]{64}", details[k]) for k in ("before", "after"))
+
+
+def test_only_a_submittable_standalone_jobs_data_is_editable(client, tenant):
+    ops = bearer(tenant, "ops", ("operator",))
+    body = {"data": {"n": 2}, "reason": "trying to edit what is not mine to edit"}
+    # Keel's own job types (a report job here) keep their data
+    run_at = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    report = client.post(
+        "/api/v1/reports/scheduled",
+        json={"reportId": unique(), "rows": 3, "runAt": run_at},
+        headers=ops,
+    ).get_json()["jobId"]
+    response = client.put(f"/api/v1/jobs/{report}/data", json=body, headers=ops)
+    assert (
+        response.status_code == 409 and "only job types tenants" in response.get_json()["message"]
+    )
+    # So does a deduplicated job, and a chord's part
+    owner = Owner(tenant, "ops")
+    deduped = add(
+        "test.echo",
+        {"n": 1},
+        queue="default",
+        owner=owner,
+        opts=JobOptions(delay=3_600_000, deduplication={"id": unique()}),
+    ).job_id
+    part = add(
+        "test.echo",
+        {"n": 1},
+        queue="default",
+        owner=owner,
+        opts=JobOptions(delay=3_600_000),
+        ctx={"chord": {"task": "test.echo"}, "group": unique()},
+    ).job_id
+    for job_id, why in ((deduped, "deduplicated"), (part, "chord")):
+        response = client.put(f"/api/v1/jobs/{job_id}/data", json=body, headers=ops)
+        assert response.status_code == 409 and why in response.get_json()["message"], why
+    assert actions(report) == actions(deduped) == actions(part) == []
 
 
 def test_new_data_is_checked_as_a_submission_is(client, tenant):

@@ -1,9 +1,10 @@
 """Editing one job before it runs: BullMQ's ``job.updateData()``, ``changeDelay()`` and
 ``promote()``.
 
-- ``update_data``: an operator replaces the data of a waiting or delayed job, checked as
-  a submission is (the job type's ``data`` model; no identity fields; a Celery-style
-  task's ``{"args": [...], "kwargs": {...}}``). The claim reads the data from the record,
+- ``update_data``: an operator replaces the data of a waiting or delayed job of a type
+  tenants may submit (not deduplicated, not part of a canvas), checked as a submission
+  is (the job type's ``data`` model; no identity fields; a Celery-style task's
+  ``{"args": [...], "kwargs": {...}}``). The claim reads the data from the record,
   so the next run sees it, even for a job whose message is already queued.
 - ``change_delay``: a delayed job is due ``delay_ms`` from now instead.
 - ``promote``: a delayed job becomes waiting and is published now (a paused queue still
@@ -11,11 +12,14 @@
 
 Each locks the job's row, so it is ordered with a claim: the claim either ran first (the
 job is active: 409) or reads what the edit wrote. Each writes one row of ``job_actions``
-(append-only) in the same transaction, saying who did what.
+(append-only) in the same transaction, saying who did what (for data: which fields
+changed and digests, never the data itself).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -66,12 +70,54 @@ def update_data(
     with transaction() as session:
         job = _locked(session, job_id, owner, tenant_wide=True)
         _refuse(job, "have its data changed", DATA_EDITABLE)
+        _refuse_data_edit(job)
         _check_shape(job.name, data)
-        _audit(session, job, "update_data", actor, reason=reason, before=job.data, after=data)
+        # Which fields changed and digests of both: never the data itself (it may hold
+        # what retention must be able to delete, and this table keeps every row).
+        changed = sorted(k for k in set(job.data) | set(data) if job.data.get(k) != data.get(k))
+        _audit(
+            session,
+            job,
+            "update_data",
+            actor,
+            reason=reason,
+            changedFields=changed,
+            before=_digest(job.data),
+            after=_digest(data),
+        )
         job.data = data
         session.flush()
         session.refresh(job)
     return job
+
+
+def _refuse_data_edit(job: JobRecord) -> None:
+    """Only the data of a job type tenants may submit is theirs to change: the data of
+    Keel's own jobs (a campaign's chunks, say) is trusted by their handlers. A job that
+    is deduplicated (its dedup id was derived from the data it had) or part of a canvas
+    (its parent or chord counts it as it was sent) keeps its data too."""
+    job_type = registry.get(job.name)
+    if job_type is None or not job_type.submittable:
+        raise JobConflict(
+            f"the data of a {job.name} job cannot be changed: only job types tenants may "
+            "submit can",
+            details=[{"jobId": job.id, "name": job.name}],
+        )
+    if (job.opts or {}).get("deduplication"):
+        raise JobConflict(
+            "a deduplicated job's data cannot be changed: its deduplication id was made from it",
+            details=[{"jobId": job.id}],
+        )
+    ctx = job.celery_ctx or {}
+    if any(ctx.get(key) for key in ("chord", "group", "chain")):
+        raise JobConflict(
+            "the data of a job in a chain, group or chord cannot be changed",
+            details=[{"jobId": job.id}],
+        )
+
+
+def _digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _check_shape(name: str, data: dict[str, Any]) -> None:

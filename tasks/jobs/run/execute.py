@@ -151,8 +151,9 @@ class KeelTask(CeleryTask):
         """``self.log(message)`` in a bound task (``bind=True``): a line of the running job's
         log, as ``job.log()`` writes it for a ``handler(job)``."""
         job: JobContext | InProcessJob | None = getattr(self.request, "keel_job", None)
-        if job is None:
-            raise RuntimeError("self.log() writes to a running job's log: call it from the task")
+        if job is None:  # the task called as a function: no job of its own to keep it
+            job_log.echo(message)
+            return None
         return job.log(message)
 
     def _hold_if_paused(self) -> None:

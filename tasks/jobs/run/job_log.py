@@ -10,28 +10,38 @@ from __future__ import annotations
 
 import logging
 
+from sqlalchemy.exc import IntegrityError
+
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.store import logs as store
+from tasks.logs import redact
 
 log = logging.getLogger("tasks.jobs.job_log")
-_TRIES = 3  # a concurrent append of the same job took the number: take the next
 
 
 def echo(message: object) -> str:
-    """The line as it is stored, written to this process's log."""
-    line = store.clean(message)
+    """The line as it is stored (secrets masked as in every log line), written to this
+    process's log."""
+    line = redact(store.clean(message))
     log.info("%s", line)
     return line
 
 
 def write(job_id: str, attempt: int, message: object) -> int | None:
-    """Store a line of the job's log; its number (``None``: the job's record is gone)."""
+    """Store a line of the job's log; its number (``None``: the job's record is gone).
+
+    A concurrent append of the same job (threads of one handler) that took the next number
+    has saved its own line: this one takes the number after, so no line is lost. The
+    database being away raises, as ``update_progress`` does.
+    """
     line = echo(message)
     keep = get_settings().job_log_lines
-    for _ in range(_TRIES):
-        with transaction(one_statement=True) as session:
-            seq = store.append(session, job_id, attempt, line, keep)
+    while True:
+        try:
+            with transaction(one_statement=True) as session:
+                seq = store.append(session, job_id, attempt, line, keep)
+        except (store.JobGone, IntegrityError):  # (deleted between the statement's reads)
+            return None
         if seq is not None:
             return seq
-    return None

@@ -34,7 +34,7 @@ _APPEND = text(
         DELETE FROM job_logs
         WHERE job_id = (SELECT id FROM job) AND seq <= (SELECT seq FROM line) - :keep
     )
-    SELECT seq FROM line
+    SELECT (SELECT seq FROM line) AS seq, (SELECT count(*) FROM job) AS found
     """
 )
 
@@ -48,21 +48,30 @@ class LogLine:
 
 
 def clean(message: object) -> str:
-    """The line as stored: text without NUL (Postgres text cannot hold it), at most
+    """The line as stored: UTF-8 text without NUL (Postgres text holds neither NUL nor a
+    lone surrogate, as ``os.fsdecode`` makes of a file name's stray byte), at most
     ``MAX_LINE_CHARS`` long."""
-    line = str(message).replace("\x00", "\ufffd")
+    line = str(message).encode("utf-8", "backslashreplace").decode("utf-8")
+    line = line.replace("\x00", "\ufffd")
     if len(line) > MAX_LINE_CHARS:
         line = line[: MAX_LINE_CHARS - 1] + "…"
     return line
 
 
+class JobGone(Exception):
+    """The job's record is gone (deleted while a run of it still logs)."""
+
+
 def append(session: Session, job_id: str, attempt: int, message: str, keep: int) -> int | None:
-    """Add a line to the job's log, keeping its newest ``keep``; its number (``None``: the
-    job's record is gone, or a concurrent append took the number: try again)."""
-    seq = session.execute(
+    """Add a line to the job's log, keeping its newest ``keep``; its number (``None``: a
+    concurrent append of the same job took the number, and saved its line: try again).
+    Raises ``JobGone`` if the job has no record."""
+    row = session.execute(
         _APPEND, {"id": job_id, "attempt": attempt, "message": message, "keep": keep}
-    ).scalar()
-    return int(seq) if seq is not None else None
+    ).one()
+    if not row.found:
+        raise JobGone(job_id)
+    return int(row.seq) if row.seq is not None else None
 
 
 def lines(session: Session, job_id: str, after: int, limit: int) -> list[LogLine]:
