@@ -198,7 +198,7 @@ class Settings(BaseSettings):
     keep_failed_s: int = Field(default=7 * 86_400, ge=0)
     retention_interval_s: float = Field(default=60.0, gt=0)
     # The newest lines of a job's log (job.log(), self.log()) that are kept (tasks.jobs.store.logs).
-    job_log_lines: int = Field(default=1_000, ge=1, le=100_000)
+    job_log_lines: int = Field(default=1_000, ge=1, le=10_000)
     # Per-queue concurrency and rate limits (JSON; tasks.setting_types, tasks.jobs.run.limits).
     queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
     # Your own job modules (comma-separated import paths), loaded by every Keel process.

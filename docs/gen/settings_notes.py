@@ -144,7 +144,8 @@ NOTES: dict[str, str] = {
     ),
     "job_log_lines": (
         "How many lines of a job's log (`job.log()`, `self.log()`) are kept: the newest; an"
-        " older line is deleted as a new one is written. Each line is at most 2,000 characters."
+        " older line is deleted as a new one is written. Each line is at most 2,000 characters;"
+        " at most 10,000 lines, so that deleting a finished job (retention) stays cheap."
     ),
     "queue_limits": (
         'JSON per queue, e.g. `{"reports": {"concurrency": 4, "rate": {"max": 10,'
