@@ -174,8 +174,10 @@ def test_an_operator_retries_a_failed_job_with_a_reason_and_it_runs_again(
     )
     form.find_element(By.NAME, "reason").send_keys("short")
     form.find_element(By.CSS_SELECTOR, "button").click()
-    # (read inside the wait: the page may still be replaced by the answer's redirect)
-    error = wait(browser, lambda driver: text_of(driver, ".flash.error"))
+    # (read inside the wait: the page may still be replaced by the answer's redirect. The
+    # flashed message is the alert: the failure card's reason is styled .flash.error too,
+    # and on the page before the redirect it is the only one)
+    error = wait(browser, lambda driver: text_of(driver, '.flash.error[role="alert"]'))
     assert "reason" in error and "10" in error
     assert record(job_id)["attemptsStarted"] == 1
     # And with a real reason the retry is audited and the job runs again
