@@ -133,3 +133,33 @@ def test_a_tenants_pause_holds_its_own_jobs_and_no_one_elses(workers, client):
     for job_id in acme_jobs:
         job = wait_state(job_id, "completed", "failed", timeout=30)
         assert job["state"] == "completed" and job["attemptsStarted"] == 1, job
+
+
+def test_a_message_without_a_record_and_a_chain_step_are_held_too(workers, worker, client):
+    from celery import chain
+
+    from tasks.celery import app
+
+    # Given the queue paused for every tenant
+    assert "paused for every tenant's jobs" in keel("queues", "pause", QUEUE)
+    time.sleep(1)
+    # When a message arrives that another Celery app sent by name (no record, no Keel
+    # header), and a chain's step on the paused queue is recorded and published inside
+    # the transaction that completes its parent (which runs on another queue)
+    foreign = unique("foreign")
+    app.send_task("test.pausable", kwargs={"n": foreign}, task_id=foreign, queue=QUEUE)
+    step = unique("step")
+    chain(
+        app.signature("test.echo", kwargs={"n": 1}, queue="default", immutable=True),
+        app.signature(
+            "test.pausable", kwargs={"n": step}, task_id=step, queue=QUEUE, immutable=True
+        ),
+    ).apply_async()
+    # Then the foreign one is recorded on arrival and held, and so is the chain's step
+    wait_for(lambda: held([foreign, step]) == {foreign, step}, timeout=30)
+    assert_waiting_untouched([foreign, step])
+    # And resumed, each runs once
+    keel("queues", "resume", QUEUE)
+    for job_id in (foreign, step):
+        job = wait_state(job_id, "completed", "failed", timeout=60)
+        assert job["state"] == "completed" and job["attemptsStarted"] == 1, job
