@@ -27,7 +27,8 @@ OPERATOR = ("operator",)
 
 
 def flashes(response) -> list[str]:
-    return re.findall(r'class="flash \w+"[^>]*>([^<]*)<', response.get_data(as_text=True))
+    """The flashed messages (a job page's failure reason is styled as one, with no role)."""
+    return re.findall(r'class="flash \w+" role="\w+">([^<]*)<', response.get_data(as_text=True))
 
 
 def delayed_job(client, headers=ALICE) -> str:
@@ -242,3 +243,34 @@ def test_the_job_page_shows_the_newest_lines_of_its_log(app, client):
     assert seqs == list(range(total - JOB_PAGE_LOG_LINES + 1, total + 1))
     assert f"The newest {JOB_PAGE_LOG_LINES} of {total} lines" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in table and "<script>alert" not in table
+
+
+def test_the_owner_runs_a_delayed_job_now_from_its_page(app, client):
+    job_id = delayed_job(client)
+    alice = signed_in(app, TENANT, "alice")
+    page = alice.get(f"/ui/jobs/{job_id}", headers=PAGE).get_data(as_text=True)
+    form = page[page.index('id="promote-form"') :].split("</form>")[0]
+    assert "hidden" not in form.split(">")[0] and "Run now" in form
+    done = alice.post(
+        f"/ui/jobs/{job_id}/promote",
+        data={"csrf_token": csrf_token(alice)},
+        follow_redirects=True,
+    )
+    assert flashes(done) == ["Promoted: the job waits to run now."]
+    # (a worker of this session may take it at once)
+    state = alice.get(f"/ui/jobs/{job_id}/state").get_json()["state"]
+    assert state in ("waiting", "active", "completed")
+    # Promoted already: a second post says why
+    again = alice.post(
+        f"/ui/jobs/{job_id}/promote",
+        data={"csrf_token": csrf_token(alice)},
+        follow_redirects=True,
+    )
+    [refusal] = flashes(again)
+    assert re.fullmatch(r"an? \w+ job cannot be promoted: only a delayed one can", refusal)
+    # Another user of the tenant cannot
+    bob = signed_in(app, TENANT, "bob")
+    assert (
+        bob.post(f"/ui/jobs/{job_id}/promote", data={"csrf_token": csrf_token(bob)}).status_code
+        == 404
+    )

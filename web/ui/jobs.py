@@ -21,6 +21,7 @@ from typing import Any
 from flask import g, render_template, request, url_for
 from werkzeug.datastructures import MultiDict
 
+from tasks.jobs.intake import edits
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import CANCELLABLE_STATES, STATES, JobRecord, State
 from tasks.jobs.observe import job_logs
@@ -95,6 +96,7 @@ def job(job_id: str) -> Any:
         stacktrace=record.stacktrace,
         audits=audit_trail(record.id),
         cancellable=record.state in CANCELLABLE_STATES,
+        promotable=record.state == State.DELAYED,
         retryable=record.state == State.FAILED,
     )
 
@@ -121,6 +123,19 @@ def retry_job(job_id: str) -> Any:
         retry_for(g.principal, job_id, body.reason)
 
     return act(url_for("ui.job", job_id=job_id), retry, "Retried: the job runs again.")
+
+
+@bp.post("/jobs/<job_id>/promote")
+@signed_in()
+def promote_job(job_id: str) -> Any:
+    principal = g.principal
+    return act(
+        url_for("ui.job", job_id=job_id),
+        lambda: edits.promote(
+            job_id, principal.owner, actor=principal.user_id, tenant_wide=principal.operator
+        ),
+        "Promoted: the job waits to run now.",
+    )
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -49,8 +49,9 @@ def _locked(session: Session, job_id: str, owner: Owner, tenant_wide: bool) -> J
 def _refuse(job: JobRecord, what: str, states: tuple[State, ...]) -> None:
     if job.state not in states:
         allowed = " or ".join(str(s) for s in states)
+        article = "an" if str(job.state)[0] in "aeiou" else "a"
         raise JobConflict(
-            f"a {job.state} job cannot {what}: only a {allowed} one can",
+            f"{article} {job.state} job cannot {what}: only a {allowed} one can",
             details=[{"jobId": job.id, "state": job.state}],
         )
 
