@@ -38,6 +38,12 @@ class Operation:
     param_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     query: type[BaseModel] | None = None
     blueprint: str = ""  # documented only where this blueprint is registered
+    # Whether the endpoint is open to anyone now (a setting): then documented without auth.
+    public_when: Callable[[], bool] | None = None
+
+    @property
+    def open_now(self) -> bool:
+        return not self.auth or (self.public_when is not None and self.public_when())
 
 
 OPERATIONS: list[Operation] = []
@@ -285,6 +291,7 @@ def operation(
     params: dict[str, str] | None = None,
     query: type[BaseModel] | None = None,
     admits: Callable[[], bool] | None = None,
+    public_when: Callable[[], bool] | None = None,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
@@ -292,7 +299,8 @@ def operation(
     the validated query string as ``query=`` when ``query`` is.
     ``params`` narrows path parameters to a regex (else ``PATH_PARAM_PATTERN``);
     both the document and the check before the view use it. ``admits`` lets a caller in
-    without a user's token when it says so (``/metrics``: the scraper's own token).
+    without a user's token when it says so (``/metrics``: the scraper's own token);
+    ``public_when`` says when it lets anyone in, so the document shows no auth then.
     """
     prefix = blueprint.url_prefix or ""
     path, names = _openapi_path(prefix + rule)
@@ -325,6 +333,7 @@ def operation(
                 param_schemas,
                 query,
                 blueprint.name,
+                public_when,
             )
         )
         return endpoint

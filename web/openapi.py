@@ -53,7 +53,7 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
         else:
             content = {op.produces: {"schema": _schema(model, components)}}
         responses[str(status)] = {"description": str(status), "content": content}
-    if op.auth:
+    if not op.open_now:
         responses.setdefault(
             "401", {"description": "401", "content": {"application/json": {"schema": error_ref}}}
         )
@@ -88,7 +88,7 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
             "required": True,
             "content": {"application/json": {"schema": _schema(op.body, components)}},
         }
-    spec["security"] = [{"bearer": []}] if op.auth else []
+    spec["security"] = [] if op.open_now else [{"bearer": []}]
     return spec
 
 

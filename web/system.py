@@ -327,6 +327,7 @@ def _scraper() -> bool:
     responses={200: None},
     role=OPERATOR,
     admits=_scraper,
+    public_when=lambda: get_settings().metrics_public,
     produces="text/plain",
 )
 def metrics():

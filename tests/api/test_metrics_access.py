@@ -40,12 +40,21 @@ def test_the_metrics_token_and_an_operator_read_them(client, headers):
     assert response.mimetype == "text/plain" and SERIES in response.get_data(as_text=True)
 
 
-def test_public_metrics_need_no_token(stack, monkeypatch):
+def test_public_metrics_need_no_token_and_are_documented_so(stack, monkeypatch):
     monkeypatch.setenv("KEEL_METRICS_PUBLIC", "1")
     reload_settings()
     try:
-        response = create_app({"TESTING": True}).test_client().get("/metrics")
+        client = create_app({"TESTING": True}).test_client()
+        response = client.get("/metrics")
+        described = client.get("/api/v1/openapi.json").get_json()["paths"]["/metrics"]["get"]
     finally:
         monkeypatch.delenv("KEEL_METRICS_PUBLIC")
         reload_settings()
     assert response.status_code == 200 and SERIES in response.get_data(as_text=True)
+    assert described["security"] == [] and not {"401", "403"} & set(described["responses"])
+
+
+def test_metrics_behind_a_token_are_documented_so(client):
+    described = client.get("/api/v1/openapi.json").get_json()["paths"]["/metrics"]["get"]
+    assert described["security"] == [{"bearer": []}]
+    assert {"401", "403"} <= set(described["responses"])
