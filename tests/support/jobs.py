@@ -278,3 +278,18 @@ def celery_logs(self, text: str) -> int:
     """A Celery-style task writing its log with ``self.log()``."""
     self.log(f"started with {text}")
     return self.log("done")
+
+
+@shared_task(bind=True, base=KeelTask, name="test.soft_limited", soft_time_limit=1)
+def soft_limited(self, seconds: float) -> dict:
+    """Sleeps ``seconds`` unless Celery's soft time limit (1 s) interrupts it first."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            time.sleep(0.05)
+    except SoftTimeLimitExceeded:
+        self.log("soft time limit: stopping cleanly")
+        return {"interrupted": True, "after": round(time.monotonic() - started, 1)}
+    return {"interrupted": False}
