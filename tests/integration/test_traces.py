@@ -45,7 +45,10 @@ class Traced:
         return response.json()
 
     def trace_of_job(self, job_id: str, complete: callable) -> list[Span]:
-        """The spans of the trace whose ``keel.add`` added ``job_id``, once ``complete``."""
+        """The spans of the trace whose ``keel.add`` added ``job_id``, once ``complete`` and
+        connected: every span's parent received too. Each process exports its spans in its
+        own batches, so a run's span can arrive before the publish span between it and the
+        run that sent it."""
 
         def found() -> list[Span] | None:
             spans = self.receiver.snapshot()
@@ -54,7 +57,9 @@ class Traced:
             if not added:
                 return None
             trace = [s for s in spans if s.trace_id == added[0].trace_id]
-            return trace if complete(trace) else None
+            ids = {s.span_id for s in trace}
+            connected = all(not s.parent_id or s.parent_id in ids for s in trace)
+            return trace if connected and complete(trace) else None
 
         return wait_for(found, timeout=30, interval=0.2)
 
