@@ -74,28 +74,24 @@ def append(session: Session, job_id: str, attempt: int, message: str, keep: int)
     return int(row.seq) if row.seq is not None else None
 
 
+_LINES = "SELECT seq, attempt, logged_at, message FROM job_logs WHERE job_id = :id "
+
+
 def lines(session: Session, job_id: str, after: int, limit: int) -> list[LogLine]:
     """The job's kept lines numbered above ``after``, oldest first, at most ``limit``."""
-    rows = session.execute(
-        text(
-            "SELECT seq, attempt, logged_at, message FROM job_logs "
-            "WHERE job_id = :id AND seq > :after ORDER BY seq LIMIT :limit"
-        ),
-        {"id": job_id, "after": after, "limit": limit},
-    ).all()
-    return [LogLine(r.seq, r.attempt, r.logged_at, r.message) for r in rows]
+    where = "AND seq > :after ORDER BY seq LIMIT :limit"
+    return _read(session, where, {"id": job_id, "after": after, "limit": limit})
 
 
 def newest(session: Session, job_id: str, limit: int) -> list[LogLine]:
     """The job's newest ``limit`` lines, oldest first (the dashboard's view)."""
-    rows = session.execute(
-        text(
-            "SELECT seq, attempt, logged_at, message FROM job_logs "
-            "WHERE job_id = :id ORDER BY seq DESC LIMIT :limit"
-        ),
-        {"id": job_id, "limit": limit},
-    ).all()
-    return [LogLine(r.seq, r.attempt, r.logged_at, r.message) for r in reversed(rows)]
+    rows = _read(session, "ORDER BY seq DESC LIMIT :limit", {"id": job_id, "limit": limit})
+    return rows[::-1]
+
+
+def _read(session: Session, rest: str, params: dict[str, object]) -> list[LogLine]:
+    rows = session.execute(text(_LINES + rest), params).all()
+    return [LogLine(r.seq, r.attempt, r.logged_at, r.message) for r in rows]
 
 
 def written(session: Session, job_id: str) -> int:
