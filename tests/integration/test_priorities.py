@@ -2,7 +2,8 @@
 
 A job goes behind what its party (its tenant, or the system) already has on
 its queue — also when it was recorded first and woken later by a canvas (a
-campaign's chord over its chunks) — and a control job (``handler(control=True)``:
+campaign's chord over its chunks) — at or before its own rank: a call's ``priority=``
+orders the party's own jobs, never another party's — and a control job (``handler(control=True)``:
 a campaign's group creation, sends, finalizer) goes to the front whatever
 its party's load. Read on a queue no worker consumes, so the lists stay put.
 """
@@ -18,10 +19,13 @@ from sqlalchemy import text
 
 from tasks.broker import redis_client
 from tasks.db import transaction
-from tasks.jobs import Owner, add
+from tasks.jobs import Owner, acting_as, add
 from tasks.jobs.calls.celery_task import wake_if_waiting
+from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
+from tasks.jobs.store import upkeep
 from tasks.notifications.jobs import CREATE
+from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
 
@@ -71,3 +75,71 @@ def test_a_control_job_goes_to_the_front_whatever_its_party_s_load(idle_queue):
     redis_client().delete(idle_queue)
     wake_if_waiting(control, {})
     assert ids_in(idle_queue, 0) == {control}
+
+
+def lists_of(queue: str, ids: list[str]) -> list[int]:
+    """The priority list each of ``ids`` waits in, in order."""
+    where = {job_id: step for step in PRIORITY_STEPS for job_id in ids_in(queue, step)}
+    return [where[job_id] for job_id in ids]
+
+
+def test_a_call_s_priority_orders_its_tenant_s_own_jobs_and_never_another_s(idle_queue):
+    # Given a tenant with a backfill of 20 jobs sent at Redis's lowest priority (9), and a
+    # second tenant's job sent after them
+    a = Owner(f"tenant-{uuid.uuid4().hex[:8]}", "backfill")
+    b = Owner(f"tenant-{uuid.uuid4().hex[:8]}", "someone")
+    with acting_as(a):
+        backfill = [
+            echo.apply_async(kwargs={"n": i}, queue=idle_queue, priority=9).id for i in range(20)
+        ]
+    with acting_as(b):
+        first_of_b = echo.apply_async(kwargs={"n": 0}, queue=idle_queue).id
+    # When the first tenant sends four calls without a priority (Redis: 0, the most urgent)
+    with acting_as(a):
+        urgent = [echo.apply_async(kwargs={"n": i}, queue=idle_queue).id for i in range(4)]
+    # Then its urgent calls take the tenant's first turns, ahead of its own backfill's
+    # later jobs, as if the backfill were not there
+    assert lists_of(idle_queue, urgent) == [0, 3, 3, 3]
+    assert lists_of(idle_queue, backfill) == [0, 3, 3, 3] + [6] * 12 + [9] * 4
+    # And they take no other tenant's turn: they get exactly what the second tenant's
+    # first four jobs get, which the backfill never pushed back
+    with acting_as(b):
+        more_of_b = [echo.apply_async(kwargs={"n": i}, queue=idle_queue).id for i in range(3)]
+    assert lists_of(idle_queue, [first_of_b, *more_of_b]) == [0, 3, 3, 3]
+    # And the record keeps the call's priority and its rank
+    with transaction() as session:
+        kept = dict(
+            session.execute(
+                text("SELECT id, priority FROM jobs WHERE id = ANY(:ids)"),
+                {"ids": [backfill[0], urgent[0]]},
+            ).all()
+        )
+    assert kept == {backfill[0]: 9, urgent[0]: 0}
+
+
+def test_a_priority_that_is_not_a_whole_number_is_refused_by_the_call(idle_queue):
+    with pytest.raises(ValueError, match="priority must be a whole number"):
+        echo.apply_async(kwargs={}, queue=idle_queue, priority="high")
+    with transaction() as session:
+        assert not session.execute(
+            text("SELECT 1 FROM jobs WHERE queue = :q"), {"q": idle_queue}
+        ).first()
+
+
+def test_a_promoted_job_keeps_its_rank(idle_queue):
+    # Given a tenant's backfill waiting at priority 9, and two delayed calls: one urgent
+    # (no priority: Redis's first), one more of the backfill
+    a = Owner(f"tenant-{uuid.uuid4().hex[:8]}", "backfill")
+    with acting_as(a):
+        for i in range(20):
+            echo.apply_async(kwargs={"n": i}, queue=idle_queue, priority=9)
+        urgent = echo.apply_async(kwargs={}, queue=idle_queue, countdown=3600).id
+        late = echo.apply_async(kwargs={}, queue=idle_queue, countdown=3600, priority=9).id
+    # When they fall due and are promoted
+    with transaction() as session:
+        ready = upkeep.promote_now(session, [urgent, late])
+        publish_ready(session, ready)
+    # Then each goes where an add of its priority would: the urgent one ahead of the
+    # backfill, the other behind it
+    assert urgent in ids_in(idle_queue, 0)
+    assert late in ids_in(idle_queue, PRIORITY_STEPS[-1])

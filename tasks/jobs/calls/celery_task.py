@@ -28,9 +28,13 @@ How Celery's options map:
 - ``headers`` are kept on the record (``celery_ctx``) and carried by every message
   of the job: the handler reads them as ``self.request.headers`` and
   ``self.request.<name>``, on every run, retries included.
-- ``priority`` is Keel's to set (a tenant's load decides it); ``retry``,
-  ``retry_policy``, ``serializer`` and the like are accepted and have nothing to do:
-  publishing is Keel's (``tasks.jobs.intake.enqueue``).
+- ``priority`` (else the task's ``priority``, else ``task_default_priority``) orders
+  the job among its own party's jobs on its queue, in the configured broker's direction
+  (Redis: 0 first; RabbitMQ: 9 first); the broker priority a message carries is still
+  Keel's to set, from the party's load (``tasks.jobs.intake.tenancy``), so a priority
+  never takes another tenant's turn. ``retry``, ``retry_policy``, ``serializer`` and the
+  like are accepted and have nothing to do: publishing is Keel's
+  (``tasks.jobs.intake.enqueue``).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from tasks import quotas
 from tasks.db import transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.bulk import BulkJob, add_bulk
-from tasks.jobs.intake.celery_options import canvas_context, job_options
+from tasks.jobs.intake.celery_options import call_priority, canvas_context, job_options
 from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id, publish_or_park
 from tasks.jobs.model import owner as owner_context
 from tasks.jobs.model import registry
@@ -84,7 +88,7 @@ def record(
     owner = given or owner_context.running()
     opts = job_options(task, data, owner, options)
     queue = _queue_name(options.get("queue")) or task.job_queue()
-    ctx = canvas_context(options)
+    ctx = canvas_context({**options, "priority": call_priority(task, options)})
     together = _TOGETHER.get()
     if together is not None and opts.deduplication is None:
         held, quota = together
@@ -219,7 +223,8 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
         job = store.get(session, job_id)
         if job is None or job.state != State.WAITING:
             return
-        priority = tenancy.priorities(session, [(job.id, job.tenant_id, job.queue)])[job.id]
+        ranked = [(job.id, job.tenant_id, job.queue, job.priority)]
+        priority = tenancy.priorities(session, ranked)[job.id]
     publish_or_park(
         job.id,
         job.name,

@@ -40,7 +40,8 @@ from tasks import tracing
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.end import ending
-from tasks.jobs.intake.celery_options import canvas_context, job_options
+from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.celery_options import call_priority, canvas_context, job_options
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.model.owner import Owner, acting_as, current_owner
@@ -200,6 +201,7 @@ def _child(
         return []
     data = task.data_for(args, sig.kwargs)
     opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
+    ctx = canvas_context({**options, "priority": call_priority(task, options)})
     job = NewJob(
         id=str(options.get("task_id") or fallback_id),
         name=task.name,
@@ -208,7 +210,8 @@ def _child(
         tenant_id=parent.tenant_id,
         user_id=parent.user_id,
         opts=opts,
-        celery_ctx=tracing.carried(canvas_context(options) or None),
+        celery_ctx=tracing.carried(ctx or None),
+        priority=tenancy.rank(ctx.get("priority")),
     )
     if not jobs_store.insert(session, job):
         return []  # recorded already

@@ -65,6 +65,7 @@ def add_bulk(
             user_id=owner.user_id if owner else None,
             opts=job.opts,
             celery_ctx=tracing.carried(job.ctx),
+            priority=tenancy.rank((job.ctx or {}).get("priority")),
         )
         for i, job in enumerate(jobs)
         if i not in single

@@ -8,6 +8,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from tasks.jobs.intake import tenancy
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 
@@ -72,6 +73,15 @@ def job_options(
     return JobOptions.model_validate(base)
 
 
+def call_priority(task: Any, options: dict[str, Any]) -> Any:
+    """A call's ``priority``, as Celery picks it: the call's, else the task's, else the app's
+    ``task_default_priority`` (``None``: none given; ``tenancy.rank`` places it)."""
+    for given in (options.get("priority"), task.priority, task.app.conf.task_default_priority):
+        if given is not None:
+            return given
+    return None
+
+
 def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
     """The canvas options of a call, as the record keeps them (signatures as plain dicts)."""
     ctx: dict[str, Any] = {}
@@ -85,6 +95,9 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
     headers = call_headers(options.get("headers"))
     if headers:
         ctx["headers"] = headers
+    if options.get("priority") is not None:  # ranked when the job is recorded
+        tenancy.rank(options["priority"])  # refused here, by the call, if it cannot be
+        ctx["priority"] = options["priority"]
     plain: dict[str, Any] = _plain(ctx)
     return plain
 

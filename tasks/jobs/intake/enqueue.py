@@ -116,6 +116,7 @@ def _add(
         user_id=owner.user_id if owner else None,
         opts=opts,
         celery_ctx=ctx or None,
+        priority=tenancy.rank((ctx or {}).get("priority")),
     )
     rule = opts.deduplication
     priority = 0

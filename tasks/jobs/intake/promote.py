@@ -44,7 +44,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     transaction) without trying: each try against a hung broker costs its
     socket timeout, and a batch of them would hold the promoter for long.
     """
-    priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue) for j in jobs])
+    priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs])
     sent: list[ReadyJob] = []
     events_due: list[dict[str, Any]] = []
     started = time.monotonic()

@@ -19,6 +19,13 @@ order. A single job of an idle tenant therefore waits at most for one
 running job to finish, whatever another tenant — or a burst of system jobs —
 has queued.
 
+**A call's priority** (``priority=``, as ``rank``) reorders a party's own jobs
+within that share: the load that places a job counts only its party's jobs
+that rank at or before it, so an urgent call behind a backfill gets the
+place the party's first job would get. A party's k-th most urgent job gets
+what any party's k-th job gets, so priorities never take another party's
+turn.
+
 **On RabbitMQ** (``KEEL_BROKER_URL``) the queues are quorum queues, and
 AMQP counts priority the other way (higher first): a job is published with
 ``9 - priority`` (``broker_priority``). What the broker does with it depends
@@ -48,6 +55,8 @@ from tasks.setting_types import TenantLimits
 
 # kombu's Redis priority lists (``priority_steps``); 0 is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)
+# A job's rank among its party's jobs on a queue (a call's ``priority=``): 0 first.
+RANKS = tuple(range(10))
 # A job whose tenant has no job running or waiting on its queue gets priority 0,
 # fewer than 4 gets 3, fewer than 16 gets 6, else 9.
 LOAD_STEPS = (1, 4, 16)
@@ -69,6 +78,24 @@ def priority_for(on_queue: int) -> int:
     return PRIORITY_STEPS[-1]
 
 
+def rank(priority: Any) -> int:
+    """A call's ``priority=`` as the job's rank among its party's jobs on its queue, 0 first.
+
+    Celery hands a message's priority to the broker, and each broker keeps its own
+    direction: Redis serves 0 first (and a message without one is 0: first), RabbitMQ the
+    highest first (without one: 0, last). Keel keeps the direction of the configured
+    broker, so a project's calls mean what they meant, over Keel's 0 to 9. ``None``: the
+    call gave none. ``ValueError`` for anything but a whole number.
+    """
+    on_amqp = get_settings().broker_on_amqp
+    if priority is None:
+        return RANKS[-1] if on_amqp else RANKS[0]
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be a whole number from 0 to 9, not {priority!r}")
+    given = min(max(priority, RANKS[0]), RANKS[-1])
+    return RANKS[-1] - given if on_amqp else given
+
+
 def broker_priority(priority: int) -> int:
     """The message priority that means ``priority`` to the configured broker.
 
@@ -77,9 +104,10 @@ def broker_priority(priority: int) -> int:
     return PRIORITY_STEPS[-1] - priority if get_settings().broker_on_amqp else priority
 
 
-def load(session: Session, tenant_id: str | None, queue: str) -> TenantLoad:
-    """A tenant's load (``None``: the system's jobs, those without an owner)."""
-    live, on_queue = store.party_load(session, tenant_id, queue)
+def load(session: Session, tenant_id: str | None, queue: str, rank_: int = 0) -> TenantLoad:
+    """A tenant's load (``None``: the system's jobs, those without an owner): its live jobs,
+    and those running or waiting on ``queue`` at or before ``rank_``."""
+    live, on_queue = store.party_load(session, tenant_id, queue, rank_)
     return TenantLoad(live, on_queue)
 
 
@@ -174,21 +202,26 @@ def _live_jobs_exceeded(limits: TenantLimits, live: int) -> QuotaExceeded:
     )
 
 
-def priorities(session: Session, jobs: list[tuple[str, str | None, str]]) -> dict[str, int]:
-    """Priorities of jobs ``(id, tenant, queue)`` that just became waiting in this transaction.
+def priorities(session: Session, jobs: list[tuple[str, str | None, str, int]]) -> dict[str, int]:
+    """Priorities of jobs ``(id, tenant, queue, rank)`` that just became waiting in this
+    transaction.
 
-    Each is placed after what its party already has on its queue, in the
-    given order, so a burst promoted at once (a hundred reports scheduled for
+    Each is placed after what its party already has on its queue at or before its rank,
+    in the given order, so a burst promoted at once (a hundred reports scheduled for
     the same minute) is spread over the priorities like a burst of adds.
     """
-    ahead: dict[tuple[str | None, str], int] = {}
-    for _, tenant, queue in jobs:
-        if (tenant, queue) not in ahead:
-            ahead[(tenant, queue)] = load(session, tenant, queue).on_queue
-    for _, tenant, queue in jobs:  # what was there before these were promoted
-        ahead[(tenant, queue)] -= 1
+    ahead: dict[tuple[str | None, str, int], int] = {}
+    for _, tenant, queue, rank_ in jobs:
+        if (tenant, queue, rank_) not in ahead:
+            counted = load(session, tenant, queue, rank_).on_queue
+            # what was there before these became waiting (the count includes them)
+            mine = sum(1 for _, t, q, r in jobs if (t, q) == (tenant, queue) and r <= rank_)
+            ahead[(tenant, queue, rank_)] = counted - mine
+    placed: dict[tuple[str | None, str], list[int]] = {}
     found: dict[str, int] = {}
-    for job_id, tenant, queue in jobs:
-        found[job_id] = priority_for(max(0, ahead[(tenant, queue)]))
-        ahead[(tenant, queue)] += 1
+    for job_id, tenant, queue, rank_ in jobs:
+        earlier = placed.setdefault((tenant, queue), [])
+        before = ahead[(tenant, queue, rank_)] + sum(1 for r in earlier if r <= rank_)
+        found[job_id] = priority_for(max(0, before))
+        earlier.append(rank_)
     return found

@@ -80,6 +80,9 @@ class JobRecord(Base):
     locked_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The layout of this record (``tasks.jobs.model.formats``): inserts leave it to the default.
     format: Mapped[int] = mapped_column(SmallInteger, server_default="1")
+    # Its rank among its party's jobs on its queue, 0 first: a call's ``priority=``
+    # (``tasks.jobs.intake.tenancy.rank``).
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
 
     __table_args__ = (
         CheckConstraint(
@@ -122,6 +125,14 @@ class JobRecord(Base):
             "queue",
             text("COALESCE(run_at, created_at)"),
             postgresql_where=text("state = 'waiting'"),
+        ),
+        # A party's jobs ahead of a new one on its queue, by rank (its broker priority, 0016).
+        Index(
+            "ix_jobs_party_ahead",
+            "tenant_id",
+            "queue",
+            "priority",
+            postgresql_where=text("state IN ('waiting', 'active')"),
         ),
         Index(
             "ix_jobs_tenant_live",

@@ -2,7 +2,7 @@
 
 What used to be a transaction of four round trips (BEGIN, the quota lock with
 the dedup claim, the counted insert, COMMIT) is one statement, sent in
-autocommit: ``keel_admit_job`` (migration 0009) takes the tenant's quota
+autocommit: ``keel_admit_job`` (migrations 0009, 0016) takes the tenant's quota
 lock, claims the dedup id (or finds the live job holding it) and counts the
 party's load, each query with its own snapshot, so the count sees every add
 committed before the lock was held; the statement then inserts the job
@@ -30,7 +30,8 @@ _ADMIT = text(
     WITH admitted AS (
             SELECT * FROM keel_admit_job(
                 :lock_key, :tenant_id, :queue, :dedup_id, CAST(:dedup_ttl_ms AS bigint), :id,
-                CAST(:max_live AS bigint), CAST(:up_to AS bigint))),
+                CAST(:max_live AS bigint), CAST(:up_to AS bigint),
+                CAST(:priority AS smallint))),
          added AS ({INSERT_IF.format(source="admitted", condition="admitted.kept IS NULL")})
     SELECT admitted.kept, (SELECT id FROM added) AS id, admitted.live, admitted.on_queue
     FROM admitted
@@ -68,8 +69,8 @@ def admit(
 ) -> Admitted:
     """Claim ``dedup`` (simple or throttle) and check ``max_live`` (under ``lock_key``), then
     record ``job``: one statement on its own, in autocommit (``tasks.db.run_alone``).
-    Without ``max_live`` the queue load is counted up to ``up_to`` (what places the job
-    among the priorities)."""
+    The party's jobs on the queue that rank at or before the job are counted up to ``up_to``
+    (what places the job among the broker's priorities)."""
     params = {
         **row_of(job),
         "lock_key": lock_key,

@@ -71,7 +71,7 @@ def release_body(
             UPDATE jobs SET state = 'waiting', data = CAST(:data AS jsonb),
                 celery_ctx = CAST(:ctx AS jsonb)
             WHERE id = :id AND state = 'waiting-children'
-            RETURNING id, name, queue, data, celery_ctx, tenant_id
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, priority
             """
         ),
         {"id": body_id, "data": json.dumps(data), "ctx": json.dumps(ctx)},

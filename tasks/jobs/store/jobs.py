@@ -41,6 +41,7 @@ class NewJob(Job):
     opts: JobOptions
     celery_ctx: dict[str, Any] | None = None
     waiting_children: bool = False  # a chord's body: waits (no due time) for its parts
+    priority: int = 0  # its rank among its party's jobs on the queue, 0 first
 
     @property
     def state(self) -> State:
@@ -56,6 +57,7 @@ class ReadyJob(Job):
     celery_ctx: dict[str, Any] | None = None
     state: State = State.WAITING
     opts: dict[str, Any] | None = None
+    priority: int = 0  # its rank among its party's jobs on the queue, 0 first
 
 
 def ready_job(row: Any, **more: Any) -> ReadyJob:
@@ -66,6 +68,7 @@ def ready_job(row: Any, **more: Any) -> ReadyJob:
         data=row.data,
         tenant_id=row.tenant_id,
         celery_ctx=row.celery_ctx,
+        priority=row.priority,
         **more,
     )
 
@@ -73,9 +76,10 @@ def ready_job(row: Any, **more: Any) -> ReadyJob:
 # --- adding ---------------------------------------------------------------------------------
 
 _INSERT_ONE = """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
+                      priority, run_at)
     VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
-            :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
+            :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
             CASE WHEN :delay_ms > 0
                  THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
                  END)
@@ -90,6 +94,7 @@ _INSERT_COUNTING = """
     WITH load AS (SELECT count(*) AS on_queue FROM (
                       SELECT 1 FROM jobs
                       WHERE {party} AND queue = :queue AND state IN ('waiting', 'active')
+                        AND priority <= :priority
                       LIMIT :up_to) AS ahead),
          added AS ({insert})
     SELECT (SELECT id FROM added) AS id, (SELECT on_queue FROM load) AS on_queue
@@ -109,6 +114,7 @@ def row_of(job: NewJob) -> dict[str, Any]:
         "state": job.state,
         "ctx": json.dumps(job.celery_ctx) if job.celery_ctx else None,
         "delay_ms": job.opts.delay,
+        "priority": job.priority,
     }
 
 
@@ -153,13 +159,14 @@ def insert_counting_alone(job: NewJob, up_to: int) -> tuple[bool, int]:
 
 _INSERT_MANY = text(
     """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
+                      priority, run_at)
     SELECT r.id, r.queue, r.name, r.data, r.opts, r.tenant_id, r.user_id, r.state, r.ctx,
-           CASE WHEN r.delay_ms > 0
+           r.priority, CASE WHEN r.delay_ms > 0
                 THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END
     FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         id text, queue text, name text, data jsonb, opts jsonb, tenant_id text, user_id text,
-        state text, ctx jsonb, delay_ms bigint)
+        state text, ctx jsonb, delay_ms bigint, priority smallint)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
     """
@@ -180,6 +187,7 @@ def insert_many(session: Session, jobs: Sequence[NewJob]) -> set[str]:
             "state": str(job.state),
             "ctx": job.celery_ctx,
             "delay_ms": job.opts.delay,
+            "priority": job.priority,
         }
         for job in jobs
     ]
@@ -195,7 +203,8 @@ def delete_delayed(session: Session, job_id: str) -> bool:
 
 _LOAD = """
     SELECT count(*) AS live,
-           count(*) FILTER (WHERE queue = :queue AND state IN ('waiting', 'active')) AS on_queue
+           count(*) FILTER (WHERE queue = :queue AND state IN ('waiting', 'active')
+                            AND priority <= :priority) AS on_queue
     FROM jobs WHERE {party}
       AND state IN ('waiting', 'active', 'delayed', 'waiting-children')
 """
@@ -206,9 +215,10 @@ _LOAD = """
 # The insert of ``row_of(job)``'s job, one row selected ``FROM {source} WHERE {condition}``
 # (inside a statement that decides whether it may be added).
 INSERT_IF = """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx, run_at)
+    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
+                      priority, run_at)
     SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
-           :tenant_id, :user_id, :state, CAST(:ctx AS jsonb),
+           :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
            CASE WHEN CAST(:delay_ms AS bigint) > 0
                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
                 END
@@ -244,11 +254,14 @@ def insert_within(session: Session, job: NewJob, max_live: int | None) -> tuple[
     return row.id is not None, int(row.live), int(row.on_queue)
 
 
-def party_load(session: Session, tenant_id: str | None, queue: str) -> tuple[int, int]:
-    """A tenant's (``None``: the system's) live jobs, and those running or waiting on ``queue``."""
+def party_load(
+    session: Session, tenant_id: str | None, queue: str, priority: int = 0
+) -> tuple[int, int]:
+    """A tenant's (``None``: the system's) live jobs, and those running or waiting on
+    ``queue`` that rank at or before ``priority``."""
     party = "tenant_id IS NULL" if tenant_id is None else "tenant_id = :tenant"
     row = session.execute(
-        text(_LOAD.format(party=party)), {"tenant": tenant_id, "queue": queue}
+        text(_LOAD.format(party=party)), {"tenant": tenant_id, "queue": queue, "priority": priority}
     ).one()
     return int(row.live), int(row.on_queue)
 

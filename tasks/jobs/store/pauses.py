@@ -157,7 +157,7 @@ def release(
         return [], 0
     rows = session.execute(
         text(
-            "SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            "SELECT id, name, queue, data, celery_ctx, tenant_id, priority FROM jobs "
             "WHERE id = ANY(:ids) AND state = 'waiting' ORDER BY created_at"
         ),
         {"ids": ids},

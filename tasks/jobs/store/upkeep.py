@@ -139,7 +139,7 @@ def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
                          WHERE state IN ('delayed', 'waiting-children')
                            AND run_at <= clock_timestamp()
                          ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at, priority
             """
         ),
         {"limit": limit},
@@ -157,7 +157,7 @@ def promote_now(session: Session, job_ids: Sequence[str]) -> list[ReadyJob]:
             UPDATE jobs SET state = 'waiting'
             WHERE id IN (SELECT id FROM jobs WHERE id = ANY(:ids) AND state = 'delayed'
                          FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at
+            RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at, priority
             """
         ),
         {"ids": list(job_ids)},
@@ -197,7 +197,7 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
             WHERE id IN (SELECT id FROM jobs
                          WHERE state = 'active' AND locked_until < clock_timestamp()
                          LIMIT :limit FOR UPDATE SKIP LOCKED)
-            RETURNING id, name, queue, data, opts, state, celery_ctx, tenant_id
+            RETURNING id, name, queue, data, opts, state, celery_ctx, tenant_id, priority
             """
         ),
         {"max": max_stalled, "reason": STALLED_TOO_OFTEN, "limit": limit},
@@ -213,7 +213,7 @@ def waiting_after(session: Session, after_id: str, limit: int) -> list[ReadyJob]
     """Waiting jobs in id order after ``after_id`` (to republish them all, a page at a time)."""
     rows = session.execute(
         text(
-            "SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            "SELECT id, name, queue, data, celery_ctx, tenant_id, priority FROM jobs "
             f"WHERE state = 'waiting' AND id > :after AND {_NOT_HELD} ORDER BY id LIMIT :limit"
         ),
         {"after": after_id, "limit": limit},
@@ -245,7 +245,7 @@ def waiting_since(session: Session, queue: str, older_than_s: float, limit: int)
     """Waiting jobs of ``queue`` published ``older_than_s`` ago or more, longest waiting first."""
     rows = session.execute(
         text(
-            f"SELECT id, name, queue, data, celery_ctx, tenant_id FROM jobs "
+            f"SELECT id, name, queue, data, celery_ctx, tenant_id, priority FROM jobs "
             f"WHERE state = 'waiting' AND queue = :queue AND {_NOT_HELD} "
             f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) "
             f"ORDER BY {_LAST_MOVE} LIMIT :limit"
