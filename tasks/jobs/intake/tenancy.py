@@ -78,16 +78,18 @@ def priority_for(on_queue: int) -> int:
     return PRIORITY_STEPS[-1]
 
 
-def rank(priority: Any) -> int:
+def rank(priority: Any, *, on_amqp: bool | None = None) -> int:
     """A call's ``priority=`` as the job's rank among its party's jobs on its queue, 0 first.
 
     Celery hands a message's priority to the broker, and each broker keeps its own
     direction: Redis serves 0 first (and a message without one is 0: first), RabbitMQ the
     highest first (without one: 0, last). Keel keeps the direction of the configured
     broker, so a project's calls mean what they meant, over Keel's 0 to 9. ``None``: the
-    call gave none. ``ValueError`` for anything but a whole number.
+    call gave none. ``ValueError`` for anything but a whole number. ``on_amqp``: the
+    broker's kind (default: the configured broker's).
     """
-    on_amqp = get_settings().broker_on_amqp
+    if on_amqp is None:
+        on_amqp = get_settings().broker_on_amqp
     if priority is None:
         return RANKS[-1] if on_amqp else RANKS[0]
     if isinstance(priority, bool) or not isinstance(priority, int):
