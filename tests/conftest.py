@@ -20,10 +20,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 from pathlib import Path
 
 from keel.embedded import free_port
+
+# Python's bytecode cache is on for this run and every process it starts, whatever the
+# shell says (PYTHONDONTWRITEBYTECODE): each test module would be compiled and
+# assert-rewritten again by each pytest process, and each worker, CLI or ``keel up`` the
+# tests start would compile Keel's modules again.
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 _HOME = Path(tempfile.mkdtemp(prefix="keel-test-"))
 _REDIS_PORT = free_port()
@@ -101,11 +109,44 @@ PROCESS_FIXTURES = frozenset({"worker", "sandbox", "spawn", "keel_up", "beats", 
 STACK_FOLDERS = ("acceptance", "browser", "chaos", "serving", "bench", "multihost", "rabbitmq")
 
 
+# Stack-tier modules outside those folders that cost seconds to collect: the fuzzer builds a
+# test per operation of the served OpenAPI document when it is imported.
+STACK_MODULES = frozenset({"security/test_fuzz.py"})
+_TESTS = Path(__file__).parent
+
+
+def _stack_deselected(config) -> bool:
+    """Whether the run's ``-m`` leaves out every ``stack`` test (the fast tier's run)."""
+    expression = config.option.markexpr
+    if not expression:
+        return False
+    from _pytest.mark.expression import Expression
+
+    return not Expression.compile(expression).evaluate(lambda name, **_: name == "stack")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """The fast tier does not import what could only be deselected: the stack-tier folders
+    and ``STACK_MODULES`` (their tests would be marked ``stack`` below)."""
+    if not _stack_deselected(config):
+        return None
+    try:
+        relative = collection_path.relative_to(_TESTS)
+    except ValueError:
+        return None
+    if relative.parts and relative.parts[0] in STACK_FOLDERS and len(relative.parts) == 1:
+        return True
+    return True if relative.as_posix() in STACK_MODULES else None
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the stack tier, give each fast module a fresh database, and run fast tests first."""
     for item in items:
         folder = item.path.parent.name
-        if PROCESS_FIXTURES & set(item.fixturenames) or folder in STACK_FOLDERS:
+        whole = item.path.is_relative_to(_TESTS) and (
+            item.path.relative_to(_TESTS).as_posix() in STACK_MODULES
+        )
+        if PROCESS_FIXTURES & set(item.fixturenames) or folder in STACK_FOLDERS or whole:
             item.add_marker(pytest.mark.stack)
     modules: dict = {}
     for item in items:

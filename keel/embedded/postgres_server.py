@@ -92,8 +92,9 @@ class EmbeddedPostgres:
 
     name = "postgres"
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, settings: dict[str, str] | None = None) -> None:
         self.pgdata = home / "pg"
+        self.settings = dict(settings or {})  # more ``-c name=value`` for the postmaster
         self.socket_dir: Path | None = None
         self.process: subprocess.Popen | None = None
 
@@ -126,6 +127,7 @@ class EmbeddedPostgres:
             "listen_addresses=",
             "-c",
             "unix_socket_permissions=0700",
+            *(arg for name, value in self.settings.items() for arg in ("-c", f"{name}={value}")),
         ]
         with os.fdopen(open_private_log(self.pgdata / "log"), "ab") as log:
             self.process = subprocess.Popen(
