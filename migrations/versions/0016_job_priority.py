@@ -12,7 +12,10 @@ lower-ranked jobs wait. ``keel_admit_job`` gains the rank (a new overload: the p
 release keeps calling the old one until the contract step drops it).
 
 An expand step: a column with a default (no table rewrite), an index and a function; the
-previous release's inserts get rank 0, as before.
+previous release's inserts get rank 0. On Redis that is what a call without a priority
+ranks; on RabbitMQ (where it ranks 9) records from before the upgrade count as urgent among
+their tenant's jobs until they end. On a large table, build the index by hand first with
+``CREATE INDEX CONCURRENTLY`` under the same name (the step skips an existing one).
 """
 
 from __future__ import annotations

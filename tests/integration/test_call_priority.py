@@ -1,5 +1,5 @@
 """A call's ``priority=`` as a worker serves it: a tenant's urgent jobs run before its own
-backlog, and never before another tenant's turn.
+backlog, and not before another tenant's job sent earlier.
 
 One worker process (concurrency 1) starts once every message waits, so the order in which
 the jobs start is the order the broker's priority lists hand them out.

@@ -91,6 +91,7 @@ def test_a_claim_of_a_job_whose_insert_has_not_committed_waits_for_it_and_takes_
         tenant_id=None,
         user_id=None,
         opts=JobOptions(),
+        priority=0,
     )
     waited: dict = {}
 

@@ -3,7 +3,7 @@
 A job goes behind what its party (its tenant, or the system) already has on
 its queue — also when it was recorded first and woken later by a canvas (a
 campaign's chord over its chunks) — at or before its own rank: a call's ``priority=``
-orders the party's own jobs, never another party's — and a control job (``handler(control=True)``:
+orders the party's own jobs — and a control job (``handler(control=True)``:
 a campaign's group creation, sends, finalizer) goes to the front whatever
 its party's load. Read on a queue no worker consumes, so the lists stay put.
 """
@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from celery import chain, chord
 from sqlalchemy import text
 
 from tasks.broker import redis_client
@@ -83,7 +84,7 @@ def lists_of(queue: str, ids: list[str]) -> list[int]:
     return [where[job_id] for job_id in ids]
 
 
-def test_a_call_s_priority_orders_its_tenant_s_own_jobs_and_never_another_s(idle_queue):
+def test_a_call_s_priority_orders_its_tenant_s_own_jobs_and_keeps_another_s_places(idle_queue):
     # Given a tenant with a backfill of 20 jobs sent at Redis's lowest priority (9), and a
     # second tenant's job sent after them
     a = Owner(f"tenant-{uuid.uuid4().hex[:8]}", "backfill")
@@ -143,3 +144,31 @@ def test_a_promoted_job_keeps_its_rank(idle_queue):
     # backfill, the other behind it
     assert urgent in ids_in(idle_queue, 0)
     assert late in ids_in(idle_queue, PRIORITY_STEPS[-1])
+
+
+def rank_of(job_id: str) -> int:
+    with transaction() as session:
+        found: int = session.execute(
+            text("SELECT priority FROM jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    return found
+
+
+def test_a_chord_body_keeps_its_priority(idle_queue):
+    # When a chord is sent whose body asks for priority 9 (its parts wait: nobody consumes)
+    body = echo.s().set(queue=idle_queue, priority=9)
+    result = chord([echo.s(n=1).set(queue=idle_queue)], body).apply_async()
+    # Then the body's record, waiting for its parts, holds that rank for when it is sent
+    assert rank_of(result.id) == 9
+
+
+def test_a_chain_step_s_priority_that_is_not_a_whole_number_is_refused_by_the_call(idle_queue):
+    # A chain's later steps are recorded only when the step before them ends: a priority
+    # they cannot take is refused now, not when it would fail the step that ran
+    steps = chain(echo.s(n=1).set(queue=idle_queue), echo.si(n=2).set(priority="high"))
+    with pytest.raises(ValueError, match="priority must be a whole number"):
+        steps.apply_async()
+    with transaction() as session:
+        assert not session.execute(
+            text("SELECT 1 FROM jobs WHERE queue = :q"), {"q": idle_queue}
+        ).first()

@@ -50,9 +50,16 @@ def using(url: str) -> Iterator[None]:
     try:
         yield
     finally:
-        db.dispose()
         os.environ["KEEL_DATABASE_URL"] = previous
         reload_settings()
+        # Settings first, then the engines: another thread of this process (the inline
+        # worker's maintenance) may have made one from the block's settings meanwhile, and
+        # one made while the settings were changing back is dropped again.
+        restored = make_url(sqlalchemy_url(previous))
+        for _ in range(5):
+            db.dispose()
+            if db.engine().url == restored:
+                break
 
 
 def make_template() -> None:

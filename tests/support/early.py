@@ -25,6 +25,7 @@ def published_before_commit(name: str, queue: str, data: dict[str, Any], hold_s:
         tenant_id=None,
         user_id=None,
         opts=JobOptions(),
+        priority=0,
     )
     with transaction() as session:
         assert store.insert(session, job)

@@ -31,8 +31,8 @@ How Celery's options map:
 - ``priority`` (else the task's ``priority``, else ``task_default_priority``) orders
   the job among its own party's jobs on its queue, in the configured broker's direction
   (Redis: 0 first; RabbitMQ: 9 first); the broker priority a message carries is still
-  Keel's to set, from the party's load (``tasks.jobs.intake.tenancy``), so a priority
-  never takes another tenant's turn. ``retry``, ``retry_policy``, ``serializer`` and the
+  Keel's to set, from the party's load at or before the job's rank
+  (``tasks.jobs.intake.tenancy``). ``retry``, ``retry_policy``, ``serializer`` and the
   like are accepted and have nothing to do: publishing is Keel's
   (``tasks.jobs.intake.enqueue``).
 """

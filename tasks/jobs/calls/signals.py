@@ -11,6 +11,7 @@ from celery.signals import task_revoked, task_unknown, worker_init, worker_proce
 from tasks import db
 from tasks.db import transaction
 from tasks.jobs.end import ending, revocations
+from tasks.jobs.intake import tenancy
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.store import jobs as jobs_store
@@ -82,6 +83,7 @@ def _record_unknown(session: Any, job_id: str, name: str, message: Any, queue: s
             user_id=None,
             opts=JobOptions(),
             celery_ctx={k: v for k, v in ctx.items() if v not in (None, [], ())} or None,
+            priority=tenancy.rank(None),  # (it fails at once: its place does not matter)
         ),
     )
 

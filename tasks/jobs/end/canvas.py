@@ -71,7 +71,7 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     """
     args, kwargs = list(body.args or ()), dict(body.kwargs or {})
     options = dict(body.options or {})
-    ctx = canvas_context(options)
+    ctx = canvas_context({**options, "priority": call_priority(task, options)})
     ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
     if body.immutable:  # ``.si()``: called with its own arguments, without the results
         ctx.update(chordImmutable=True)
@@ -87,6 +87,7 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         opts=task.default_options({}, owner),
         celery_ctx=tracing.carried(ctx),
         waiting_children=True,
+        priority=tenancy.rank(ctx.get("priority")),
     )
     with transaction() as session:
         return jobs_store.insert(session, job)

@@ -82,6 +82,22 @@ def call_priority(task: Any, options: dict[str, Any]) -> Any:
     return None
 
 
+def _check_priorities(options: dict[str, Any]) -> None:
+    """Refuse, at the call, a priority that could not be ranked: the call's own, and those of
+    the chain steps and links it carries (recorded only when their parent ends, they would
+    otherwise fail the parent after it ran). ``ValueError`` naming the value."""
+    signatures = [*(options.get("chain") or ())]
+    for option in ("link", "link_error"):
+        linked = options.get(option)
+        signatures.extend(
+            linked if isinstance(linked, list | tuple) else [linked] if linked else []
+        )
+    tenancy.rank(options.get("priority"))
+    for sig in signatures:
+        if isinstance(sig, dict):
+            tenancy.rank((sig.get("options") or {}).get("priority"))
+
+
 def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
     """The canvas options of a call, as the record keeps them (signatures as plain dicts)."""
     ctx: dict[str, Any] = {}
@@ -96,8 +112,8 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
     if headers:
         ctx["headers"] = headers
     if options.get("priority") is not None:  # ranked when the job is recorded
-        tenancy.rank(options["priority"])  # refused here, by the call, if it cannot be
         ctx["priority"] = options["priority"]
+    _check_priorities(options)
     plain: dict[str, Any] = _plain(ctx)
     return plain
 

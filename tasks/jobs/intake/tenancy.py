@@ -19,12 +19,12 @@ order. A single job of an idle tenant therefore waits at most for one
 running job to finish, whatever another tenant — or a burst of system jobs —
 has queued.
 
-**A call's priority** (``priority=``, as ``rank``) reorders a party's own jobs
-within that share: the load that places a job counts only its party's jobs
-that rank at or before it, so an urgent call behind a backfill gets the
-place the party's first job would get. A party's k-th most urgent job gets
-what any party's k-th job gets, so priorities never take another party's
-turn.
+**A call's priority** (``priority=``, as ``rank``) reorders a party's own jobs:
+the load that places a job counts only its party's jobs that rank at or
+before it, so an urgent call behind a backfill gets the place the party's
+first job would get. Each rank has its own count: a party whose waiting jobs
+use n ranks can hold up to n jobs in the front list. Priorities come from
+the application's code (the HTTP API takes none), not from tenants.
 
 **On RabbitMQ** (``KEEL_BROKER_URL``) the queues are quorum queues, and
 AMQP counts priority the other way (higher first): a job is published with

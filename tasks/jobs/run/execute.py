@@ -27,7 +27,7 @@ from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.end import ending, finish
-from tasks.jobs.intake import pauses
+from tasks.jobs.intake import pauses, tenancy
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer
@@ -412,6 +412,7 @@ class KeelTask(CeleryTask):
             user_id=None,
             opts=self.default_options(data, None),
             celery_ctx=tracing.carried(self._canvas_context()),
+            priority=tenancy.rank(_message_priority(self.request)),
         )
         if not store.insert(session, job):
             return
@@ -465,6 +466,11 @@ class KeelTask(CeleryTask):
         }
         kept = {key: value for key, value in ctx.items() if value not in (None, [], ())}
         return kept or None
+
+
+def _message_priority(request: Any) -> Any:
+    """The priority a message arrived with (its sender's ``priority=``; ``None``: none)."""
+    return (getattr(request, "delivery_info", None) or {}).get("priority")
 
 
 def handler(

@@ -39,9 +39,11 @@ class NewJob(Job):
 
     user_id: str | None
     opts: JobOptions
+    # Its rank among its party's jobs on the queue, 0 first: no default, since "none given"
+    # is a rank that depends on the broker (``tasks.jobs.intake.tenancy.rank``).
+    priority: int
     celery_ctx: dict[str, Any] | None = None
     waiting_children: bool = False  # a chord's body: waits (no due time) for its parts
-    priority: int = 0  # its rank among its party's jobs on the queue, 0 first
 
     @property
     def state(self) -> State:
