@@ -44,22 +44,20 @@ def _admin(url: str, *statements: str) -> None:
 def using(url: str) -> Iterator[None]:
     """This process's settings and engines point at ``url`` inside the block."""
     previous = os.environ["KEEL_DATABASE_URL"]
-    os.environ["KEEL_DATABASE_URL"] = url
-    reload_settings()
-    db.dispose()
+    with db._lock:
+        os.environ["KEEL_DATABASE_URL"] = url
+        reload_settings()
+        db.dispose()
     try:
         yield
     finally:
-        os.environ["KEEL_DATABASE_URL"] = previous
-        reload_settings()
-        # Settings first, then the engines: another thread of this process (the inline
-        # worker's maintenance) may have made one from the block's settings meanwhile, and
-        # one made while the settings were changing back is dropped again.
-        restored = make_url(sqlalchemy_url(previous))
-        for _ in range(5):
+        # Under the lock engines are made under (``tasks.db._scope``): no other thread of
+        # this process (the inline worker's maintenance) can make one from the block's
+        # settings while they change back, or keep one it made inside the block.
+        with db._lock:
+            os.environ["KEEL_DATABASE_URL"] = previous
+            reload_settings()
             db.dispose()
-            if db.engine().url == restored:
-                break
 
 
 def make_template() -> None:
