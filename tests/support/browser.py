@@ -18,6 +18,7 @@ from typing import Any
 
 from flask import Flask
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.support.ui import WebDriverWait
 from werkzeug.serving import BaseWSGIServer, make_server
@@ -85,8 +86,30 @@ class ServedApp:
         return f"{self.url}/ui/login/{token}"
 
 
+# chromedriver's words for an element read while its page was being replaced (a form just
+# submitted): the same race as a stale element, reported as an "unknown error".
+_REPLACED_NODE = "does not belong to the document"
+
+
 def wait(driver: webdriver.Chrome, condition: Any, timeout: float = 30) -> Any:
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+    """``condition`` once it holds, polled every 0.1 s for at most ``timeout`` s.
+
+    A check that reads the page being left after a submit (the old page's flash, say) may
+    hit a node chromedriver has just dropped: that poll counts as "not yet", as selenium
+    counts a stale element, and any other error still ends the wait.
+    """
+
+    def polled(driver_: webdriver.Chrome) -> Any:
+        try:
+            return condition(driver_)
+        except StaleElementReferenceException:
+            return False
+        except WebDriverException as error:
+            if _REPLACED_NODE in (error.msg or ""):
+                return False
+            raise
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(polled)
 
 
 def screenshot(driver: webdriver.Chrome, folder: Path, name: str) -> Path:
