@@ -15,6 +15,7 @@ most ``KEEL_REQUEST_DEADLINE_S`` (1 s) before it is answered 503. Everything els
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import threading
@@ -32,6 +33,8 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
 from tasks import deadline
 from tasks.config import get_settings
+
+log = logging.getLogger(__name__)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -51,6 +54,7 @@ STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.Sto
 # Meanwhile no other worker could requeue or claim the jobs it had locked.
 IDLE_IN_TRANSACTION_S = deadline.BACKGROUND_S + 5
 KINDS = ("request", "background")
+POOL_SIZE = 5  # connections an engine keeps open (up to 10 more while busy)
 
 
 def _limits(kind: str) -> dict[str, Any]:
@@ -83,7 +87,7 @@ def _create(kind: str) -> Engine:
     )
     created = create_engine(
         get_settings().sqlalchemy_url,
-        pool_size=5,
+        pool_size=POOL_SIZE,
         max_overflow=10,
         pool_timeout=limits["pool_timeout"],
         connect_args={"connect_timeout": limits["connect_timeout"], "options": options},
@@ -99,6 +103,44 @@ def _create(kind: str) -> Engine:
             raise DisconnectionError("the server closed this pooled connection")
 
     return created
+
+
+def warm(seconds: float = 5.0) -> int:
+    """Open this process's request pool (``POOL_SIZE`` connections, each asked one
+    ``SELECT 1``) before it serves; how many it opened.
+
+    A process's first requests otherwise pay, inside their 1 s deadline, for SQLAlchemy's
+    first-connect checks of the server (taken by one request while the others wait for it)
+    and for a new server process per connection: a burst of them on a fresh API process
+    on a busy host was answered 503. Called by each API worker before it accepts requests
+    (``web.gunicorn_conf``). A database that does not answer within ``seconds`` leaves the
+    rest unopened: the process serves anyway, and its requests answer 503 as they would.
+    """
+    opened: list[Any] = []
+    with request_scope(seconds):
+        try:
+            made = engine()
+            for _ in range(POOL_SIZE):
+                connection = made.connect()
+                try:
+                    connection.exec_driver_sql("SELECT 1")
+                except BaseException:
+                    connection.invalidate()  # cut mid-statement: never back to the pool
+                    connection.close()
+                    raise
+                opened.append(connection)
+        except STORE_UNAVAILABLE as error:
+            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+            log.warning(
+                "the request pool opened %d connections of %d: %s",
+                len(opened),
+                POOL_SIZE,
+                first_line,
+            )
+        finally:
+            for connection in opened:
+                connection.close()  # back to the pool, open
+    return len(opened)
 
 
 def still_open(dbapi_connection: Any) -> bool:

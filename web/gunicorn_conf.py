@@ -15,7 +15,7 @@ import signal
 from typing import Any
 
 from keel.embedded.lifeline import die_with_parent
-from tasks import logs, tracing
+from tasks import db, logs, tracing
 from tasks.config import get_settings
 
 worker_class = "web.serving.StreamingWorker"
@@ -55,3 +55,9 @@ def worker_int(worker: Any) -> None:
     exported first (``os._exit`` skips ``atexit``; bounded: ``tasks.tracing.FLUSH_TIMEOUT_MS``)."""
     tracing.flush()
     os._exit(0)
+
+
+def post_worker_init(worker: Any) -> None:
+    """A worker opens its database connections before it accepts requests (``tasks.db.warm``):
+    a burst of requests on a fresh process would otherwise pay for them inside their deadline."""
+    db.warm()
