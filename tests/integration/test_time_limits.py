@@ -19,3 +19,14 @@ def test_a_soft_time_limit_raises_inside_the_handler_which_ends_cleanly():
     assert job["state"] == "completed", job
     assert job["result"]["interrupted"] is True and 0.5 <= job["result"]["after"] < 10
     assert job["attemptsStarted"] == 1 and len(job["runs"]) == 1
+
+
+def test_a_call_s_own_soft_time_limit_reaches_the_handler_and_every_retry_of_it():
+    # Given a task that declares no time limit, called with soft_time_limit=1, whose first
+    # run asks for a retry (the retry is published again from the record)
+    result = test_jobs.nap.apply_async(args=(8,), kwargs={"retry_first": True}, soft_time_limit=1)
+    # Then the retried run was interrupted after about a second, not after its 8 s nap
+    job = wait_state(result.id, "completed", "failed", timeout=20)
+    assert job["state"] == "completed", job
+    assert job["result"]["interrupted"] is True and 0.5 <= job["result"]["after"] < 6, job
+    assert job["attemptsStarted"] == 2, job

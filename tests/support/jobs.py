@@ -293,3 +293,20 @@ def soft_limited(self, seconds: float) -> dict:
         self.log("soft time limit: stopping cleanly")
         return {"interrupted": True, "after": round(time.monotonic() - started, 1)}
     return {"interrupted": False}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.nap", max_retries=1)
+def nap(self, seconds: float, retry_first: bool = False) -> dict:
+    """Sleeps ``seconds`` unless a soft time limit given by the call interrupts it (this task
+    declares none); ``retry_first``: the first run asks for a retry at once."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    if retry_first and self.request.retries == 0:
+        raise self.retry(countdown=0.1)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:
+            time.sleep(0.05)
+    except SoftTimeLimitExceeded:
+        return {"interrupted": True, "after": round(time.monotonic() - started, 1)}
+    return {"interrupted": False}

@@ -82,10 +82,11 @@ def call_priority(task: Any, options: dict[str, Any]) -> Any:
     return None
 
 
-def _check_priorities(options: dict[str, Any]) -> None:
-    """Refuse, at the call, a priority that could not be ranked: the call's own, and those of
-    the chain steps and links it carries (recorded only when their parent ends, they would
-    otherwise fail the parent after it ran). ``ValueError`` naming the value."""
+def _check_steps(options: dict[str, Any]) -> None:
+    """Refuse, at the call, a priority that could not be ranked or a time limit that is no
+    positive number: the call's own, and those of the chain steps and links it carries
+    (recorded only when their parent ends, they would otherwise fail the parent after it
+    ran). ``ValueError`` naming the value."""
     signatures = [*(options.get("chain") or ())]
     for option in ("link", "link_error"):
         linked = options.get(option)
@@ -96,6 +97,23 @@ def _check_priorities(options: dict[str, Any]) -> None:
     for sig in signatures:
         if isinstance(sig, dict):
             tenancy.rank((sig.get("options") or {}).get("priority"))
+            time_limits(sig.get("options") or {})
+
+
+def time_limits(options: dict[str, Any]) -> list[float | None] | None:
+    """A call's ``time_limit`` and ``soft_time_limit``, as Celery's ``timelimit`` header
+    carries them (``[hard, soft]``), or ``None`` when the call gives neither (the worker then
+    applies the task's own, or ``task_time_limit``/``task_soft_time_limit``). Anything but a
+    positive number of seconds is refused by the call (``ValueError``)."""
+    limits: list[float | None] = []
+    for option in ("time_limit", "soft_time_limit"):
+        value = options.get(option)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise ValueError(f"{option} must be a positive number of seconds, not {value!r}")
+        limits.append(value)
+    return limits if any(limit is not None for limit in limits) else None
 
 
 def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
@@ -113,7 +131,10 @@ def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
         ctx["headers"] = headers
     if options.get("priority") is not None:  # ranked when the job is recorded
         ctx["priority"] = options["priority"]
-    _check_priorities(options)
+    limits = time_limits(options)
+    if limits is not None:
+        ctx["timelimit"] = limits
+    _check_steps(options)
     plain: dict[str, Any] = _plain(ctx)
     return plain
 

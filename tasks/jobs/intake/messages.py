@@ -51,7 +51,8 @@ class Message:
     """One waiting job's task message, ready for a producer.
 
     ``ctx`` carries the Celery canvas context of the job (chord callback, group
-    id and index, chain, link and link_error, parent and root ids), kept on
+    id and index, chain, link and link_error, parent and root ids, the call's
+    time limits and headers), kept on
     its record, so a job that is retried through the delayed set, promoted or
     republished still counts toward its chord and still triggers its children
     when it finally ends.
@@ -90,6 +91,7 @@ class Message:
                 parent_id = parent_id or parent.request.id
         settings = _settings()
         argsrepr, kwargsrepr = shown_arguments(name, data)
+        hard, soft = ctx.get("timelimit") or (None, None)  # the call's own time limits
         message = app.amqp.as_task_v2(
             job_id,
             name,
@@ -101,6 +103,8 @@ class Message:
             callbacks=ctx.get("link"),
             errbacks=ctx.get("link_error"),
             chain=ctx.get("chain"),
+            time_limit=hard,
+            soft_time_limit=soft,
             reply_to=app.thread_oid,
             create_sent_event=_sends_events(name, settings),
             root_id=root_id,

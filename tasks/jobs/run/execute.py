@@ -464,6 +464,9 @@ class KeelTask(CeleryTask):
             "parent_id": request.parent_id,
             "root_id": request.root_id,
         }
+        limits = list(request.timelimit or ())  # the sender's time_limit / soft_time_limit
+        if any(limit is not None for limit in limits):
+            ctx["timelimit"] = limits
         kept = {key: value for key, value in ctx.items() if value not in (None, [], ())}
         return kept or None
 

@@ -1,0 +1,101 @@
+"""A call's ``time_limit``/``soft_time_limit`` travel in Celery's ``timelimit`` header of every
+message of its job (read from the broker, no worker): the first, and one published again
+from the record (a delayed job promoted). What a worker does with them:
+``test_time_limits.py``."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from celery import chain
+from sqlalchemy import text
+
+from tasks.broker import redis_client
+from tasks.db import transaction
+from tasks.jobs.intake.promote import publish_ready
+from tasks.jobs.intake.tenancy import PRIORITY_STEPS
+from tasks.jobs.store import upkeep
+from tests.support.jobs import echo
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+SEP = "\x06\x16"  # kombu's separator between a queue's name and its priority
+
+
+@pytest.fixture
+def idle_queue() -> Iterator[str]:
+    queue = f"limits-{uuid.uuid4().hex[:10]}"
+    yield queue
+    redis_client().delete(queue, *(f"{queue}{SEP}{step}" for step in PRIORITY_STEPS if step))
+    with transaction() as session:
+        session.execute(text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+
+
+def headers_in(queue: str) -> dict[str, dict]:
+    """The headers of the messages waiting in any of ``queue``'s priority lists."""
+    keys = [queue if step == 0 else f"{queue}{SEP}{step}" for step in PRIORITY_STEPS]
+    messages = [json.loads(raw) for key in keys for raw in redis_client().lrange(key, 0, -1)]
+    return {message["headers"]["id"]: message["headers"] for message in messages}
+
+
+def kept_context(job_id: str) -> dict:
+    with transaction() as session:
+        return session.execute(
+            text("SELECT celery_ctx FROM jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+
+
+def test_a_call_s_time_limits_are_in_its_message_and_on_its_record(idle_queue):
+    # When a task is called with both limits, with the soft one only, and with neither
+    both = echo.apply_async(kwargs={"n": 1}, queue=idle_queue, time_limit=7, soft_time_limit=5)
+    soft = echo.apply_async(kwargs={"n": 2}, queue=idle_queue, soft_time_limit=2.5)
+    none = echo.apply_async(kwargs={"n": 3}, queue=idle_queue)
+    # Then each message carries [hard, soft] as Celery's own apply_async would send it
+    headers = headers_in(idle_queue)
+    assert headers[both.id]["timelimit"] == [7, 5]
+    assert headers[soft.id]["timelimit"] == [None, 2.5]
+    assert headers[none.id]["timelimit"] == [None, None]  # the task's or the app's, then
+    # and the record keeps them, for every later message of the job
+    assert kept_context(both.id)["timelimit"] == [7, 5]
+    assert "timelimit" not in (kept_context(none.id) or {})
+
+
+def test_a_delayed_job_s_message_carries_its_call_s_time_limits_when_due(idle_queue):
+    # Given a call with a countdown and a soft time limit (no message until it is due)
+    result = echo.apply_async(kwargs={"n": 1}, queue=idle_queue, countdown=60, soft_time_limit=3)
+    assert headers_in(idle_queue) == {}
+    # When it is promoted (as a worker's maintenance does once it is due)
+    with transaction() as session:
+        publish_ready(session, upkeep.promote_now(session, [result.id]))
+    # Then its message carries the call's limits
+    assert headers_in(idle_queue)[result.id]["timelimit"] == [None, 3]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"time_limit": 0}, {"soft_time_limit": -1}, {"time_limit": "60"}, {"soft_time_limit": True}],
+)
+def test_a_time_limit_that_is_not_a_positive_number_is_refused_and_nothing_recorded(
+    idle_queue, limits
+):
+    task_id = uuid.uuid4().hex
+    with pytest.raises(ValueError, match="must be a positive number of seconds"):
+        echo.apply_async(kwargs={"n": 1}, queue=idle_queue, task_id=task_id, **limits)
+    with transaction() as session:
+        found = session.execute(text("SELECT 1 FROM jobs WHERE id = :id"), {"id": task_id})
+        assert found.first() is None
+    assert headers_in(idle_queue) == {}
+
+
+def test_a_chain_step_s_bad_time_limit_is_refused_by_the_call(idle_queue):
+    # A chain's later steps are recorded only when the step before ends: checked at the call
+    steps = chain(
+        echo.si(n=1).set(queue=idle_queue),
+        echo.si(n=2).set(queue=idle_queue, soft_time_limit=0),
+    )
+    with pytest.raises(ValueError, match="soft_time_limit must be a positive number"):
+        steps.apply_async()
+    assert headers_in(idle_queue) == {}
