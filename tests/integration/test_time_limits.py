@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from tasks.broker import redis_client
 from tests.support import jobs as test_jobs
 from tests.support.client import wait_state
+from tests.support.stack import wait_for
 
 pytestmark = pytest.mark.usefixtures("worker")
 
@@ -30,3 +34,34 @@ def test_a_call_s_own_soft_time_limit_reaches_the_handler_and_every_retry_of_it(
     assert job["state"] == "completed", job
     assert job["result"]["interrupted"] is True and 0.5 <= job["result"]["after"] < 6, job
     assert job["attemptsStarted"] == 2, job
+
+
+def test_a_run_past_its_hard_time_limit_is_recorded_timed_out_and_retried_by_its_job_s_rules():
+    # Given a job of two attempts whose handler would sleep 30 s, called with time_limit=1
+    result = test_jobs.nap.apply_async(
+        args=(30,),
+        time_limit=1,
+        job_options={"attempts": 2, "backoff": {"type": "fixed", "delay": 100}},
+        link_error=test_jobs.note_errback.s(),
+    )
+    # Then each run was ended by the limit and recorded as a failed run that timed out, the
+    # first retried by the job's rules, the second final: not left active until its lock ran
+    # out, then run again as stalled
+    job = wait_state(result.id, "failed", timeout=30)
+    assert job["failedReason"] == "timed out after 1 s", job
+    assert (job["attemptsStarted"], job["attemptsMade"], job["stalledCount"]) == (2, 2, 0), job
+    assert [run["outcome"] for run in job["runs"]] == ["retrying", "failed"], job
+    assert all(run["error"] == "timed out after 1 s" for run in job["runs"]), job
+    assert all(run["exception"]["exc_type"] == "TimeLimitExceeded" for run in job["runs"]), job
+    # and the worker replaced the pool process it killed: its next job runs
+    after = wait_state(test_jobs.echo.delay(n=1).id, "completed", "failed", timeout=20)
+    assert after["state"] == "completed", after
+    # and the job's errback was called once, for the final failure, not at every timeout
+    noted = wait_for(lambda: errbacks_for(result.id), timeout=10)
+    time.sleep(1)  # (a second call would have been sent with the first)
+    assert noted == errbacks_for(result.id) == [result.id]
+
+
+def errbacks_for(job_id: str) -> list[str]:
+    calls = redis_client().lrange(test_jobs.ERRBACKS_KEY, 0, -1)
+    return [called.decode() for called in calls if called.decode() == job_id]

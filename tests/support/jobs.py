@@ -310,3 +310,14 @@ def nap(self, seconds: float, retry_first: bool = False) -> dict:
     except SoftTimeLimitExceeded:
         return {"interrupted": True, "after": round(time.monotonic() - started, 1)}
     return {"interrupted": False}
+
+
+ERRBACKS_KEY = "keel:test:errbacks"
+
+
+@shared_task(name="test.note_errback", base=Task)  # plain: Celery calls it with the task id
+def note_errback(task_id: str) -> None:
+    """A ``link_error`` errback: notes the id of each failed task it is called for in Redis."""
+    from tasks.broker import redis_client
+
+    redis_client().rpush(ERRBACKS_KEY, task_id)

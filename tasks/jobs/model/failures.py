@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import traceback
 
-from celery.exceptions import Reject
+from celery.exceptions import Reject, TimeLimitExceeded
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 MAX_REASON_CHARS = 1000
@@ -30,6 +30,8 @@ def reason(exc: BaseException) -> str:
         text = _database_reason(exc)
     elif isinstance(exc, Reject):  # Celery's Reject(reason, requeue): the reason alone
         text = str(exc.reason)
+    elif isinstance(exc, TimeLimitExceeded) and exc.args and isinstance(exc.args[0], str):
+        text = exc.args[0]  # its str() is its repr: "TimeLimitExceeded('…',)"
     else:
         text = str(exc) or type(exc).__name__
     return text[:MAX_REASON_CHARS]

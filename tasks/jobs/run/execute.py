@@ -124,6 +124,7 @@ class KeelTask(CeleryTask):
     typing = False
     acks_late = True
     reject_on_worker_lost = True
+    Request = "tasks.jobs.run.timeouts:KeelRequest"  # a hard time limit ends the run's record
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.is_eager:  # ``apply()``, ``task_always_eager``: Celery's tracer ran us

@@ -11,6 +11,7 @@ statement, sent without a Session (``tasks.db.run_alone``).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -94,7 +95,7 @@ _CLAIM = text(
             'attempt', jobs.attempts_started + 1,
             'startedAt', to_char(clock_timestamp() AT TIME ZONE 'UTC',
                                  'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'worker', CAST(:worker AS text)))
+            'worker', CAST(:worker AS text), 'pid', CAST(:pid AS integer)))
     FROM before
     WHERE jobs.id = before.id
       AND before.format IN ({_FORMATS_READ})
@@ -171,8 +172,29 @@ def _claim_params(
         "token": token,
         "lock_s": lock_s,
         "worker": worker,
+        "pid": os.getpid(),  # the pool process running it (``active_run``)
         "ctx": json.dumps(ctx) if ctx else None,
     }
+
+
+_ACTIVE_RUN = text(
+    """
+    SELECT id, name, queue, data, opts, tenant_id, user_id, attempts_made, attempts_started,
+           celery_ctx, stalled_count > 0 AS stalled, 0 AS wait_s, lock_token
+    FROM jobs
+    WHERE id = :id AND state = 'active' AND lock_token IS NOT NULL
+      AND runs -> -1 ->> 'worker' = :worker AND runs -> -1 ->> 'pid' = :pid
+    """
+)
+
+
+def active_run(session: Session, job_id: str, worker: str, pid: int) -> ClaimedJob | None:
+    """The job's run if it is still active and the one pool process ``pid`` of ``worker``
+    claimed last (its lock token included, so its end is recorded as the run's own would
+    be); ``None`` once that run ended or another took the job over."""
+    row = session.execute(_ACTIVE_RUN, {"id": job_id, "worker": worker, "pid": str(pid)})
+    found = row.mappings().first()
+    return _claimed(found, found["lock_token"]) if found is not None else None
 
 
 def _claimed(row: Any, token: str) -> ClaimedJob | None:

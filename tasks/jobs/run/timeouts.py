@@ -1,0 +1,108 @@
+"""A run past its hard time limit is recorded as a failed run, "timed out after N s".
+
+Celery's hard limit (``time_limit``: the task's, the call's, or ``task_time_limit``)
+is kept by the prefork pool's *parent*: it kills the pool process running the task,
+starts another, and calls ``Request.on_timeout`` there. Celery's own handler then
+marks the task failed (calling its ``link_error`` errbacks) and acknowledges the
+message. For a Keel job that was wrong twice: the record was not told (the run
+stayed active until its lock ran out, then ran again as *stalled*, and again, until
+the stalled rules failed it), and the errbacks fired at every timeout, though the
+job was to run again.
+
+``KeelRequest.on_timeout`` records the end of the killed run instead, through the
+path every failed run takes (``tasks.jobs.end.finish.failed``): the job's attempts
+and backoff decide whether it runs again, and only a final failure goes on to
+Celery's handling (errbacks, ``task_failure``, Flower's ``task-failed``). The parent
+never saw the run's lock token, so the run is found by the worker's name and the pool
+process's pid, which the claim writes in the run's entry (``store.runs.active_run``);
+a run that had ended, or a job another worker took over, is left as it is. Its
+database work is bounded (``REQUEST_S``): the parent's timer thread must not wait on a
+hung Postgres, and a run it could not record ends as stalled, as before.
+
+The soft limit (``soft_time_limit``) needs nothing here: Celery raises
+``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's. The threads
+and solo pools keep no time limits at all (Celery ignores them there).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback
+from celery.exceptions import TimeLimitExceeded
+from celery.worker import state as worker_state
+from celery.worker.request import Request
+
+from tasks.db import STORE_UNAVAILABLE, request_scope, transaction
+from tasks.jobs.end import finish
+from tasks.jobs.store import runs
+
+log = logging.getLogger(__name__)
+
+REQUEST_S = 5.0
+
+
+def timed_out(seconds: float) -> TimeLimitExceeded:
+    """Celery's own exception for the limit (what ``AsyncResult.get()`` raises), worded for
+    the record."""
+    return TimeLimitExceeded(f"timed out after {seconds:g} s")
+
+
+def record_timeout(job_id: str, worker: str, pid: int | None, seconds: float) -> bool | None:
+    """Record the run of ``job_id`` by pool process ``pid`` of ``worker`` as failed, timed
+    out: ``True`` when that failure is final, ``False`` when the job runs again, ``None``
+    when there was no such run to end (it had ended, or was taken over) or the records
+    could not be reached."""
+    if pid is None:
+        return None
+    try:
+        with request_scope(REQUEST_S):
+            with transaction() as session:
+                claimed = runs.active_run(session, job_id, worker, pid)
+            if claimed is None:
+                return None
+            retrying = finish.failed(claimed, timed_out(seconds))
+    except finish.NotOurs:
+        return None
+    except STORE_UNAVAILABLE as exc:
+        log.warning("job %s timed out; its run could not be recorded yet: %s", job_id, exc)
+        return None
+    return retrying is None
+
+
+class KeelRequest(Request):
+    """Celery's request, whose hard time limit ends a Keel job's run in its record.
+
+    On a hard limit the pool calls ``on_failure`` (with ``TimeLimitExceeded``), then
+    ``on_timeout``, then kills the process. Celery fails the task in both; here the first
+    only lets the message go and the second records the run's end.
+    """
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        exc = exc_info.exception
+        exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+        if isinstance(exc, TimeLimitExceeded) and not worker_state.should_terminate:
+            worker_state.task_ready(self)
+            if self.task.acks_late:  # its next run, if any, has a message of its own
+                self.acknowledge()
+            return None
+        return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if soft or worker_state.should_terminate:
+            super().on_timeout(soft, timeout)
+            return
+        final = record_timeout(self.id, self.hostname, self.worker_pid, timeout)
+        if final:  # Celery's failure handling: errbacks, task_failure, task-failed
+            super().on_timeout(soft, timeout)
+            return
+        log.warning(
+            "Hard time limit (%ss) exceeded for %s[%s]: %s",
+            timeout,
+            self.name,
+            self.id,
+            "it runs again by its job's rules" if final is False else "no active run recorded",
+        )
