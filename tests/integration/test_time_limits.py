@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from tasks.broker import redis_client
 from tests.support import jobs as test_jobs
 from tests.support.client import wait_state
-from tests.support.stack import wait_for
+from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.usefixtures("worker")
 
@@ -65,3 +66,24 @@ def test_a_run_past_its_hard_time_limit_is_recorded_timed_out_and_retried_by_its
 def errbacks_for(job_id: str) -> list[str]:
     calls = redis_client().lrange(test_jobs.ERRBACKS_KEY, 0, -1)
     return [called.decode() for called in calls if called.decode() == job_id]
+
+
+def test_under_the_threads_pool_a_run_that_returns_past_its_hard_limit_is_failed_timed_out(
+    stack,
+):
+    # Given a worker of the threads pool (Celery keeps no time limits there: it cannot stop a
+    # thread) on a queue of its own
+    queue = f"threads-{uuid.uuid4().hex[:8]}"
+    threads = WorkerProcess(stack.home, queue, concurrency=2, queues=queue, pool="threads")
+    threads.start()
+    try:
+        # When a run with a 1 s hard limit returns after 3 s
+        result = test_jobs.nap.apply_async(args=(3,), queue=queue, time_limit=1)
+        job = wait_state(result.id, "completed", "failed", timeout=30)
+    finally:
+        threads.stop()
+    # Then it is failed as timed out when it returns, saying why it ran on
+    assert job["state"] == "failed", job
+    assert job["failedReason"].startswith("timed out after 1 s (returned after 3."), job
+    assert "this pool cannot stop a run" in job["failedReason"], job
+    assert (job["attemptsStarted"], job["stalledCount"]) == (1, 0), job

@@ -84,6 +84,7 @@ class WorkerProcess:
     concurrency: int = 3
     extra_env: dict[str, str] = field(default_factory=dict)
     queues: str | None = None
+    pool: str | None = None  # Celery's -P (prefork unless given)
     process: subprocess.Popen | None = None
 
     @property
@@ -111,6 +112,7 @@ class WorkerProcess:
             "--without-mingle",
             "--without-gossip",
             *(["-Q", self.queues] if self.queues else []),
+            *(["-P", self.pool] if self.pool else []),
         ]
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(

@@ -36,7 +36,7 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner, current_owner, running_for
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
-from tasks.jobs.run import job_log, limits, lock_renewal
+from tasks.jobs.run import job_log, limits, lock_renewal, timeouts
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import runs, upkeep
@@ -228,8 +228,9 @@ class KeelTask(CeleryTask):
             attemptsStarted=claimed.attempts_started,
         )
         events.later(active)  # with its end's event if the run is short: one round trip
-        lock_renewal.track(claimed.token)
+        limit = timeouts.unenforced_limit(self, self.request)  # (prefork: None, it kills)
         started = time.monotonic()
+        lock_renewal.track(claimed.token, started + limit if limit is not None else None)
         ran: float | None = None  # how long a run that returned took (its end reports it)
         try:
             with tracing.span("keel.handler", {"keel.job.name": claimed.name}):
@@ -237,7 +238,10 @@ class KeelTask(CeleryTask):
             asked: RetryRequested | None = getattr(self.request, "keel_retry", None)
             if asked is not None:  # ``self.retry(throw=False)``: the run ends as that retry
                 raise asked
-            ran = time.monotonic() - started
+            took = time.monotonic() - started
+            if limit is not None and took > limit:
+                raise timeouts.returned_late(limit, took)
+            ran = took
         except Defer as deferral:
             finish.deferred(claimed, deferral)
             self._announce_ignored(f"deferred: {deferral}")

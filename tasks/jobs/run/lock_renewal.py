@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from tasks.config import get_settings
 from tasks.db import transaction
@@ -18,14 +19,17 @@ from tasks.jobs.store import runs
 
 log = logging.getLogger(__name__)
 
-_tokens: set[str] = set()
+_tokens: dict[str, float | None] = {}  # token → renewed until then (``time.monotonic()``)
 _guard = threading.Lock()
 _thread: dict[int, threading.Thread] = {}
 
 
-def track(token: str) -> None:
+def track(token: str, until: float | None = None) -> None:
+    """Renew ``token``'s lock while its run goes on, but not past ``until`` (its hard time
+    limit, where the pool cannot kill the run: the lock then runs out, and the job is
+    stalled and run again by another worker; the late end of this run is refused)."""
     with _guard:
-        _tokens.add(token)
+        _tokens[token] = until
         if os.getpid() not in _thread:
             thread = threading.Thread(target=_renew_forever, name="keel-heartbeat", daemon=True)
             _thread[os.getpid()] = thread
@@ -34,15 +38,21 @@ def track(token: str) -> None:
 
 def untrack(token: str) -> None:
     with _guard:
-        _tokens.discard(token)
+        _tokens.pop(token, None)
+
+
+def renewed(now: float) -> list[str]:
+    """The tokens whose locks are pushed out at ``now``: every tracked run's, but those past
+    their ``until``."""
+    with _guard:
+        return [token for token, until in _tokens.items() if until is None or until > now]
 
 
 def _renew_forever() -> None:
     lock_s = get_settings().lock_duration_s
     stop = threading.Event()
     while not stop.wait(lock_s / 3):
-        with _guard:
-            tokens = list(_tokens)
+        tokens = renewed(time.monotonic())
         if not tokens:
             continue
         try:

@@ -20,8 +20,12 @@ database work is bounded (``REQUEST_S``): the parent's timer thread must not wai
 hung Postgres, and a run it could not record ends as stalled, as before.
 
 The soft limit (``soft_time_limit``) needs nothing here: Celery raises
-``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's. The threads
-and solo pools keep no time limits at all (Celery ignores them there).
+``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's.
+
+The threads and solo pools keep no time limits at all (Celery ignores them there), and
+cannot stop a run. There a run that returns past its hard limit is failed as timed out
+(``returned_late``), and its lock is not renewed past the limit
+(``tasks.jobs.run.lock_renewal``): a run that hangs stalls, and the job runs again.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from celery.exceptions import TimeLimitExceeded
+from celery.signals import worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
@@ -41,6 +46,34 @@ from tasks.jobs.store import runs
 log = logging.getLogger(__name__)
 
 REQUEST_S = 5.0
+
+
+_pool_kills = False  # whether this process's runs are stopped at their hard limit
+
+
+@worker_process_init.connect
+def _in_a_prefork_pool_process(**_: Any) -> None:
+    global _pool_kills
+    _pool_kills = True
+
+
+def unenforced_limit(task: Any, request: Any) -> float | None:
+    """The run's hard time limit where nothing stops a run at it (the threads and solo
+    pools, where Celery ignores limits): the call's, else the task's (``task_time_limit``
+    by default); ``None`` under prefork, or without one."""
+    if _pool_kills:
+        return None
+    hard = (request.timelimit or (None, None))[0] or task.time_limit
+    return float(hard) if hard else None
+
+
+def returned_late(seconds: float, took: float) -> TimeLimitExceeded:
+    """A run that passed its hard limit where the pool could not stop it: failed as it
+    returns, saying so."""
+    return TimeLimitExceeded(
+        f"timed out after {seconds:g} s (returned after {took:.1f} s: this pool cannot stop "
+        "a run at its time limit)"
+    )
 
 
 def timed_out(seconds: float) -> TimeLimitExceeded:
