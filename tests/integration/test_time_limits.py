@@ -9,7 +9,7 @@ import pytest
 
 from tasks.broker import redis_client
 from tests.support import jobs as test_jobs
-from tests.support.client import wait_state
+from tests.support.client import record, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.usefixtures("worker")
@@ -87,3 +87,26 @@ def test_under_the_threads_pool_a_run_that_returns_past_its_hard_limit_is_failed
     assert job["failedReason"].startswith("timed out after 1 s (returned after 3."), job
     assert "this pool cannot stop a run" in job["failedReason"], job
     assert (job["attemptsStarted"], job["stalledCount"]) == (1, 0), job
+
+
+def test_a_job_type_s_timeout_ends_a_run_that_hangs_and_its_backoff_runs_it_again():
+    # Given a handler declared with timeout=2 (two attempts, 0.5 s apart) that sleeps 30 s
+    started = time.monotonic()
+    job_id = test_jobs.hang.delay().id
+    # Then its first run is failed "timed out after 2 s" within seconds, not 30
+    first = wait_for(lambda: _failed_runs(job_id, 1), timeout=20)
+    assert time.monotonic() - started < 15, first  # 2 s, and the worker's own slack
+    assert first["runs"][0]["error"] == "timed out after 2 s", first
+    # and its backoff runs it again, which times out too: failed for good, never stalled
+    job = wait_state(job_id, "failed", timeout=30)
+    assert job["failedReason"] == "timed out after 2 s", job
+    assert (job["attemptsMade"], job["stalledCount"]) == (2, 0), job
+    # and the slot it held is free again: the worker runs the next job
+    after = wait_state(test_jobs.echo.delay(n=2).id, "completed", "failed", timeout=20)
+    assert after["state"] == "completed", after
+
+
+def _failed_runs(job_id: str, count: int) -> dict | None:
+    job = record(job_id)
+    failed = [run for run in (job or {}).get("runs", []) if run.get("outcome") != "completed"]
+    return job if len([run for run in failed if "error" in run]) >= count else None

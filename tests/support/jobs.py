@@ -8,6 +8,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from tasks.jobs import JobContext, KeelTask, UnrecoverableError, handler
+from tasks.jobs.model.options import Backoff, JobOptions
 
 
 class PlainFailure(Exception):
@@ -321,3 +322,14 @@ def note_errback(task_id: str) -> None:
     from tasks.broker import redis_client
 
     redis_client().rpush(ERRBACKS_KEY, task_id)
+
+
+def _two_attempts(_data: dict, _owner: object) -> JobOptions:
+    return JobOptions(attempts=2, backoff=Backoff(type="fixed", delay=500))
+
+
+@handler("test.hang", queue="default", timeout=2, options=_two_attempts)
+def hang(job: JobContext) -> dict:
+    """Sleeps 30 s, past its job type's ``timeout`` of 2 s; two attempts, 0.5 s apart."""
+    time.sleep(30)
+    return {"slept": 30}

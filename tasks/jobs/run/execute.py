@@ -492,6 +492,7 @@ def handler(
     events: bool = True,
     control: bool = False,
     quiet: bool = False,
+    timeout: float | None = None,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -506,7 +507,13 @@ def handler(
     and ``keel jobs list`` leaves it out unless asked (``tasks.jobs.observe.quiet``).
     ``control=True``: a control job, published at the front of its queue (the top broker
     priority) whatever its party's load, so it never waits behind the bulk jobs it unblocks.
+    ``timeout``: seconds a run may take (Celery's ``time_limit``, which a call's
+    ``time_limit=`` replaces): past it the run is ended and recorded as failed, "timed out
+    after N s", and the job runs again by its attempts and backoff
+    (``tasks.jobs.run.timeouts``).
     """
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
     registry.declare(registry.JobType(name, queue, schedulable, data, submittable, control))
@@ -524,6 +531,8 @@ def handler(
         }
         if options is not None:
             attributes["default_options"] = lambda _task, d, o: options(d, o)
+        if timeout is not None:
+            attributes["time_limit"] = timeout
         return shared_task(name=name, base=KeelTask, queue=queue, **attributes)(fn)
 
     return register
