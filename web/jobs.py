@@ -29,7 +29,7 @@ from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
 from tasks.jobs.model.models import STATES, JobRecord
-from tasks.jobs.model.options import JobOptions, backoff_max_ms
+from tasks.jobs.model.options import MAX_TIMEOUT_MS, JobOptions, backoff_max_ms
 from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
     DEFAULT_PAGE,
@@ -144,6 +144,13 @@ class SubmitOptions(Strict):
     # Unset: the default ages (tasks.jobs.upkeep.retention); false keeps every record.
     removeOnComplete: bool | Keep | TemplateKeepJobs | None = None
     removeOnFail: bool | Keep | TemplateKeepJobs | None = None
+    timeout: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_MS,
+        description="milliseconds a run may take: past it the run fails, timed out (then "
+        "runs again by attempts and backoff)",
+    )
 
 
 class SubmitJob(Strict):

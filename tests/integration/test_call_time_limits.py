@@ -15,9 +15,11 @@ from sqlalchemy import text
 
 from tasks.broker import redis_client
 from tasks.db import transaction
+from tasks.jobs import JobOptions, add
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
+from tests.support.client import bearer, unique
 from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
@@ -99,3 +101,41 @@ def test_a_chain_step_s_bad_time_limit_is_refused_by_the_call(idle_queue):
     with pytest.raises(ValueError, match="soft_time_limit must be a positive number"):
         steps.apply_async()
     assert headers_in(idle_queue) == {}
+
+
+def test_a_job_s_timeout_option_is_its_hard_limit_unless_the_call_gives_one(idle_queue):
+    # When jobs are added with a timeout option: alone, beside a call's soft limit, and
+    # beside a call's own hard limit
+    alone = add("test.echo", {}, queue=idle_queue, opts=JobOptions(timeout=1500)).job_id
+    with_soft = echo.apply_async(
+        kwargs={"n": 1}, queue=idle_queue, soft_time_limit=1, job_options={"timeout": 2500}
+    ).id
+    call_wins = echo.apply_async(
+        kwargs={"n": 2}, queue=idle_queue, time_limit=5, job_options={"timeout": 2500}
+    ).id
+    # Then the timeout, in seconds, is the hard limit its messages carry, the call's wins
+    headers = headers_in(idle_queue)
+    assert headers[alone]["timelimit"] == [1.5, None]
+    assert headers[with_soft]["timelimit"] == [2.5, 1]
+    assert headers[call_wins]["timelimit"] == [5, None]
+    assert kept_context(alone)["timelimit"] == [1.5, None]  # and every later message's
+
+
+def test_a_job_submitted_over_http_keeps_its_timeout(client):
+    headers = bearer(tenant=unique("t"), user="alice")
+    body = {"name": "test.echo", "data": {}, "opts": {"timeout": 2000, "delay": 86_400_000}}
+    response = client.post("/api/v1/jobs", json=body, headers=headers)
+    assert response.status_code == 202, response.get_data(as_text=True)
+    job_id = response.get_json()["jobId"]
+    shown = client.get(f"/api/v1/jobs/{job_id}", headers=headers).get_json()
+    assert shown["opts"]["timeout"] == 2000
+    assert kept_context(job_id)["timelimit"] == [2, None]
+
+
+@pytest.mark.parametrize("timeout", [0, -5, "soon", 86_400_001, 1.5])
+def test_a_timeout_that_is_no_whole_positive_number_of_ms_up_to_a_day_is_400(client, timeout):
+    headers = bearer(tenant=unique("t"), user="alice")
+    body = {"name": "test.echo", "data": {}, "opts": {"timeout": timeout}}
+    response = client.post("/api/v1/jobs", json=body, headers=headers)
+    assert response.status_code == 400, response.get_data(as_text=True)
+    assert "opts.timeout" in [detail.get("field") for detail in response.get_json()["details"]]

@@ -41,7 +41,12 @@ from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.end import ending
 from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.celery_options import call_priority, canvas_context, job_options
+from tasks.jobs.intake.celery_options import (
+    call_priority,
+    canvas_context,
+    job_options,
+    with_timeout,
+)
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.model.owner import Owner, acting_as, current_owner
@@ -211,7 +216,7 @@ def _child(
         tenant_id=parent.tenant_id,
         user_id=parent.user_id,
         opts=opts,
-        celery_ctx=tracing.carried(ctx or None),
+        celery_ctx=tracing.carried(with_timeout(ctx or None, opts)),
         priority=tenancy.rank(ctx.get("priority")),
     )
     if not jobs_store.insert(session, job):

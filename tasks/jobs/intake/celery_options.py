@@ -116,6 +116,17 @@ def time_limits(options: dict[str, Any]) -> list[float | None] | None:
     return limits if any(limit is not None for limit in limits) else None
 
 
+def with_timeout(ctx: dict[str, Any] | None, opts: JobOptions) -> dict[str, Any] | None:
+    """``ctx`` with the job's ``timeout`` option as its hard time limit, unless the call gave
+    one (``time_limit=``): what every message of the job then carries."""
+    if opts.timeout is None:
+        return ctx
+    hard, soft = (ctx or {}).get("timelimit") or (None, None)
+    if hard is not None:
+        return ctx
+    return {**(ctx or {}), "timelimit": [opts.timeout / 1000, soft]}
+
+
 def canvas_context(options: dict[str, Any]) -> dict[str, Any]:
     """The canvas options of a call, as the record keeps them (signatures as plain dicts)."""
     ctx: dict[str, Any] = {}

@@ -31,6 +31,7 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
+from tasks.jobs.intake.celery_options import with_timeout
 from tasks.jobs.intake.messages import Message, publish
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import Deduplication, JobOptions
@@ -107,6 +108,7 @@ def _add(
     ctx: dict[str, Any] | None,
 ) -> AddedJob:
     opts = opts or JobOptions()
+    ctx = with_timeout(ctx, opts)
     job = NewJob(
         id=opts.job_id or new_job_id(),
         name=name,

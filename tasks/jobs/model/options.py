@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_TIMEOUT_MS = 86_400_000  # a day
+
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -64,6 +66,14 @@ class JobOptions(_Options):
         default=None,
         alias="expiresAt",
         description="a job not started by then fails with 'expired' (Celery's ``expires``)",
+    )
+    timeout: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_MS,
+        description="milliseconds a run may take: past it the run is ended and failed as timed"
+        " out, and the job runs again by its attempts and backoff (Celery's ``time_limit``,"
+        " which a call's ``time_limit=`` replaces)",
     )
 
     def stored(self) -> dict[str, Any]:
