@@ -78,7 +78,13 @@ def test_a_delayed_job_s_message_carries_its_call_s_time_limits_when_due(idle_qu
 
 @pytest.mark.parametrize(
     "limits",
-    [{"time_limit": 0}, {"soft_time_limit": -1}, {"time_limit": "60"}, {"soft_time_limit": True}],
+    [
+        {"time_limit": 0},
+        {"soft_time_limit": -1},
+        {"time_limit": "60"},
+        {"soft_time_limit": True},
+        {"time_limit": float("inf")},
+    ],
 )
 def test_a_time_limit_that_is_not_a_positive_number_is_refused_and_nothing_recorded(
     idle_queue, limits

@@ -68,13 +68,14 @@ def errbacks_for(job_id: str) -> list[str]:
     return [called.decode() for called in calls if called.decode() == job_id]
 
 
-def test_under_the_threads_pool_a_run_that_returns_past_its_hard_limit_is_failed_timed_out(
-    stack,
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_where_no_pool_process_is_killed_a_run_past_its_hard_limit_is_failed_as_it_returns(
+    stack, pool
 ):
-    # Given a worker of the threads pool (Celery keeps no time limits there: it cannot stop a
-    # thread) on a queue of its own
-    queue = f"threads-{uuid.uuid4().hex[:8]}"
-    threads = WorkerProcess(stack.home, queue, concurrency=2, queues=queue, pool="threads")
+    # Given a worker of the threads or solo pool (Celery keeps no time limits there: nothing
+    # kills the run) on a queue of its own
+    queue = f"{pool}-{uuid.uuid4().hex[:8]}"
+    threads = WorkerProcess(stack.home, queue, concurrency=2, queues=queue, pool=pool)
     threads.start()
     try:
         # When a run with a 1 s hard limit returns after 3 s

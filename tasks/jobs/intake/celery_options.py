@@ -109,7 +109,9 @@ def time_limits(options: dict[str, Any]) -> list[float | None] | None:
     for option in ("time_limit", "soft_time_limit"):
         value = options.get(option)
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf
         ):
             raise ValueError(f"{option} must be a positive number of seconds, not {value!r}")
         limits.append(value)

@@ -2,9 +2,10 @@
 
 Celery's hard limit (``time_limit``: the task's, the call's, or ``task_time_limit``)
 is kept by the prefork pool's *parent*: it kills the pool process running the task,
-starts another, and calls ``Request.on_timeout`` there. Celery's own handler then
-marks the task failed (calling its ``link_error`` errbacks) and acknowledges the
-message. For a Keel job that was wrong twice: the record was not told (the run
+starts another, and calls ``Request.on_timeout`` there (on the worker's event loop).
+Celery's own handler then marks the task failed (calling its ``link_error``
+errbacks) and acknowledges the message. For a Keel job that was wrong twice: the
+record was not told (the run
 stayed active until its lock ran out, then ran again as *stalled*, and again, until
 the stalled rules failed it), and the errbacks fired at every timeout, though the
 job was to run again.
@@ -15,12 +16,16 @@ and backoff decide whether it runs again, and only a final failure goes on to
 Celery's handling (errbacks, ``task_failure``, Flower's ``task-failed``). The parent
 never saw the run's lock token, so the run is found by the worker's name and the pool
 process's pid, which the claim writes in the run's entry (``store.runs.active_run``);
-a run that had ended, or a job another worker took over, is left as it is. Its
-database work is bounded (``REQUEST_S``): the parent's timer thread must not wait on a
-hung Postgres, and a run it could not record ends as stalled, as before.
+a run that had ended, or a job another worker took over, is left as it is. The pool
+process is killed before the run is recorded (billiard kills it only after this
+callback), so a retry never starts beside it. The database work is bounded
+(``REQUEST_S``): the worker's event loop waits for it, and must not wait on a hung
+Postgres; a run it could not record ends as stalled, as before.
 
 The soft limit (``soft_time_limit``) needs nothing here: Celery raises
-``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's.
+``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's. (Should it land
+in Keel's own code around the handler, between the claim and the handler or after the
+handler returned, that run fails or stalls like a run that raised there.)
 
 The threads and solo pools keep no time limits at all (Celery ignores them there), and
 cannot stop a run. There a run that returns past its hard limit is failed as timed out
@@ -30,7 +35,10 @@ cannot stop a run. There a run that returns past its hard limit is failed as tim
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
@@ -45,16 +53,23 @@ from tasks.jobs.store import runs
 
 log = logging.getLogger(__name__)
 
-REQUEST_S = 5.0
-
+REQUEST_S = 2.0  # (the worker's event loop waits for it: a recorded end takes ~10 ms)
 
 _pool_kills = False  # whether this process's runs are stopped at their hard limit
+_PARENT_PID = os.getpid()  # imported before the pool forks (the job modules import it)
 
 
 @worker_process_init.connect
 def _in_a_prefork_pool_process(**_: Any) -> None:
+    """A prefork pool's process: its pool's parent kills it at a hard limit. The solo pool
+    sends this signal too, in the worker's own process, which nothing kills."""
     global _pool_kills
-    _pool_kills = True
+    _pool_kills = os.getpid() != _PARENT_PID
+
+
+def seconds_text(seconds: float) -> str:
+    """``2``, ``1.5``, ``1000000``: a limit as the record's reason says it."""
+    return str(int(seconds)) if float(seconds).is_integer() else f"{seconds:.3f}".rstrip("0")
 
 
 def unenforced_limit(task: Any, request: Any) -> float | None:
@@ -71,7 +86,8 @@ def returned_late(seconds: float, took: float) -> TimeLimitExceeded:
     """A run that passed its hard limit where the pool could not stop it: failed as it
     returns, saying so."""
     return TimeLimitExceeded(
-        f"timed out after {seconds:g} s (returned after {took:.1f} s: this pool cannot stop "
+        f"timed out after {seconds_text(seconds)} s (returned after {took:.1f} s: this pool "
+        "cannot stop "
         "a run at its time limit)"
     )
 
@@ -79,7 +95,7 @@ def returned_late(seconds: float, took: float) -> TimeLimitExceeded:
 def timed_out(seconds: float) -> TimeLimitExceeded:
     """Celery's own exception for the limit (what ``AsyncResult.get()`` raises), worded for
     the record."""
-    return TimeLimitExceeded(f"timed out after {seconds:g} s")
+    return TimeLimitExceeded(f"timed out after {seconds_text(seconds)} s")
 
 
 def record_timeout(job_id: str, worker: str, pid: int | None, seconds: float) -> bool | None:
@@ -117,7 +133,13 @@ class KeelRequest(Request):
     ) -> Any:
         exc = exc_info.exception
         exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
-        if isinstance(exc, TimeLimitExceeded) and not worker_state.should_terminate:
+        # The pool's hard limit (``return_ok`` False): not a late return or a handler's
+        # own re-raise, which come from the process's result like any failure.
+        if (
+            isinstance(exc, TimeLimitExceeded)
+            and not return_ok
+            and not worker_state.should_terminate
+        ):
             worker_state.task_ready(self)
             if self.task.acks_late:  # its next run, if any, has a message of its own
                 self.acknowledge()
@@ -128,6 +150,11 @@ class KeelRequest(Request):
         if soft or worker_state.should_terminate:
             super().on_timeout(soft, timeout)
             return
+        # Stopped first: recorded failed or due again, the run must not be going on.
+        # (billiard's own kill comes after this callback, and finds it ended.)
+        if self.worker_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.worker_pid, signal.SIGKILL)
         final = record_timeout(self.id, self.hostname, self.worker_pid, timeout)
         if final:  # Celery's failure handling: errbacks, task_failure, task-failed
             super().on_timeout(soft, timeout)

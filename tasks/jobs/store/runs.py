@@ -70,8 +70,9 @@ _FINISH_RUN = f"""
 # ``before`` then holds the row as committed (the update itself follows it there).
 #
 # The delivery's canvas context (chord, chain, links) replaces the record's, except the
-# call's ``headers=`` and the add's trace context (``tasks.tracing``): only its add records
-# them, and every later run and publish reads them there.
+# call's ``headers=``, the add's trace context (``tasks.tracing``) and its time limits
+# (``timelimit``): only its add records them, and every later run and publish reads them
+# there (a message from a release that did not send time limits must not drop them).
 #
 # A record in a layout this release does not read (``tasks.jobs.model.formats``) is not claimed:
 # it waits for a worker of the release that wrote it.
@@ -89,7 +90,8 @@ _CLAIM = text(
         celery_ctx = COALESCE(
             CAST(:ctx AS jsonb)
                 || jsonb_strip_nulls(jsonb_build_object(
-                    'headers', jobs.celery_ctx -> 'headers', 'trace', jobs.celery_ctx -> 'trace')),
+                    'headers', jobs.celery_ctx -> 'headers', 'trace', jobs.celery_ctx -> 'trace',
+                    'timelimit', jobs.celery_ctx -> 'timelimit')),
             jobs.celery_ctx),
         runs = jobs.runs || jsonb_build_array(jsonb_build_object(
             'attempt', jobs.attempts_started + 1,
