@@ -5,7 +5,6 @@ from the record (a delayed job promoted). What a worker does with them:
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
@@ -13,33 +12,28 @@ import pytest
 from celery import chain
 from sqlalchemy import text
 
-from tasks.broker import redis_client
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
+from tests.support import broker_lists
+from tests.support.broker_lists import messages_in
 from tests.support.client import bearer, unique
 from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
 
-SEP = "\x06\x16"  # kombu's separator between a queue's name and its priority
-
 
 @pytest.fixture
 def idle_queue() -> Iterator[str]:
-    queue = f"limits-{uuid.uuid4().hex[:10]}"
-    yield queue
-    redis_client().delete(queue, *(f"{queue}{SEP}{step}" for step in PRIORITY_STEPS if step))
-    with transaction() as session:
-        session.execute(text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+    with broker_lists.idle_queue("limits") as queue:
+        yield queue
 
 
 def headers_in(queue: str) -> dict[str, dict]:
     """The headers of the messages waiting in any of ``queue``'s priority lists."""
-    keys = [queue if step == 0 else f"{queue}{SEP}{step}" for step in PRIORITY_STEPS]
-    messages = [json.loads(raw) for key in keys for raw in redis_client().lrange(key, 0, -1)]
+    messages = [message for step in PRIORITY_STEPS for message in messages_in(queue, step)]
     return {message["headers"]["id"]: message["headers"] for message in messages}
 
 

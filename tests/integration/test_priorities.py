@@ -10,7 +10,6 @@ its party's load. Read on a queue no worker consumes, so the lists stay put.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
@@ -26,26 +25,22 @@ from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
 from tasks.notifications.jobs import CREATE
+from tests.support import broker_lists
+from tests.support.broker_lists import messages_in
 from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
 
-SEP = "\x06\x16"  # kombu's separator between a queue's name and its priority
-
 
 def ids_in(queue: str, priority: int) -> set[str]:
     """The job ids of the messages waiting in one of ``queue``'s priority lists."""
-    key = queue if priority == 0 else f"{queue}{SEP}{priority}"
-    return {json.loads(raw)["headers"]["id"] for raw in redis_client().lrange(key, 0, -1)}
+    return {message["headers"]["id"] for message in messages_in(queue, priority)}
 
 
 @pytest.fixture
 def idle_queue() -> Iterator[str]:
-    queue = f"idle-{uuid.uuid4().hex[:10]}"
-    yield queue
-    redis_client().delete(queue, *(f"{queue}{SEP}{p}" for p in PRIORITY_STEPS if p))
-    with transaction() as session:
-        session.execute(text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+    with broker_lists.idle_queue("idle") as queue:
+        yield queue
 
 
 def test_a_canvas_wake_up_queues_behind_its_tenant_s_load(idle_queue):
