@@ -91,7 +91,7 @@ class Message:
                 parent_id = parent_id or parent.request.id
         settings = _settings()
         argsrepr, kwargsrepr = shown_arguments(name, data)
-        hard, soft = ctx.get("timelimit") or (None, None)  # the call's own time limits
+        hard, soft = ctx.get("timelimit") or (None, None)  # the call's, or its timeout option
         message = app.amqp.as_task_v2(
             job_id,
             name,

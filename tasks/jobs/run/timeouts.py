@@ -5,10 +5,9 @@ is kept by the prefork pool's *parent*: it kills the pool process running the ta
 starts another, and calls ``Request.on_timeout`` there (on the worker's event loop).
 Celery's own handler then marks the task failed (calling its ``link_error``
 errbacks) and acknowledges the message. For a Keel job that was wrong twice: the
-record was not told (the run
-stayed active until its lock ran out, then ran again as *stalled*, and again, until
-the stalled rules failed it), and the errbacks fired at every timeout, though the
-job was to run again.
+record was not told (the run stayed active until its lock ran out, then ran again
+as *stalled*, and again, until the stalled rules failed it), and the errbacks fired
+at every timeout, though the job was to run again.
 
 ``KeelRequest.on_timeout`` records the end of the killed run instead, through the
 path every failed run takes (``tasks.jobs.end.finish.failed``): the job's attempts
@@ -87,8 +86,7 @@ def returned_late(seconds: float, took: float) -> TimeLimitExceeded:
     returns, saying so."""
     return TimeLimitExceeded(
         f"timed out after {seconds_text(seconds)} s (returned after {took:.1f} s: this pool "
-        "cannot stop "
-        "a run at its time limit)"
+        "cannot stop a run at its time limit)"
     )
 
 
