@@ -474,24 +474,29 @@ def jobs_show(job_id: str) -> None:
 
 @jobs_group.command("cancel")
 @click.argument("job_id")
-def jobs_cancel(job_id: str) -> None:
-    """Cancel a waiting or delayed job: it becomes cancelled and never runs."""
+@click.option("--reason", default=None, help="why (kept in the audit of an abort)")
+@click.option("--by", "actor", default="system", show_default=True, help="who (audit)")
+def jobs_cancel(job_id: str, reason: str | None, actor: str) -> None:
+    """Cancel a waiting or delayed job (it never runs), or abort an active one: it ends
+    cancelled once its run stops (stopped by its worker past KEEL_ABORT_GRACE_S)."""
     from tasks.jobs.end.cancel import cancel
     from tasks.jobs.model.errors import KeelError
 
     try:
-        job = cancel(job_id, None)
+        done = cancel(job_id, None, actor=actor, reason=reason)
     except KeelError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(_job_line(job))
+    click.echo(_job_line(done.job))  # aborting: still active, with abortRequestedAt
 
 
 @jobs_group.command("retry")
 @click.argument("job_id")
 @click.option("--reason", required=True, help="why (kept in the audit trail; 10+ characters)")
 @click.option("--by", "actor", required=True, help="who is retrying (kept in the audit trail)")
-def jobs_retry(job_id: str, reason: str, actor: str) -> None:
-    """Give a failed job its full attempts again, audited first (as the API's retry)."""
+@click.option("--cancelled", "cancelled_too", is_flag=True, help="retry a cancelled job too")
+def jobs_retry(job_id: str, reason: str, actor: str, cancelled_too: bool) -> None:
+    """Give a failed job (with --cancelled, a cancelled one) its full attempts again,
+    audited first (as the API's retry)."""
     from tasks.celery import load_job_modules
     from tasks.jobs.intake.manual_retry import RetryRequest, retry
     from tasks.jobs.model.errors import KeelError
@@ -500,7 +505,16 @@ def jobs_retry(job_id: str, reason: str, actor: str) -> None:
         raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
     load_job_modules()  # every job type's retry rules declared
     try:
-        retry(RetryRequest(job_id=job_id, queue=None, owner=None, actor=actor, reason=reason))
+        retry(
+            RetryRequest(
+                job_id=job_id,
+                queue=None,
+                owner=None,
+                actor=actor,
+                reason=reason,
+                cancelled_too=cancelled_too,
+            )
+        )
     except KeelError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"retrying {job_id}")

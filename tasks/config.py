@@ -177,6 +177,9 @@ class Settings(BaseSettings):
     promote_interval_s: float = 0.1
     stalled_interval_s: float = 5
     max_stalled_count: int = 1
+    # An aborted run (DELETE of an active job) still going this long after the request is
+    # stopped by its worker (tasks.jobs.run.termination); it may stop by itself before.
+    abort_grace_s: float = Field(default=10.0, ge=0, le=3600)
     visibility_timeout_s: int = 60
     # A container health check passes through a Redis outage this long
     # (tasks.jobs.upkeep.healthcheck).

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import quotas
 from tasks.celery import load_job_modules
-from tasks.jobs.end.cancel import cancel
+from tasks.jobs.end.cancel import Cancelling, cancel
 from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
@@ -79,6 +79,14 @@ class JobListQuery(BaseModel):
         description="the nextCursor of the previous page",
     )
     limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
+
+
+class CancelQuery(BaseModel):
+    """``DELETE /api/v1/jobs/<id>``: why (kept in the audit of an abort)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, min_length=1, max_length=2000, pattern=TEXT)
 
 
 class JobLogQuery(BaseModel):
@@ -194,15 +202,30 @@ def read_job(principal: Principal, job_id: str) -> JobRecord:
     return get_owned(job_id, principal.owner, tenant_wide=principal.operator)
 
 
-def cancel_for(principal: Principal, job_id: str) -> JobRecord:
-    return cancel(job_id, principal.owner, tenant_wide=principal.operator)
+def cancel_for(principal: Principal, job_id: str, reason: str | None = None) -> Cancelling:
+    """Cancel a job that has not run, or abort an active job's run (audited: who, why)."""
+    return cancel(
+        job_id,
+        principal.owner,
+        tenant_wide=principal.operator,
+        actor=principal.user_id,
+        reason=reason,
+    )
 
 
-def retry_for(principal: Principal, job_id: str, reason: str) -> JobRecord:
-    """An operator's retry (the caller checked the role): audited, by the job type's rules."""
+def retry_for(
+    principal: Principal, job_id: str, reason: str, *, cancelled_too: bool = False
+) -> JobRecord:
+    """An operator's retry (the caller checked the role): audited, by the job type's rules;
+    a cancelled job only with ``cancelled_too``."""
     load_job_modules()  # every job type's retry rules declared
     request = RetryRequest(
-        job_id=job_id, queue=None, owner=principal.owner, actor=principal.user_id, reason=reason
+        job_id=job_id,
+        queue=None,
+        owner=principal.owner,
+        actor=principal.user_id,
+        reason=reason,
+        cancelled_too=cancelled_too,
     )
     return retry(request)
 
@@ -248,25 +271,29 @@ def get_job_logs(job_id: str, query: JobLogQuery):
     bp,
     "/<job_id>",
     "DELETE",
-    summary="Cancel a waiting or delayed job: it becomes cancelled and never runs "
-    "(409 once it is active or finished)",
-    responses={200: JobView, 404: None, 409: None},
+    summary="Cancel a waiting or delayed job: it becomes cancelled and never runs. Of an "
+    "active job, abort its run (202, abortRequestedAt set): the job ends cancelled once the "
+    "run stops, stopped by its worker after KEEL_ABORT_GRACE_S (409 once it is finished)",
+    query=CancelQuery,
+    responses={200: JobView, 202: JobView, 400: None, 404: None, 409: None},
 )
-def cancel_job(job_id: str):
-    return describe_full(cancel_for(g.principal, job_id))
+def cancel_job(job_id: str, query: CancelQuery):
+    done = cancel_for(g.principal, job_id, query.reason)
+    return describe_full(done.job), 202 if done.aborting else 200
 
 
 @operation(
     bp,
     "/<job_id>/retry",
     "POST",
-    summary="Operator retry of a failed job of the tenant (audited first)",
+    summary="Operator retry of a failed job of the tenant (audited first); of a cancelled "
+    "one only with retryCancelled: true",
     body=RetryJob,
     role=OPERATOR,
     responses={202: JobAccepted, 400: None, 403: None, 404: None, 409: None},
 )
 def retry_job(job_id: str, body: RetryJob):
-    retry_for(g.principal, job_id, body.reason)
+    retry_for(g.principal, job_id, body.reason, cancelled_too=body.retryCancelled)
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
 
 

@@ -47,6 +47,9 @@ class JobStatus(Open):
     processedOn: str | None
     finishedOn: str | None
     runAt: str | None
+    abortRequestedAt: str | None = Field(
+        default=None, description="when its run was asked to abort (DELETE of an active job)"
+    )
 
 
 class JobSummary(JobStatus):
@@ -70,6 +73,9 @@ class JobList(Open):
 
 class RetryJob(Strict):
     reason: str = Field(min_length=10, max_length=2000)
+    retryCancelled: bool = Field(
+        default=False, description="retry a cancelled job too (refused without it: 400)"
+    )
 
 
 class Health(Open):

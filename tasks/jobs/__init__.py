@@ -11,13 +11,15 @@ Its packages, each importing only from those listed after it (the
   broker resets, the default retention (``retention``); liveness and the container
   health check
 - ``run/``       a delivery's run: limits, claim, handler, lock renewal
-  (``execute``: ``KeelTask``, ``handler``, ``JobContext``), the job's log (``job_log``)
+  (``execute``: ``KeelTask``, ``handler``, ``JobContext``), the job's log (``job_log``),
+  a run ended in the pool's hands (``request``: past its time limit, ``timeouts``;
+  stopped to abort its job, ``termination``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
   ``recorded_together`` (``celery_task``); ``AsyncResult`` (``result_backend``);
   Celery's signals
 - ``end/``       how a job ends: ``finish`` (a run's outcome), ``ending`` (``ended``:
   the one way a job ends without a result), ``canvas`` (chains, links, chords),
-  cancel, revoke, stalls
+  cancel, abort (a running job's), revoke, stalls
 - ``intake/``    how a job gets in: ``enqueue`` (``add``), ``bulk``, ``submit``,
   its message (``messages``), publishing (``promote``), tenants' admission
   (``tenancy``), Celery's call options (``celery_options``), manual retry, the

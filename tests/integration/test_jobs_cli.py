@@ -11,7 +11,7 @@ from sqlalchemy import select
 from keel.cli import main as keel
 from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
-from tasks.jobs.model.models import RetryAudit
+from tasks.jobs.model.models import JobAction, RetryAudit
 from tests.support.client import record, unique, wait_state
 from tests.support.inline import join
 
@@ -62,6 +62,23 @@ def test_show_and_cancel_any_tenants_job():
     assert cancelled.exit_code == 0, cancelled.output
     assert lines(cancelled.stdout)[0]["state"] == "cancelled"
     assert record(job)["state"] == "cancelled"
+
+
+def test_cancel_of_an_active_job_aborts_its_run_audited_with_who_and_why():
+    job = add("test.cooperative", {"seconds": 30}, queue="default").job_id
+    wait_state(job, "active", timeout=30)
+    aborted = jobs("cancel", job, "--by", "oncall", "--reason", "runaway import")
+    assert aborted.exit_code == 0, aborted.output
+    shown = lines(aborted.stdout)[0]  # one JSON line: still active, its abort asked for
+    assert shown["state"] == "active" and shown["abortRequestedAt"], shown
+    assert wait_state(job, "cancelled", "completed", timeout=10)["state"] == "cancelled"
+    with transaction() as session:
+        audit = session.execute(
+            select(JobAction.actor, JobAction.details).where(JobAction.job_id == job)
+        ).all()
+    assert [tuple(row) for row in audit] == [
+        ("oncall", {"state": "active", "attempt": 1, "reason": "runaway import"})
+    ]
 
 
 def test_cancel_of_a_finished_or_missing_job_fails_loudly():

@@ -7,7 +7,6 @@ import uuid
 
 import pytest
 
-from tasks.broker import redis_client
 from tests.support import jobs as test_jobs
 from tests.support.client import record, wait_state
 from tests.support.stack import WorkerProcess, wait_for
@@ -58,14 +57,9 @@ def test_a_run_past_its_hard_time_limit_is_recorded_timed_out_and_retried_by_its
     after = wait_state(test_jobs.echo.delay(n=1).id, "completed", "failed", timeout=20)
     assert after["state"] == "completed", after
     # and the job's errback was called once, for the final failure, not at every timeout
-    noted = wait_for(lambda: errbacks_for(result.id), timeout=10)
+    noted = wait_for(lambda: test_jobs.errbacks_for(result.id), timeout=10)
     time.sleep(1)  # (a second call would have been sent with the first)
-    assert noted == errbacks_for(result.id) == [result.id]
-
-
-def errbacks_for(job_id: str) -> list[str]:
-    calls = redis_client().lrange(test_jobs.ERRBACKS_KEY, 0, -1)
-    return [called.decode() for called in calls if called.decode() == job_id]
+    assert noted == test_jobs.errbacks_for(result.id) == [result.id]
 
 
 @pytest.mark.parametrize("pool", ["threads", "solo"])

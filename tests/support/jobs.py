@@ -324,6 +324,14 @@ def note_errback(task_id: str) -> None:
     redis_client().rpush(ERRBACKS_KEY, task_id)
 
 
+def errbacks_for(job_id: str) -> list[str]:
+    """The calls ``note_errback`` noted for ``job_id`` (one entry per call)."""
+    from tasks.broker import redis_client
+
+    calls = redis_client().lrange(ERRBACKS_KEY, 0, -1)
+    return [called.decode() for called in calls if called.decode() == job_id]
+
+
 def _two_attempts(_data: dict, _owner: object) -> JobOptions:
     return JobOptions(attempts=2, backoff=Backoff(type="fixed", delay=500))
 
@@ -333,3 +341,28 @@ def hang(job: JobContext) -> dict:
     """Sleeps 30 s, past its job type's ``timeout`` of 2 s; two attempts, 0.5 s apart."""
     time.sleep(30)
     return {"slept": 30}
+
+
+@handler("test.cooperative", queue="default", submittable=True)
+def cooperative(job: JobContext) -> dict:
+    """Works in 0.1 s steps for up to ``seconds`` (default 30), checking ``job.is_aborted()``
+    between steps; an abort makes it stop and return, noting so in its log."""
+    started = time.monotonic()
+    while time.monotonic() - started < job.data.get("seconds", 30):
+        if job.is_aborted():
+            job.log("aborted: stopping cleanly")
+            return {"stopped": True}
+        time.sleep(0.1)
+    return {"stopped": False}
+
+
+@shared_task(bind=True, base=KeelTask, name="test.celery_cooperative", submittable=True)
+def celery_cooperative(self, seconds: float = 30) -> dict:
+    """``test.cooperative`` as a bound Celery task: ``self.is_aborted()`` between steps."""
+    started = time.monotonic()
+    while time.monotonic() - started < seconds:
+        if self.is_aborted():
+            self.log("aborted: stopping cleanly")
+            return {"stopped": True}
+        time.sleep(0.1)
+    return {"stopped": False}

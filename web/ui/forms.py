@@ -20,17 +20,18 @@ def explained(error: KeelError) -> str:
     return f"{error} ({'; '.join(found)})" if found else str(error)
 
 
-def act(back: str, action: Callable[[], Any], done: str) -> Any:
+def act(back: str, action: Callable[[], Any], done: str | Callable[[Any], str]) -> Any:
     """Run a form's action; its outcome (or the API's refusal) is shown on the ``back`` page.
 
-    A missing (or foreign) object is not a refusal but the 404 the API answers.
+    ``done`` says what happened (or says it from what the action returned). A missing (or
+    foreign) object is not a refusal but the 404 the API answers.
     """
     try:
-        action()
+        outcome = action()
     except JobNotFound:
         raise
     except KeelError as refused:
         flash(explained(refused), "error")
     else:
-        flash(done, "ok")
+        flash(done(outcome) if callable(done) else done, "ok")
     return redirect(back, 303)

@@ -96,6 +96,7 @@ def job(job_id: str) -> Any:
         stacktrace=record.stacktrace,
         audits=audit_trail(record.id),
         cancellable=record.state in CANCELLABLE_STATES,
+        abortable=record.state == State.ACTIVE and record.abort_requested_at is None,
         promotable=record.state == State.DELAYED,
         retryable=record.state == State.FAILED,
     )
@@ -141,8 +142,13 @@ def promote_job(job_id: str) -> Any:
 @bp.post("/jobs/<job_id>/cancel")
 @signed_in()
 def cancel_job(job_id: str) -> Any:
+    """Cancel a job that has not run, or abort the run of an active one (as the API does)."""
     return act(
         url_for("ui.job", job_id=job_id),
         lambda: cancel_for(g.principal, job_id),
-        "Cancelled: the job will not run.",
+        lambda done: (
+            "Aborting: the job ends cancelled once its run stops."
+            if done.aborting
+            else "Cancelled: the job will not run."
+        ),
     )

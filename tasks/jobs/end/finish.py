@@ -6,6 +6,9 @@ without using an attempt (``Defer``). Each is one guarded statement
 (``store.runs``); a transition that is no longer ours (the job was taken
 over) raises ``NotOurs`` and records nothing.
 
+A run whose job an owner asked to abort records none of these: its statement is refused,
+and the job ends ``cancelled`` instead (``tasks.jobs.end.abort``), said by ``Aborted``.
+
 When a job reaches completed or failed, in the same transaction, its
 simple-mode deduplication claim (if it has a rule) is released; retention (``removeOnComplete``
 / ``removeOnFail``) trims finished records of the same kind once that
@@ -19,10 +22,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from tasks.db import transaction
-from tasks.jobs.end import canvas
+from tasks.jobs.end import abort, canvas
 from tasks.jobs.end.ending import ended, finished, retention
 from tasks.jobs.model import failures
 from tasks.jobs.model.errors import ControlFlow, Defer, UnrecoverableError
@@ -56,6 +59,14 @@ def retry_delay_ms(opts: JobOptions, attempts_made: int, exc: BaseException) -> 
     return opts.retry_in_ms(attempts_made + 1)
 
 
+def _refused(claimed: ClaimedJob) -> NoReturn:
+    """The run's end was refused: its job was being aborted (it ends cancelled now:
+    ``Aborted``), or the run is no longer the job's (``NotOurs``)."""
+    if abort.end_run(claimed):
+        raise abort.Aborted(claimed.id)
+    raise NotOurs(claimed.id)
+
+
 def _one_statement(claimed: ClaimedJob) -> bool:
     """Whether recording this job's end is its one guarded statement (sent without
     BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers."""
@@ -67,16 +78,18 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
     try:
         if _one_statement(claimed):  # nothing else in its transaction: the statement alone
             if not runs.complete_alone(claimed, result):
-                raise NotOurs(claimed.id)
+                _refused(claimed)
             trim = retention(claimed, State.COMPLETED)
             if trim is not None:
                 trim()
         else:
             with transaction() as session:
-                if not runs.complete(session, claimed, result):
-                    raise NotOurs(claimed.id)
-                finished(session, claimed, State.COMPLETED)
-                canvas.completed(session, claimed, result)
+                done = runs.complete(session, claimed, result)
+                if done:
+                    finished(session, claimed, State.COMPLETED)
+                    canvas.completed(session, claimed, result)
+            if not done:
+                _refused(claimed)
     except BaseException:
         if duration_s is not None:  # the run happened: its duration counts all the same
             metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
@@ -107,10 +120,10 @@ def failed(
     with transaction(one_statement=_one_statement(claimed)) as session:
         stack, kind = failures.stack(exc), failures.kind(exc)
         outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
-        if not outcome.ours:
-            raise NotOurs(claimed.id)
         if outcome.final:  # announced below, with its attempts
             ended(session, claimed, State.FAILED, reason, announce=False)
+    if not outcome.ours:
+        _refused(claimed)
     made = claimed.attempts_made + 1
     if outcome.retry_at is None:
         events.emit(
@@ -133,6 +146,9 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``)."""
     state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
     with transaction() as session:
-        if not runs.defer(session, claimed, deferral.delay_ms, state, str(deferral)):
-            return
+        done = runs.defer(session, claimed, deferral.delay_ms, state, str(deferral))
+    if not done:
+        if abort.end_run(claimed):
+            raise abort.Aborted(claimed.id)
+        return
     events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)

@@ -30,6 +30,7 @@ from celery.worker import state as worker_state
 
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES, State
+from tasks.jobs.store.jobs import REVOKED
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def revoked_message(job_id: str, *, terminated: bool) -> list[str]:
     """
     states = (*CANCELLABLE_STATES, State.ACTIVE) if terminated else CANCELLABLE_STATES
     try:
-        return cancel_many([job_id], states, by="revoke")
+        return cancel_many([job_id], states, by=REVOKED)
     except Exception:
         with _unrecorded_lock:
             _unrecorded[job_id] = terminated or _unrecorded.get(job_id, False)
@@ -79,7 +80,7 @@ class RevokedWatch:
         """
         current = frozenset(revoked)
         fresh = current - self._handled
-        cancelled = cancel_many(sorted(fresh), CANCELLABLE_STATES, by="revoke") if fresh else []
+        cancelled = cancel_many(sorted(fresh), CANCELLABLE_STATES, by=REVOKED) if fresh else []
         self._handled = current
         if cancelled:
             log.info("revoked jobs cancelled: %s", ", ".join(cancelled))

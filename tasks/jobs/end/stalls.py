@@ -3,7 +3,8 @@
 BullMQ's stalled checker. A job's lock is renewed while its handler runs
 (``tasks.jobs.run.lock_renewal``); a worker that died or hung stops renewing, the
 lock runs out, and the job is requeued and published again — or fails once it
-stalled more than ``KEEL_MAX_STALLED_COUNT`` times. As with promotion, the
+stalled more than ``KEEL_MAX_STALLED_COUNT`` times, or is cancelled if an owner had
+asked to abort it (``tasks.jobs.end.abort``). As with promotion, the
 messages are published inside the transaction that requeues the jobs.
 """
 
@@ -12,10 +13,13 @@ from __future__ import annotations
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.end import ending
+from tasks.jobs.end.abort import ABORTED
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
+
+ABORTED_STALLED = f"{ABORTED}: its worker was gone"
 
 
 def requeue_stalled_once() -> int:
@@ -25,11 +29,16 @@ def requeue_stalled_once() -> int:
         given_up = [job for job in stalled if job.state == State.FAILED]
         for job in given_up:  # announced below, after its "stalled"
             ending.ended(session, job, State.FAILED, upkeep.STALLED_TOO_OFTEN, announce=False)
+        aborted = [job for job in stalled if job.state == State.CANCELLED]
+        for job in aborted:
+            ending.ended(session, job, State.CANCELLED, ABORTED_STALLED, announce=False)
         sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
     for job in stalled:
         events.emit(job.queue, "stalled", job.id, job.name)
     for job in given_up:
         events.emit(job.queue, "failed", job.id, job.name, failedReason=upkeep.STALLED_TOO_OFTEN)
+    for job in aborted:
+        events.emit(job.queue, "cancelled", job.id, job.name, by="abort", reason=ABORTED_STALLED)
     for job in sent:
         events.emit(job.queue, "waiting", job.id, job.name)
     return len(stalled)

@@ -74,6 +74,9 @@ class RetryRequest:
     actor: str
     reason: str
     tenant_wide: bool = True
+    # A cancelled job (cancelled before it ran, or its run aborted) runs again only when
+    # the operator asks for it: a cancel is a decision, a failure is not.
+    cancelled_too: bool = False
 
 
 def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
@@ -84,12 +87,23 @@ def _locked_owned(session: Session, request: RetryRequest) -> JobRecord:
     return job
 
 
-def _check_state(session: Session, job: JobRecord) -> None:
+def _check_state(session: Session, job: JobRecord, request: RetryRequest) -> None:
     if job.state == State.FAILED:
+        return
+    if job.state == State.CANCELLED and request.cancelled_too:
+        if store.was_revoked(session, job.id):
+            raise JobConflict(
+                "this job was revoked with Celery's revoke, and the workers discard its "
+                "messages while they remember it: add a new job instead"
+            )
         return
     retried = store.was_retried(session, job.id)
     if job.state in LIVE_STATES and retried:
         raise JobConflict(f"this job was already retried and is {job.state}")
+    if job.state == State.CANCELLED:
+        raise InvalidJobState(
+            "a cancelled job is retried only when asked explicitly (retryCancelled: true)"
+        )
     raise InvalidJobState(f"only failed jobs can be retried: {job.state}")
 
 
@@ -142,10 +156,11 @@ def retry_failed(
     audit_ids: AuditIds,
     conflicts: ConflictCheck,
 ) -> JobRecord:
-    """Give a failed job its full attempts again; returns the job as it was before."""
+    """Give a failed job (or, asked explicitly, a cancelled one) its full attempts again;
+    returns the job as it was before."""
     with transaction() as session:
         job = _locked_owned(session, request)
-        _check_state(session, job)
+        _check_state(session, job, request)
         rule = _check_live_duplicate(session, job)
         problem = conflicts(session, job)
         if problem:

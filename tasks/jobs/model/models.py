@@ -83,6 +83,9 @@ class JobRecord(Base):
     # Its rank among its party's jobs on its queue, 0 first: a call's ``priority=``
     # (``tasks.jobs.intake.tenancy.rank``).
     priority: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    # When an owner or operator asked to abort its running run (``tasks.jobs.end.abort``);
+    # set only while the job is active, cleared by a retry.
+    abort_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (
         CheckConstraint(
@@ -145,6 +148,12 @@ class JobRecord(Base):
         Index("ix_jobs_owner", "tenant_id", "user_id", "created_at", "id"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
+        # The runs being aborted, read by every worker's maintenance (0017).
+        Index(
+            "ix_jobs_aborting",
+            "abort_requested_at",
+            postgresql_where=text("abort_requested_at IS NOT NULL AND state = 'active'"),
+        ),
     )
 
 

@@ -2,7 +2,8 @@
 
 Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
 completed, failed, retrying, delayed, deduplicated, stalled``, plus
-``cancelled`` (a job cancelled or revoked before it ran, ``tasks.jobs.end.cancel``) and
+``cancelled`` (a job cancelled or revoked before it ran, ``tasks.jobs.end.cancel``, or whose
+run was aborted), ``aborting`` (an active job's run asked to stop, ``tasks.jobs.end.abort``) and
 ``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
 best effort: a job never fails because its event could not be written, and
 while Redis is unreachable (``tasks.broker``) events are dropped at once
@@ -37,6 +38,7 @@ EVENT_NAMES = (
     "deduplicated",
     "stalled",
     "cancelled",
+    "aborting",
     "dead-lettered",
 )
 

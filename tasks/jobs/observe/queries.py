@@ -51,6 +51,7 @@ def describe(job: JobRecord) -> dict[str, Any]:
         "finishedOn": iso(job.finished_on),
         "runAt": iso(job.run_at),
         "runs": job.runs,
+        "abortRequestedAt": iso(job.abort_requested_at),
     }
 
 

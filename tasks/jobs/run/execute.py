@@ -26,7 +26,7 @@ from tasks import tracing
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.end import ending, finish
+from tasks.jobs.end import abort, ending, finish
 from tasks.jobs.intake import pauses, tenancy
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
@@ -85,6 +85,11 @@ class JobContext:
         /api/v1/jobs/<id>/logs`` and the job's page; its number among the job's lines."""
         return job_log.write(self.id, self.attempts_started, message)
 
+    def is_aborted(self) -> bool:
+        """Whether this job is being aborted, or its run no longer counts: stop and return
+        (what it returns is not recorded; the job ends ``cancelled``). One query a call."""
+        return runs.is_aborted(self._claimed)
+
 
 class InProcessJob:
     """A ``JobContext`` for a handler run in the caller's process (``task.apply()``,
@@ -108,6 +113,10 @@ class InProcessJob:
     def update_progress(self, progress: Any) -> None:
         self.progress = progress
 
+    def is_aborted(self) -> bool:
+        """Nothing aborts a run in the caller's process."""
+        return False
+
     def log(self, message: object) -> int:
         """The line goes to this process's log and ``self.logs``; nothing is stored."""
         self.logs.append(job_log.echo(message))
@@ -124,7 +133,7 @@ class KeelTask(CeleryTask):
     typing = False
     acks_late = True
     reject_on_worker_lost = True
-    Request = "tasks.jobs.run.timeouts:KeelRequest"  # a hard time limit ends the run's record
+    Request = "tasks.jobs.run.request:KeelRequest"  # a hard time limit ends the run's record
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.request.is_eager:  # ``apply()``, ``task_always_eager``: Celery's tracer ran us
@@ -135,6 +144,9 @@ class KeelTask(CeleryTask):
         admission = self._admit(args, kwargs)
         try:
             return self._run_claimed(admission, args, kwargs)
+        except abort.Aborted:  # its end was recorded as the job's: cancelled
+            self._announce_aborted()
+            raise Ignore() from None
         finally:
             limits.release(admission)
 
@@ -156,6 +168,24 @@ class KeelTask(CeleryTask):
             job_log.echo(message)
             return None
         return job.log(message)
+
+    def is_aborted(self) -> bool:
+        """Whether the running job is being aborted (``DELETE /api/v1/jobs/<id>``, ``keel
+        jobs cancel``), or its run no longer counts (it was cancelled or taken over): the
+        handler should stop, as its result would not be recorded. Celery's
+        ``AbortableTask.is_aborted()``, read from the record (one query a call). ``False``
+        outside a worker's run (``apply()``, eager mode, a direct call)."""
+        job: JobContext | InProcessJob | None = getattr(self.request, "keel_job", None)
+        return job.is_aborted() if job is not None else False
+
+    def _announce_aborted(self) -> None:
+        """A ``task-revoked`` event: Flower shows the aborted run's task as REVOKED."""
+        if not self.send_events:
+            return
+        try:
+            self.send_event("task-revoked", terminated=False, signum=None, expired=False)
+        except Exception as exc:  # events are for watching; a lost one changes nothing
+            log.debug("could not announce aborted run %s: %s", self.request.id, exc)
 
     def _hold_if_paused(self) -> None:
         """A recorded job of a paused queue is held (``tasks.jobs.intake.pauses``) before its
@@ -277,6 +307,8 @@ class KeelTask(CeleryTask):
             raise Ignore() from None
         except STORE_UNAVAILABLE:
             raise  # the record stays active: its lock runs out and the run is tried again
+        except abort.Aborted:
+            raise  # recorded: the job was being aborted, and ended cancelled
         except Exception as exc:
             # The run happened but its end cannot be recorded (a result JSON cannot hold, a
             # chain step its task cannot take): left active, the job would stall and run

@@ -9,17 +9,17 @@ record was not told (the run stayed active until its lock ran out, then ran agai
 as *stalled*, and again, until the stalled rules failed it), and the errbacks fired
 at every timeout, though the job was to run again.
 
-``KeelRequest.on_timeout`` records the end of the killed run instead, through the
-path every failed run takes (``tasks.jobs.end.finish.failed``): the job's attempts
-and backoff decide whether it runs again, and only a final failure goes on to
-Celery's handling (errbacks, ``task_failure``, Flower's ``task-failed``). The parent
-never saw the run's lock token, so the run is found by the worker's name and the pool
-process's pid, which the claim writes in the run's entry (``store.runs.active_run``);
-a run that had ended, or a job another worker took over, is left as it is. The pool
-process is killed before the run is recorded (billiard kills it only after this
-callback), so a retry never starts beside it. The database work is bounded
-(``REQUEST_S``): the worker's event loop waits for it, and must not wait on a hung
-Postgres; a run it could not record ends as stalled, as before.
+``KeelRequest.on_timeout`` (``tasks.jobs.run.request``) records the end of the killed
+run instead, through the path every failed run takes (``tasks.jobs.end.finish.failed``):
+the job's attempts and backoff decide whether it runs again, and only a final failure
+goes on to Celery's handling (errbacks, ``task_failure``, Flower's ``task-failed``). The
+parent never saw the run's lock token, so the run is found by the worker's name and the
+pool process's pid, which the claim writes in the run's entry
+(``store.runs.active_run``); a run that had ended, or a job another worker took over, is
+left as it is. The pool process is killed before the run is recorded (billiard kills it
+only after this callback), so a retry never starts beside it. The database work is
+bounded (``REQUEST_S``): the worker's event loop waits for it, and must not wait on a
+hung Postgres; a run it could not record ends as stalled, as before.
 
 The soft limit (``soft_time_limit``) needs nothing here: Celery raises
 ``SoftTimeLimitExceeded`` inside the handler, whose ending is the run's. (Should it land
@@ -34,20 +34,15 @@ cannot stop a run. There a run that returns past its hard limit is failed as tim
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 from typing import Any
 
-from billiard.einfo import ExceptionWithTraceback
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
-from celery.worker import state as worker_state
-from celery.worker.request import Request
 
 from tasks.db import STORE_UNAVAILABLE, request_scope, transaction
-from tasks.jobs.end import finish
+from tasks.jobs.end import abort, finish
 from tasks.jobs.store import runs
 
 log = logging.getLogger(__name__)
@@ -110,57 +105,9 @@ def record_timeout(job_id: str, worker: str, pid: int | None, seconds: float) ->
             if claimed is None:
                 return None
             retrying = finish.failed(claimed, timed_out(seconds))
-    except finish.NotOurs:
+    except (finish.NotOurs, abort.Aborted):  # (aborted: it ended cancelled instead)
         return None
     except STORE_UNAVAILABLE as exc:
         log.warning("job %s timed out; its run could not be recorded yet: %s", job_id, exc)
         return None
     return retrying is None
-
-
-class KeelRequest(Request):
-    """Celery's request, whose hard time limit ends a Keel job's run in its record.
-
-    On a hard limit the pool calls ``on_failure`` (with ``TimeLimitExceeded``), then
-    ``on_timeout``, then kills the process. Celery fails the task in both; here the first
-    only lets the message go and the second records the run's end.
-    """
-
-    def on_failure(
-        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
-    ) -> Any:
-        exc = exc_info.exception
-        exc = exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
-        # The pool's hard limit (``return_ok`` False): not a late return or a handler's
-        # own re-raise, which come from the process's result like any failure.
-        if (
-            isinstance(exc, TimeLimitExceeded)
-            and not return_ok
-            and not worker_state.should_terminate
-        ):
-            worker_state.task_ready(self)
-            if self.task.acks_late:  # its next run, if any, has a message of its own
-                self.acknowledge()
-            return None
-        return super().on_failure(exc_info, send_failed_event, return_ok)
-
-    def on_timeout(self, soft: bool, timeout: float) -> None:
-        if soft or worker_state.should_terminate:
-            super().on_timeout(soft, timeout)
-            return
-        # Stopped first: recorded failed or due again, the run must not be going on.
-        # (billiard's own kill comes after this callback, and finds it ended.)
-        if self.worker_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.worker_pid, signal.SIGKILL)
-        final = record_timeout(self.id, self.hostname, self.worker_pid, timeout)
-        if final:  # Celery's failure handling: errbacks, task_failure, task-failed
-            super().on_timeout(soft, timeout)
-            return
-        log.warning(
-            "Hard time limit (%ss) exceeded for %s[%s]: %s",
-            timeout,
-            self.name,
-            self.id,
-            "it runs again by its job's rules" if final is False else "no active run recorded",
-        )

@@ -18,7 +18,7 @@ from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
 from tasks.db import run_alone
-from tasks.jobs.model.models import JobRecord, RetryAudit, State
+from tasks.jobs.model.models import JobAction, JobRecord, RetryAudit, State
 from tasks.jobs.model.options import JobOptions
 
 
@@ -302,19 +302,22 @@ def cancel(session: Session, job_ids: Sequence[str], states: Sequence[State]) ->
     if not job_ids:
         return []
     rows = session.execute(_CANCEL, {"ids": list(job_ids), "states": [str(s) for s in states]})
-    return [
-        CancelledJob(
-            id=row.id,
-            name=row.name,
-            queue=row.queue,
-            data=row.data,
-            tenant_id=row.tenant_id,
-            opts=row.opts,
-            user_id=row.user_id,
-            celery_ctx=row.celery_ctx,
-        )
-        for row in rows
-    ]
+    return [cancelled_job(row) for row in rows]
+
+
+def cancelled_job(row: Any) -> CancelledJob:
+    """A row returned by a statement that cancelled its job (``id, name, queue, data, opts,
+    tenant_id, user_id, celery_ctx``)."""
+    return CancelledJob(
+        id=row.id,
+        name=row.name,
+        queue=row.queue,
+        data=row.data,
+        tenant_id=row.tenant_id,
+        opts=row.opts,
+        user_id=row.user_id,
+        celery_ctx=row.celery_ctx,
+    )
 
 
 # --- operators ------------------------------------------------------------------------------
@@ -328,6 +331,25 @@ def lock(session: Session, job_id: str) -> JobRecord | None:
 
 def was_retried(session: Session, job_id: str) -> bool:
     return bool(session.scalar(select(exists().where(RetryAudit.job_id == job_id))))
+
+
+# The ``job_actions`` row of a job cancelled by Celery's ``revoke`` (``tasks.jobs.end.cancel``).
+REVOKED = "revoke"
+
+
+def note_revoked(session: Session, jobs: Sequence[CancelledJob]) -> None:
+    """Audit that these jobs were cancelled by a ``revoke``: the workers remember it."""
+    session.add_all(
+        JobAction(
+            job_id=job.id, tenant_id=job.tenant_id, action=REVOKED, actor="celery", details={}
+        )
+        for job in jobs
+    )
+
+
+def was_revoked(session: Session, job_id: str) -> bool:
+    found = exists().where(JobAction.job_id == job_id, JobAction.action == REVOKED)
+    return bool(session.scalar(select(found)))
 
 
 def record_audit(session: Session, audit: RetryAudit) -> None:
@@ -344,7 +366,7 @@ def reset_for_retry(session: Session, job_id: str) -> None:
             UPDATE jobs SET state = 'waiting', attempts_made = 0, attempts_started = 0,
                 stalled_count = 0, failed_reason = NULL, stacktrace = '[]'::jsonb,
                 result = NULL, progress = NULL, processed_on = NULL, finished_on = NULL,
-                lock_token = NULL, locked_until = NULL,
+                lock_token = NULL, locked_until = NULL, abort_requested_at = NULL,
                 runs = runs || jsonb_build_array(jsonb_build_object('outcome', 'manual-retry'))
             WHERE id = :id
             """

@@ -6,6 +6,10 @@ token it got when it claimed the job, so a worker that lost its job
 records. Callers own the transaction and pass the session in; the
 ``*_alone`` forms of a worker's claim and completion are their own
 statement, sent without a Session (``tasks.db.run_alone``).
+
+A run whose job an owner asked to abort (``abort_requested_at``, ``tasks.jobs.end.abort``)
+records no completion, failure or deferral: those statements refuse it, and its end is
+``end_aborted`` instead, which cancels the job.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from tasks.jobs.model import formats
 from tasks.jobs.model.models import JobRecord, State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.store import affected
-from tasks.jobs.store.jobs import Job, get
+from tasks.jobs.store.jobs import CancelledJob, Job, cancelled_job, get
 
 
 @dataclass(frozen=True)
@@ -74,12 +78,17 @@ _FINISH_RUN = f"""
 # (``timelimit``): only its add records them, and every later run and publish reads them
 # there (a message from a release that did not send time limits must not drop them).
 #
+# A run being aborted is never taken over: the stalled check cancels it
+# (``store.upkeep.requeue_stalled``). A waiting job is never being aborted: the claim clears
+# what a release that did not know of aborts may have left when it requeued one.
+#
 # A record in a layout this release does not read (``tasks.jobs.model.formats``) is not claimed:
 # it waits for a worker of the release that wrote it.
 _FORMATS_READ = ", ".join(str(f) for f in sorted(formats.RECORD_FORMATS_READ))
 _CLAIM = text(
     f"""
-    WITH before AS (SELECT id, state, locked_until, format FROM jobs WHERE id = :id FOR UPDATE)
+    WITH before AS (SELECT id, state, locked_until, format, abort_requested_at
+                    FROM jobs WHERE id = :id FOR UPDATE)
     UPDATE jobs SET
         stalled_count = jobs.stalled_count + CASE WHEN before.state = 'active' THEN 1 ELSE 0 END,
         state = 'active',
@@ -87,6 +96,7 @@ _CLAIM = text(
         processed_on = clock_timestamp(),
         lock_token = :token,
         locked_until = clock_timestamp() + make_interval(secs => :lock_s),
+        abort_requested_at = NULL,
         celery_ctx = COALESCE(
             CAST(:ctx AS jsonb)
                 || jsonb_strip_nulls(jsonb_build_object(
@@ -102,7 +112,8 @@ _CLAIM = text(
     WHERE jobs.id = before.id
       AND before.format IN ({_FORMATS_READ})
       AND (before.state = 'waiting'
-           OR (before.state = 'active' AND before.locked_until < clock_timestamp()))
+           OR (before.state = 'active' AND before.locked_until < clock_timestamp()
+               AND before.abort_requested_at IS NULL))
     RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
               jobs.user_id, jobs.attempts_made, jobs.attempts_started, jobs.celery_ctx,
               before.state = 'active' AS stalled,
@@ -190,11 +201,18 @@ _ACTIVE_RUN = text(
 )
 
 
-def active_run(session: Session, job_id: str, worker: str, pid: int) -> ClaimedJob | None:
+_ACTIVE_RUN_LOCKED = text(f"{_ACTIVE_RUN.text} FOR UPDATE")
+
+
+def active_run(
+    session: Session, job_id: str, worker: str, pid: int, *, lock: bool = False
+) -> ClaimedJob | None:
     """The job's run if it is still active and the one pool process ``pid`` of ``worker``
     claimed last (its lock token included, so its end is recorded as the run's own would
-    be); ``None`` once that run ended or another took the job over."""
-    row = session.execute(_ACTIVE_RUN, {"id": job_id, "worker": worker, "pid": str(pid)})
+    be); ``None`` once that run ended or another took the job over. ``lock``: its row is
+    locked until the transaction ends, so the run cannot record its end meanwhile."""
+    statement = _ACTIVE_RUN_LOCKED if lock else _ACTIVE_RUN
+    row = session.execute(statement, {"id": job_id, "worker": worker, "pid": str(pid)})
     found = row.mappings().first()
     return _claimed(found, found["lock_token"]) if found is not None else None
 
@@ -253,7 +271,7 @@ _COMPLETE = text(
         failed_reason = NULL,  -- an earlier run's failure stays in that run (``runs``)
         finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
         {_FINISH_RUN}
-    WHERE id = :id AND lock_token = :token
+    WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL
     RETURNING id
     """
 )
@@ -309,7 +327,7 @@ def fail(
                 finished_on = CASE WHEN :retrying THEN NULL ELSE clock_timestamp() END,
                 lock_token = NULL, locked_until = NULL,
                 {_FINISH_RUN}
-            WHERE id = :id AND lock_token = :token
+            WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL
             RETURNING run_at
             """
         ),
@@ -344,7 +362,7 @@ def defer(session: Session, job: ClaimedJob, delay_ms: int, state: State, reason
                 run_at = clock_timestamp() + make_interval(secs => :delay_s),
                 lock_token = NULL, locked_until = NULL,
                 {_FINISH_RUN}
-            WHERE id = :id AND lock_token = :token
+            WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL
             RETURNING id
             """
         ),
@@ -384,3 +402,61 @@ def fail_unsupported(
         {"id": job_id, "reason": reason},
     ).first()
     return get(session, job_id) if row is not None else None
+
+
+# --- aborting -------------------------------------------------------------------------------
+
+_IS_ABORTED = text(
+    """
+    SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE id = :id AND lock_token = :token
+                                          AND abort_requested_at IS NULL) AS aborted
+    """
+)
+
+
+def is_aborted(job: ClaimedJob) -> bool:
+    """Whether this run should stop: its job is being aborted, or the run is no longer the
+    job's (cancelled, or taken over), so nothing it returns would be recorded."""
+    row = run_alone(_IS_ABORTED, {"id": job.id, "token": job.token})
+    return bool(row and row["aborted"])
+
+
+_END_ABORTED = text(
+    f"""
+    UPDATE jobs SET state = 'cancelled', finished_on = clock_timestamp(),
+        lock_token = NULL, locked_until = NULL,
+        {_FINISH_RUN}
+    WHERE id = :id AND lock_token = :token AND abort_requested_at IS NOT NULL
+    RETURNING id, name, queue, data, opts, tenant_id, user_id, celery_ctx
+    """
+)
+
+
+def end_aborted(session: Session, job: ClaimedJob, reason: str) -> CancelledJob | None:
+    """The run of a job being aborted ends, and the job with it: ``cancelled``, the run's
+    outcome too; ``None`` if no abort was asked or the run is no longer the job's."""
+    row = session.execute(
+        _END_ABORTED,
+        {
+            "id": job.id,
+            "token": job.token,
+            "run_patch": json.dumps({"outcome": "cancelled", "reason": reason}),
+        },
+    ).first()
+    return cancelled_job(row) if row is not None else None
+
+
+_OVERDUE_ABORTS = text(
+    """
+    SELECT id, runs -> -1 ->> 'pid' AS pid FROM jobs
+    WHERE abort_requested_at IS NOT NULL AND state = 'active'
+      AND abort_requested_at < clock_timestamp() - make_interval(secs => :grace_s)
+      AND runs -> -1 ->> 'worker' = :worker
+    """
+)
+
+
+def overdue_aborts(session: Session, worker: str, grace_s: float) -> list[tuple[str, int | None]]:
+    """The runs of ``worker`` being aborted for longer than ``grace_s``: (job id, pool pid)."""
+    rows = session.execute(_OVERDUE_ABORTS, {"worker": worker, "grace_s": grace_s})
+    return [(row.id, int(row.pid) if row.pid else None) for row in rows]

@@ -180,16 +180,19 @@ STALLED_TOO_OFTEN = "job stalled more than allowable limit"
 
 
 def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> list[ReadyJob]:
-    """Active jobs whose lock ran out → waiting again, or failed past ``max_stalled`` stalls."""
+    """Active jobs whose lock ran out → waiting again, or failed past ``max_stalled`` stalls,
+    or cancelled if they were being aborted (``tasks.jobs.end.abort``: never run again)."""
     rows = session.execute(
         text(
             f"""
             UPDATE jobs SET
                 stalled_count = stalled_count + 1,
-                state = CASE WHEN stalled_count + 1 > :max THEN 'failed' ELSE 'waiting' END,
-                failed_reason = CASE WHEN stalled_count + 1 > :max THEN :reason
-                                     ELSE failed_reason END,
-                finished_on = CASE WHEN stalled_count + 1 > :max THEN clock_timestamp() END,
+                state = CASE WHEN abort_requested_at IS NOT NULL THEN 'cancelled'
+                             WHEN stalled_count + 1 > :max THEN 'failed' ELSE 'waiting' END,
+                failed_reason = CASE WHEN abort_requested_at IS NULL AND stalled_count + 1 > :max
+                                     THEN :reason ELSE failed_reason END,
+                finished_on = CASE WHEN abort_requested_at IS NOT NULL OR stalled_count + 1 > :max
+                                   THEN clock_timestamp() END,
                 lock_token = NULL, locked_until = NULL,
                 runs = jsonb_set(runs, ARRAY[(jsonb_array_length(runs) - 1)::text],
                                  (runs -> -1) || jsonb_build_object('outcome', 'stalled',

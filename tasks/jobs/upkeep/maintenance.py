@@ -1,13 +1,14 @@
 """Maintenance: a worker bootstep that runs the job layer's periodic work.
 
-In a thread of every worker's main process, every ``KEEL_PROMOTE_INTERVAL_S``:
-promote due delayed jobs (``promote``) and notice a broker that lost its data
-(``broker_reset``); every ``KEEL_STALLED_INTERVAL_S``: recover stalled jobs
-(``stalls``), count the chord parts that stand for another job once it ended
-(``canvas``), fold the state counters' pending deltas (``store.counts``) and publish
-the jobs a lifted pause still holds (``pauses``); every
+In a thread of every worker's main process, every ``KEEL_PROMOTE_INTERVAL_S``: promote
+due delayed jobs (``promote``) and notice a broker that lost its data
+(``broker_reset``); every ``KEEL_STALLED_INTERVAL_S``: recover stalled jobs (``stalls``,
+which cancels an aborted job's run instead), count the chord parts that stand for
+another job once it ended (``canvas``), fold the state counters' pending deltas
+(``store.counts``) and publish the jobs a lifted pause still holds (``pauses``); every
 ``KEEL_RETENTION_INTERVAL_S``: delete finished records past their default age
-(``retention``; one worker per round).
+(``retention``; one worker per round); about every second: stop this worker's runs
+aborted longer ago than ``KEEL_ABORT_GRACE_S`` (``termination``).
 Any number of workers run it at once; each piece is safe to share.
 """
 
@@ -23,6 +24,7 @@ from celery import bootsteps
 from tasks.config import get_settings
 from tasks.jobs.end import canvas, revocations, stalls
 from tasks.jobs.intake import pauses, promote
+from tasks.jobs.run import termination
 from tasks.jobs.store import counts
 from tasks.jobs.upkeep import broker_reset, reconcile, retention
 
@@ -37,8 +39,10 @@ class Maintenance(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._worker: Any = None
 
     def start(self, worker: Any) -> None:
+        self._worker = worker
         self._thread = threading.Thread(target=self._loop, name="keel-maintenance", daemon=True)
         self._thread.start()
 
@@ -53,7 +57,7 @@ class Maintenance(bootsteps.StartStopStep):
 
     def _loop(self) -> None:
         settings = get_settings()
-        next_stalled_check = time.monotonic()
+        next_stalled_check = next_abort_check = time.monotonic()
         while not self._stop.wait(settings.promote_interval_s):
             try:
                 revocations.cancel_revoked()  # before promotion: a revoked job is never published
@@ -72,3 +76,9 @@ class Maintenance(bootsteps.StartStopStep):
                     pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
             except Exception:  # a database blip must not stop maintenance
                 log.warning("job maintenance failed; retrying", exc_info=True)
+            if time.monotonic() >= next_abort_check:  # apart: it must not hold back the rest
+                next_abort_check = time.monotonic() + termination.CHECK_INTERVAL_S
+                try:
+                    termination.stop_overdue(self._worker.hostname, self._worker.pool)
+                except Exception:
+                    log.warning("could not look for aborted runs; retrying", exc_info=True)

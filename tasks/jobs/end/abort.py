@@ -1,0 +1,100 @@
+"""Abort: an owner or operator stops a job that is running; it ends ``cancelled``.
+
+``DELETE /api/v1/jobs/<id>`` of an active job (``tasks.jobs.end.cancel``) does not end it
+at once: the run is in a worker's hands. ``mark`` sets the record's ``abort_requested_at``,
+writes who and why to the append-only ``job_actions`` audit, and announces ``aborting``.
+From then on:
+
+- the handler can see it (``self.is_aborted()``, ``job.is_aborted()``: one read of the
+  record) and stop cleanly;
+- whatever the run then returns, raises or defers, its end is refused by the guarded
+  statements of ``store.runs`` and recorded by ``ended_run`` instead: the job is
+  ``cancelled`` (its run's outcome too), its dedup claim freed, its chord's body failed,
+  its ``cancelled`` event sent; it never runs again, as no retry is scheduled;
+- a run still going after the grace period (``KEEL_ABORT_GRACE_S``) is stopped by its
+  worker (``tasks.jobs.run.termination``) and ended the same way;
+- a run whose worker died is cancelled by the stalled check once its lock runs out, not
+  requeued (``store.upkeep.requeue_stalled``); no delivery takes it over meanwhile.
+
+Asking again while the abort is under way answers the job as it is and writes no second
+audit row. A cancelled job is retried only when the operator asks for it explicitly
+(``tasks.jobs.intake.manual_retry``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import event, text
+from sqlalchemy.orm import Session
+
+from tasks.db import transaction
+from tasks.jobs.end import ending
+from tasks.jobs.model.errors import ControlFlow
+from tasks.jobs.model.models import JobAction, JobRecord, State
+from tasks.jobs.observe import events
+from tasks.jobs.store import runs
+from tasks.jobs.store.runs import ClaimedJob
+
+ABORTED = "aborted on request"
+AUDIT_ACTION = "abort"
+
+
+class Aborted(ControlFlow):
+    """The run's job was being aborted: it ended ``cancelled``, not as the run ended."""
+
+    code = "aborted"
+
+
+_MARK = text(
+    """
+    UPDATE jobs SET abort_requested_at = clock_timestamp()
+    WHERE id = :id AND state = 'active' AND abort_requested_at IS NULL
+    RETURNING abort_requested_at
+    """
+)
+
+
+def mark(session: Session, job: JobRecord, *, actor: str, reason: str | None) -> None:
+    """In the transaction holding ``job``'s row lock (an active job): ask for its run to be
+    aborted, audited and announced once; asked again, nothing more happens."""
+    if session.execute(_MARK, {"id": job.id}).first() is None:
+        return
+    details: dict[str, object] = {"state": str(job.state), "attempt": job.attempts_started}
+    if reason:
+        details["reason"] = reason
+    session.add(
+        JobAction(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            action=AUDIT_ACTION,
+            actor=actor,
+            details=details,
+        )
+    )
+    queue, job_id, name = job.queue, job.id, job.name
+    _after_commit(session, lambda: events.emit(queue, "aborting", job_id, name, by=actor))
+
+
+def _after_commit(session: Session, announce: Callable[[], None]) -> None:
+    event.listen(session, "after_commit", lambda _session: announce(), once=True)
+
+
+def ended_run(session: Session, claimed: ClaimedJob, reason: str = ABORTED) -> bool:
+    """In the caller's transaction: end the run of a job being aborted, and the job,
+    ``cancelled``; ``False`` if no abort was asked or the run is no longer the job's."""
+    job = runs.end_aborted(session, claimed, reason)
+    if job is None:
+        return False
+    ending.ended(session, job, State.CANCELLED, reason, announce=False)
+    queue, job_id, name = job.queue, job.id, job.name
+    _after_commit(
+        session, lambda: events.emit(queue, "cancelled", job_id, name, by="abort", reason=reason)
+    )
+    return True
+
+
+def end_run(claimed: ClaimedJob, reason: str = ABORTED) -> bool:
+    """``ended_run`` in its own transaction."""
+    with transaction() as session:
+        return ended_run(session, claimed, reason)
