@@ -72,6 +72,9 @@ def test_a_report_scheduled_three_seconds_ahead_is_delayed_then_completed(client
         "2030-01-01T00:00:00",  # no time zone: ambiguous
         12345,
     ],
+    # Named, not by value: each pytest process (xdist) collects the same tests only if the
+    # past moment's id is not the moment itself.
+    ids=["past", "words", "no-zone", "number"],
 )
 def test_run_at_must_be_a_future_iso_time_with_zone(client, run_at):
     response = client.post(
