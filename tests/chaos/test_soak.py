@@ -18,8 +18,9 @@ and two ``celery worker`` processes (2 pool processes each) on the
   by backoff), ~10 % are delayed (``POST /reports/scheduled``, 5-30 s ahead),
   ~5 % repeat the previous request (deduplicated), ~4 % are delayed 2-5 min
   and cancelled a few seconds later (``DELETE /jobs/<id>``: always 200), ~3 %
-  are cancelled right after the POST (200, or 409 if a worker was faster —
-  then they must complete);
+  are cancelled right after the POST (200; or, if a worker was faster, 202 — its run is
+  aborted and it must end cancelled, never completed — or 409 once it has finished, and
+  then it must have completed);
 - two job schedulers (``PUT /schedulers/<id>``, every 15 s and 40 s) fire
   report jobs through beat; a campaign starts every ``max(20, seconds/10)`` s;
 - one worker is SIGKILLed every 15-35 s and replaced; the other (the
@@ -198,6 +199,7 @@ class Soak:
         self.operator = bearer(*OPERATOR_ID, roles=("operator",))
         self.reports: dict[str, str] = {}  # job id → operation key: each must complete once
         self.cancelled: dict[str, str] = {}  # job id → operation key: each must never run
+        self.aborted: dict[str, str] = {}  # running when cancelled: each must end cancelled
         self.to_cancel: list[tuple[float, str, str]] = []  # (when, job id, key)
         self.campaigns: dict[str, int] = {}
         self.schedulers: dict[str, int] = {}  # scheduler id → every (ms)
@@ -244,13 +246,16 @@ class Soak:
             self.reports[job_id] = key
 
     def cancel(self, job_id: str, key: str, *, must: bool) -> None:
-        """Cancel a job: a delayed one must answer 200; a waiting one may have started (409)."""
+        """Cancel a job: a delayed one must answer 200; a waiting one may have started (202:
+        its run is aborted) or even finished (409)."""
         status, _ = self.api.call("DELETE", f"/api/v1/jobs/{job_id}", self.reporter)
         self.cancel_answers[status] += 1
         if status == 200:
             self.cancelled[job_id] = key
+        elif status == 202 and not must:
+            self.aborted[job_id] = key  # it was running: aborted, it must end cancelled
         elif status == 409 and not must:
-            self.reports[job_id] = key  # it started before the cancel: it must complete
+            self.reports[job_id] = key  # it finished before the cancel: it must complete
         else:
             self.cancelled[job_id] = key  # counted as a failure below (answer recorded)
             self.cancel_answers[f"unexpected {status} for a delayed job"] += 1
@@ -515,6 +520,20 @@ def cancelled_but_ran(cancelled: dict[str, str]) -> dict[str, str]:
     return wrong
 
 
+def aborted_but_not_cancelled(aborted: dict[str, str]) -> dict[str, str]:
+    """Jobs whose run was aborted that did not end cancelled (or had a run complete)."""
+    rows = job_rows(list(aborted))
+    wrong = {}
+    for job_id in aborted:
+        row = rows.get(job_id)
+        if row is None:
+            continue  # (retention may have trimmed a cancelled record)
+        completed = [run for run in row["runs"] if run.get("outcome") == "completed"]
+        if row["state"] != "cancelled" or completed:
+            wrong[job_id] = f"state {row['state']}, {len(completed)} completed runs"
+    return wrong
+
+
 def wait_until(predicate, timeout: float, interval: float = 1.0):
     """Poll ``predicate`` until it holds or ``timeout`` s passed; the caller asserts after."""
     deadline = time.monotonic() + timeout
@@ -654,8 +673,12 @@ def soak_with(stack, spawn, sandbox, web, beat, seconds, *, slopes: bool, result
     failed_checks = {c: [k.name for k in found if not k.ok] for c, found in checks.items()}
     failed_checks = {c: names for c, names in failed_checks.items() if names}
     landed = sum(found[2].figures["landed"] for found in checks.values())
-    # and no cancelled job ran; each scheduler fired, and every job it fired completed
+    # and no cancelled job ran, every aborted one ended cancelled (its run stopped by itself
+    # as it ended, by its worker after the grace period, or by the stalled check); each
+    # scheduler fired, and every job it fired completed
     ran_anyway = cancelled_but_ran(soak.cancelled)
+    wait_until(lambda: not aborted_but_not_cancelled(soak.aborted), 90, 1)
+    not_aborted = aborted_but_not_cancelled(soak.aborted)
     wait_until(
         lambda: all(set(f["states"]) <= {"completed"} for f in soak.scheduler_figures().values()),
         120,
@@ -694,7 +717,8 @@ def soak_with(stack, spawn, sandbox, web, beat, seconds, *, slopes: bool, result
         f"  reports: {len(soak.reports)} to complete ({dict(soak.kinds)}; "
         f"{soak.deduplicated} deduplicated answers); {result.figure()}\n"
         f"  cancels: {len(soak.cancelled)} cancelled (answers {dict(soak.cancel_answers)}), "
-        f"{len(ran_anyway)} ran anyway\n"
+        f"{len(ran_anyway)} ran anyway; {len(soak.aborted)} aborted running, "
+        f"{len(not_aborted)} not ended cancelled\n"
         f"  schedulers: {fired}\n"
         f"  campaigns: {len(ids)} started, {len(ids) - len(unfinished)} completed, "
         f"{len(checks) - len(failed_checks)} verified (4 invariants each), "
@@ -718,6 +742,7 @@ def soak_with(stack, spawn, sandbox, web, beat, seconds, *, slopes: bool, result
     assert failed_checks == {}
     assert set(job_states) <= {"completed"}, job_states
     assert ran_anyway == {}, ran_anyway
+    assert not_aborted == {}, not_aborted
     assert not [k for k in soak.cancel_answers if str(k).startswith("unexpected")]
     posts = {status for (method, status) in api.statuses if method == "POST"}
     assert posts == {202}, api.statuses
