@@ -11,6 +11,7 @@ import getpass
 import json
 import os
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -518,6 +519,87 @@ def jobs_retry(job_id: str, reason: str, actor: str, cancelled_too: bool) -> Non
     except KeelError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"retrying {job_id}")
+
+
+BULK_ACTIONS = ("retry", "cancel", "promote", "clean", "drain", "obliterate")
+
+
+@jobs_group.command("bulk")
+@click.argument("action", type=click.Choice(BULK_ACTIONS))
+@click.option("--queue")
+@click.option("--name", "job_name", help="job name, e.g. report.generate")
+@click.option("--state", "states", multiple=True, type=click.Choice(JOB_STATES))
+@click.option("--tenant", help="one tenant's jobs (default: every tenant's and the system's)")
+@click.option("--created-after", type=click.DateTime(), help="UTC")
+@click.option("--created-before", type=click.DateTime(), help="UTC")
+@click.option(
+    "--older-than",
+    "older_than_s",
+    type=click.FloatRange(0),
+    help="clean: only records finished more than this many seconds ago",
+)
+@click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
+@click.option("--by", "actor", required=True, help="who (kept in the audit)")
+@click.option("--yes", is_flag=True, help="do not ask to confirm the count")
+def jobs_bulk(
+    action: str,
+    queue: str | None,
+    job_name: str | None,
+    states: tuple[str, ...],
+    tenant: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    older_than_s: float | None,
+    reason: str,
+    actor: str,
+    yes: bool,
+) -> None:
+    """Act on every job a filter matches: retry failed ones, cancel waiting/delayed ones,
+    promote delayed ones, clean finished records, drain a queue, obliterate a paused queue.
+
+    Says how many jobs match and asks to confirm, then works the action in batches here,
+    printing its progress (a worker goes on with it if this stops), and prints it as JSON.
+    """
+    from tasks.celery import load_job_modules
+    from tasks.jobs.model.errors import KeelError
+    from tasks.jobs.model.models import State
+    from tasks.jobs.store.bulk import BulkFilter
+    from tasks.jobs.upkeep import bulk_actions
+
+    load_job_modules()  # every job type's retry rules declared (a bulk retry leaves them out)
+    if not 10 <= len(reason) <= 2000:
+        raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
+    finished_before = None
+    if older_than_s is not None:
+        finished_before = datetime.now(UTC) - timedelta(seconds=older_than_s)
+    asked = bulk_actions.Asked(
+        action=action,
+        filter=BulkFilter(
+            states=tuple(State(s) for s in dict.fromkeys(states)),
+            queue=queue,
+            name=job_name,
+            tenant_id=tenant,
+            created_after=created_after.replace(tzinfo=UTC) if created_after else None,
+            created_before=created_before.replace(tzinfo=UTC) if created_before else None,
+            finished_before=finished_before,
+        ),
+        actor=actor,
+        reason=reason,
+    )
+    try:
+        matched = bulk_actions.preview(asked, system=True)
+        click.echo(f"{action}: {matched} jobs match", err=True)
+        if matched == 0:
+            return  # nothing to do, and nothing recorded
+        if not yes:
+            click.confirm(f"{action} them?", abort=True, err=True)
+        row = bulk_actions.start(asked, system=True)
+        row = bulk_actions.work_to_end(
+            row.id, lambda r: click.echo(f"{r.done} of {r.matched} done", err=True)
+        )
+    except KeelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(bulk_actions.describe(row), default=str))
 
 
 @jobs_group.command("republish")

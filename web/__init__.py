@@ -33,7 +33,19 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
     from tasks import catalog, db, quotas, tracing
     from tasks.celery import load_job_modules
-    from web import access, docs, errors, hosts, jobs, queues, ratelimit, schedulers, system, ui
+    from web import (
+        access,
+        bulk,
+        docs,
+        errors,
+        hosts,
+        jobs,
+        queues,
+        ratelimit,
+        schedulers,
+        system,
+        ui,
+    )
     from web.auth import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
@@ -62,6 +74,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.register_blueprint(campaigns.bp)
     app.register_blueprint(queues.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(bulk.bp)
     app.register_blueprint(docs.bp)
     ui.init_app(app)
     return app

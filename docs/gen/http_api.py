@@ -17,12 +17,20 @@ GROUPS = {
     "schedulers": "Job schedulers",
     "campaigns": "Notification campaigns",
     "queues": "Queues",
+    "bulk-actions": "Bulk actions",
     "system": "System",
     "openapi.json": "This description",
     "docs": "This description",
 }
 PROBES = "Probes and metrics"
-ORDER = ["Reports", "Jobs of any type", "Job schedulers", "Notification campaigns", "Queues"]
+ORDER = [
+    "Reports",
+    "Jobs of any type",
+    "Bulk actions",
+    "Job schedulers",
+    "Notification campaigns",
+    "Queues",
+]
 # Spelled here, not by http.HTTPStatus, whose wording changes between Python versions.
 PHRASES = {
     200: "OK",

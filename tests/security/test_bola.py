@@ -35,7 +35,7 @@ from sqlalchemy import func, select
 from tasks.db import transaction
 from tasks.jobs.intake import pauses
 from tasks.jobs.intake.enqueue import new_job_id
-from tasks.jobs.model.models import JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.jobs.model.models import BulkAction, JobRecord, JobSchedulerRecord, RetryAudit
 from tasks.jobs.observe.queries import describe, get
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
 from tests.support import jobs as _test_jobs  # noqa: F401  (the pausable queue)
@@ -80,6 +80,11 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
         "reason": "security matrix: edited by whoever asks",
     },
     "ChangeDelay": lambda: {"delay": 3_600_000},
+    "BulkRequest": lambda: {
+        "action": "cancel",
+        "filter": {"queue": "bola-quiet", "states": ["delayed"]},
+        "reason": "security matrix: bulk by whoever asks",
+    },
 }
 
 
@@ -117,6 +122,20 @@ def create_campaign(client) -> str:
         "/api/v1/campaigns", json=VALID_BODIES["CreateCampaign"](), headers=OWNER
     )
     return _created(response, "campaignId")
+
+
+def create_bulk_action(client) -> str:
+    """Tenant A's bulk action (an operator's; it matches none of A's jobs: nothing runs)."""
+    response = client.post(
+        "/api/v1/bulk-actions", json=VALID_BODIES["BulkRequest"](), headers=OWNER
+    )
+    return _created(response, "id")
+
+
+def bulk_fingerprint(bulk_id: str) -> Any:
+    with transaction() as session:
+        row = session.get(BulkAction, bulk_id)
+        return None if row is None else (row.state, row.matched, row.done, row.actor)
 
 
 def job_fingerprint(job_id: str) -> Any:
@@ -199,6 +218,7 @@ KINDS: dict[str, Kind] = {
     "job_id": Kind(True, create_report_job, new_job_id, job_fingerprint),
     "scheduler_id": Kind(False, create_scheduler, lambda: unique("sched"), scheduler_fingerprint),
     "campaign_id": Kind(True, create_campaign, new_job_id, campaign_fingerprint),
+    "bulk_id": Kind(False, create_bulk_action, new_job_id, bulk_fingerprint),
     "queue": Kind(
         False,
         pause_queue,

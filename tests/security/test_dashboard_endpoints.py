@@ -51,11 +51,17 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.queues_page": ("get", "/api/v1/reports/queue/health"),
     "ui.pause_queue": ("post", "/api/v1/queues/{queue}/pause"),
     "ui.resume_queue": ("post", "/api/v1/queues/{queue}/resume"),
+    "ui.confirm_bulk": ("post", "/api/v1/bulk-actions"),
+    "ui.start_bulk": ("post", "/api/v1/bulk-actions"),
+    "ui.bulk_page": ("get", "/api/v1/bulk-actions/{bulk_id}"),
 }
 # Signing in and out: no object, no role (the sign-in link is its own credential).
 SIGN_IN = {"ui.home", "ui.login", "ui.confirm_login", "ui.signin", "ui.logout", "ui.static"}
+BULK_FORM = {"action": "cancel", "queue": "bola-quiet", "reason": "security matrix: bulk"}
 FORMS: dict[str, dict[str, str]] = {
     "ui.retry_job": {"reason": "security matrix: retry from a page"},
+    "ui.confirm_bulk": BULK_FORM,
+    "ui.start_bulk": BULK_FORM,
     "ui.save_scheduler": {
         "id": "matrix",
         "rule": "pattern",

@@ -62,6 +62,10 @@ CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/v1/jobs"): {
         "cursor": "must be a nextCursor this API returned",
     },
+    ("POST", "/api/v1/bulk-actions"): {
+        "filter.states": "must be states the action acts on",
+        "filter.queue": "drain needs a queue",
+    },
     ("POST", "/api/v1/jobs"): {
         "name": "must name a job its tenant may submit",
         "data": "must be data that job takes, with no identity fields; not with args/kwargs",

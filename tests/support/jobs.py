@@ -366,3 +366,17 @@ def celery_cooperative(self, seconds: float = 30) -> dict:
             return {"stopped": True}
         time.sleep(0.1)
     return {"stopped": False}
+
+
+BROKEN_KEY = "keel:test:broken:{}"
+
+
+@handler("test.fixable", queue="default")
+def fixable(job: JobContext) -> dict:
+    """Fails while ``BROKEN_KEY`` of its ``key`` is set in Redis (a provider down), then works:
+    what a bulk retry after the fix runs again."""
+    from tasks.broker import redis_client
+
+    if redis_client().exists(BROKEN_KEY.format(job.data["key"])):
+        raise PlainFailure("provider down")
+    return {"fixed": True}

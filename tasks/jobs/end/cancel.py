@@ -66,9 +66,9 @@ def cancel(
                     f"a {job.state} job cannot be cancelled: it has finished",
                     details=[{"jobId": job.id, "state": job.state}],
                 )
-            done = _cancel(session, [job.id], CANCELLABLE_STATES)
+            done = cancel_in(session, [job.id], CANCELLABLE_STATES)
             session.refresh(job)
-    _announce(done, by="owner" if owner is not None else "system")
+    announce(done, by="owner" if owner is not None else "system")
     return Cancelling(job)
 
 
@@ -80,22 +80,24 @@ def cancel_many(job_ids: Sequence[str], states: Sequence[State], *, by: str) -> 
     discarded too (``tasks.jobs.intake.manual_retry`` refuses it).
     """
     with transaction() as session:
-        done = _cancel(session, job_ids, states)
+        done = cancel_in(session, job_ids, states)
         if by == store.REVOKED:
             store.note_revoked(session, done)
-    _announce(done, by=by)
+    announce(done, by=by)
     return [job.id for job in done]
 
 
-def _cancel(
+def cancel_in(
     session: Session, job_ids: Sequence[str], states: Sequence[State]
 ) -> list[CancelledJob]:
+    """In the caller's transaction: cancel those of ``job_ids`` in ``states``, each ended
+    as any cancelled job is; the caller announces them (``announce``) once it commits."""
     done = store.cancel(session, job_ids, states)
     for job in done:  # announced by the caller, saying by whom
         ending.ended(session, job, State.CANCELLED, "cancelled", announce=False)
     return done
 
 
-def _announce(done: list[CancelledJob], *, by: str) -> None:
+def announce(done: list[CancelledJob], *, by: str) -> None:
     for job in done:
         events.emit(job.queue, "cancelled", job.id, job.name, by=by)

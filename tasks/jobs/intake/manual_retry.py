@@ -55,6 +55,12 @@ def declare_rules(name: str, rules: RetryRules) -> None:
     _RULES[name] = rules
 
 
+def declared() -> list[str]:
+    """The job types that declared retry rules of their own (a bulk retry leaves them out:
+    their conflicts are checked one job at a time)."""
+    return sorted(_RULES)
+
+
 def rules_for(name: str) -> RetryRules:
     return _RULES.get(name) or RetryRules()
 

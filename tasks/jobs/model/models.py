@@ -338,3 +338,31 @@ class HeldJob(Base):
     held_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (Index("ix_held_jobs_queue", "queue", "tenant_id"),)
+
+
+class BulkAction(Base):
+    """An operator's action on every job a filter matches (``tasks.jobs.upkeep.bulk_actions``):
+    its audit (who, why, what, how many) and its progress, worked in batches."""
+
+    __tablename__ = "bulk_actions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    action: Mapped[str] = mapped_column(String(20))
+    tenant_id: Mapped[str | None] = mapped_column(String(200))  # None: the system's scope
+    filter: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(20))
+    matched: Mapped[int] = mapped_column(Integer)
+    done: Mapped[int] = mapped_column(Integer, server_default="0")
+    cursor: Mapped[str] = mapped_column(String(200), server_default="")  # the last job id done
+    worked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        CheckConstraint("state IN ('running', 'done')", name="bulk_state"),
+        Index("ix_bulk_actions_running", "worked_at", postgresql_where=text("state = 'running'")),
+        Index("ix_bulk_actions_tenant", "tenant_id", "created_at"),
+    )

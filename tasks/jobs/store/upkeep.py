@@ -39,7 +39,8 @@ def park(session: Session, job_ids: Sequence[str], in_s: float) -> int:
     return affected(session.execute(_PARK, {"ids": list(job_ids), "s": in_s}))
 
 
-_ARCHIVE = """
+# A DELETE (``{delete}``, its RETURNING added) whose failed records go to the archive.
+ARCHIVE_DELETED = """
     WITH gone AS ({delete} RETURNING *)
     INSERT INTO failed_jobs_archive (id, queue, name, data, opts, tenant_id, user_id,
         attempts_made, attempts_started, failed_reason, stacktrace, runs, created_at, finished_on)
@@ -95,7 +96,7 @@ def trim(
     }
     removed = 0
     for delete in deletes:
-        statement = _ARCHIVE.format(delete=delete) if state == State.FAILED else delete
+        statement = ARCHIVE_DELETED.format(delete=delete) if state == State.FAILED else delete
         removed += affected(session.execute(text(statement), params))
     return removed
 
@@ -122,7 +123,7 @@ def expire_finished(session: Session, state: State, age_s: int, limit: int = 500
         "AND finished_on < clock_timestamp() - make_interval(secs => :age) "
         "ORDER BY finished_on LIMIT :limit FOR UPDATE SKIP LOCKED)"
     )
-    statement = _ARCHIVE.format(delete=delete) if state == State.FAILED else delete
+    statement = ARCHIVE_DELETED.format(delete=delete) if state == State.FAILED else delete
     return affected(session.execute(text(statement), {"age": age_s, "limit": limit}))
 
 

@@ -8,7 +8,8 @@ another job once it ended (``canvas``), fold the state counters' pending deltas
 (``store.counts``) and publish the jobs a lifted pause still holds (``pauses``); every
 ``KEEL_RETENTION_INTERVAL_S``: delete finished records past their default age
 (``retention``; one worker per round); about every second: stop this worker's runs
-aborted longer ago than ``KEEL_ABORT_GRACE_S`` (``termination``).
+aborted longer ago than ``KEEL_ABORT_GRACE_S`` (``termination``); every tick, a batch
+of a running bulk action (``bulk_actions``; about every second while none runs).
 Any number of workers run it at once; each piece is safe to share.
 """
 
@@ -26,9 +27,11 @@ from tasks.jobs.end import canvas, revocations, stalls
 from tasks.jobs.intake import pauses, promote
 from tasks.jobs.run import termination
 from tasks.jobs.store import counts
-from tasks.jobs.upkeep import broker_reset, reconcile, retention
+from tasks.jobs.upkeep import broker_reset, bulk_actions, reconcile, retention
 
 log = logging.getLogger(__name__)
+
+BULK_IDLE_CHECK_S = 1.0  # how often an idle worker looks for a running bulk action
 
 
 class Maintenance(bootsteps.StartStopStep):
@@ -57,7 +60,8 @@ class Maintenance(bootsteps.StartStopStep):
 
     def _loop(self) -> None:
         settings = get_settings()
-        next_stalled_check = next_abort_check = time.monotonic()
+        next_stalled_check = next_abort_check = next_bulk_check = time.monotonic()
+        bulk_busy = False
         while not self._stop.wait(settings.promote_interval_s):
             try:
                 revocations.cancel_revoked()  # before promotion: a revoked job is never published
@@ -76,6 +80,14 @@ class Maintenance(bootsteps.StartStopStep):
                     pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
             except Exception:  # a database blip must not stop maintenance
                 log.warning("job maintenance failed; retrying", exc_info=True)
+            # A batch a tick while bulk actions run; else a look about every second.
+            if bulk_busy or time.monotonic() >= next_bulk_check:
+                next_bulk_check = time.monotonic() + BULK_IDLE_CHECK_S
+                try:  # apart, as below: bulk work must not hold back the rest
+                    bulk_busy = bulk_actions.work(batches=bulk_actions.MAINTENANCE_BATCHES) > 0
+                except Exception:
+                    bulk_busy = False
+                    log.warning("bulk actions could not be worked; retrying", exc_info=True)
             if time.monotonic() >= next_abort_check:  # apart: it must not hold back the rest
                 next_abort_check = time.monotonic() + termination.CHECK_INTERVAL_S
                 try:
