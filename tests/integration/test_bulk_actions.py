@@ -67,6 +67,13 @@ def many(name: str, count: int, queue: str, owner: Owner, **opts) -> list[str]:
     return [added.job_id for added in add_bulk(jobs, owner=owner)]
 
 
+def on_queue(action: str, queue: str, tenant: str) -> bulk_actions.Asked:
+    """``action`` on every job of ``tenant`` on ``queue``, as its operator ``ops`` asks."""
+    return bulk_actions.Asked(
+        action, BulkFilter(states=(), queue=queue, tenant_id=tenant), "ops", REASON
+    )
+
+
 def test_a_bulk_retry_runs_the_tenant_s_failed_jobs_of_one_name_again_once(client):
     # Given 500 jobs of one name that failed while their provider was down, a failed job of
     # another name, and the same 5 failures of another tenant
@@ -197,9 +204,7 @@ def test_an_action_left_mid_way_is_taken_up_by_the_workers_and_done_once():
     tenant = unique("t")
     queue = unique("quiet")
     jobs = many("test.echo", 1200, queue, Owner(tenant, "alice"))
-    asked = bulk_actions.Asked(
-        "cancel", BulkFilter(states=(), queue=queue, tenant_id=tenant), "ops", REASON
-    )
+    asked = on_queue("cancel", queue, tenant)
     row = bulk_actions.start(asked)
     bulk_actions.work(row.id, batches=1)
     # and jobs added after it was asked
@@ -218,9 +223,7 @@ def test_each_job_is_visited_once_even_one_that_comes_back_into_the_filter():
     tenant = unique("t")
     queue = unique("quiet")
     jobs = many("test.echo", 1200, queue, Owner(tenant, "alice"), delay=DAY_MS)
-    asked = bulk_actions.Asked(
-        "promote", BulkFilter(states=(), queue=queue, tenant_id=tenant), "ops", REASON
-    )
+    asked = on_queue("promote", queue, tenant)
     row = bulk_actions.start(asked)
     while bulk_actions.view(row.id, tenant).done == 0:
         bulk_actions.work(row.id, batches=1)
@@ -246,9 +249,7 @@ def test_a_batch_waits_out_a_row_another_transaction_holds_and_misses_none():
     tenant = unique("t")
     queue = unique("quiet")
     jobs = many("test.echo", 5, queue, Owner(tenant, "alice"))
-    asked = bulk_actions.Asked(
-        "cancel", BulkFilter(states=(), queue=queue, tenant_id=tenant), "ops", REASON
-    )
+    asked = on_queue("cancel", queue, tenant)
     with transaction() as holding:
         holding.execute(text("SELECT 1 FROM jobs WHERE id = :id FOR UPDATE"), {"id": jobs[2]})
         row = bulk_actions.start(asked)

@@ -81,6 +81,18 @@ def test_cancel_of_an_active_job_aborts_its_run_audited_with_who_and_why():
     ]
 
 
+def test_a_cancelled_job_is_retried_by_the_cli_only_with_cancelled():
+    job = later(unique("cli"))
+    jobs("cancel", job)
+    why = ["--reason", "the customer asked for it after all", "--by", "oncall"]
+    refused = jobs("retry", job, *why)
+    assert refused.exit_code == 1 and "retryCancelled" in refused.output
+    assert record(job)["state"] == "cancelled"
+    asked = jobs("retry", job, *why, "--cancelled")
+    assert asked.exit_code == 0, asked.output
+    assert wait_state(job, "completed", "failed", timeout=30)["state"] == "completed"
+
+
 def test_cancel_of_a_finished_or_missing_job_fails_loudly():
     done = add("test.echo", {}, queue="default").job_id
     join([done])
