@@ -34,11 +34,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import uuid
 from collections.abc import Iterator
 from datetime import datetime
-from io import BytesIO
 from pathlib import Path
 
 import pytest
@@ -50,44 +48,13 @@ from tasks.db import transaction
 from tasks.jobs.schedule.schedulers import SYSTEM, fire_prefix
 from tests.support.chaos import completed_runs, job_rows, settle, stragglers
 from tests.support.databases import _admin, _named, using
+from tests.support.releases import PREVIOUS, previous_tree
 from tests.support.stack import PROJECT_ROOT, wait_for
 
 pytestmark = pytest.mark.stack
 
-# The release before this one (CHANGELOG.md), moved on at each release. Its commit is
-# pinned as well as its tag: tags do not travel with every clone (a landing pushes the
-# branch only), the commit is in main's history wherever main is.
-PREVIOUS = "v0.3.0"
-PREVIOUS_COMMIT = "481a93e7e5b9f1d28978ff00d8ad559cbd090768"
 SCHEDULER = "upgrade-tick"
 WORK = (PROJECT_ROOT / "tests" / "support" / "upgrade_work.py").read_text()
-
-
-def previous_tree(into: Path) -> Path:
-    """The previous release's source tree, from this clone's history (its pinned commit;
-    fetched from the clone's origin first if the clone is shallow)."""
-    git = ["git", "-C", str(PROJECT_ROOT)]
-    tagged = subprocess.run(
-        [*git, "rev-parse", "--verify", "--quiet", f"{PREVIOUS}^{{commit}}"],
-        capture_output=True,
-        text=True,
-    )
-    if tagged.returncode == 0:
-        assert tagged.stdout.strip() == PREVIOUS_COMMIT, (
-            f"tag {PREVIOUS} is {tagged.stdout.strip()}, the test pins {PREVIOUS_COMMIT}"
-        )
-    archive = [*git, "archive", "--format=tar", PREVIOUS_COMMIT]
-    found = subprocess.run(archive, capture_output=True)
-    if found.returncode != 0:
-        subprocess.run([*git, "fetch", "--quiet", "--unshallow", "origin"], capture_output=True)
-        found = subprocess.run(archive, capture_output=True)
-    assert found.returncode == 0, (
-        f"the previous release {PREVIOUS} ({PREVIOUS_COMMIT}) is not in this clone's history "
-        f"(a shallow clone? git fetch --unshallow): {found.stderr.decode(errors='replace')}"
-    )
-    with tarfile.open(fileobj=BytesIO(found.stdout)) as archive:
-        archive.extractall(into, filter="data")
-    return into
 
 
 class Release:

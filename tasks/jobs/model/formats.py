@@ -17,6 +17,9 @@ release before. If one does (a release skipped), it leaves the job alone
 rather than misread it: the claim refuses a newer record, and a newer
 message is acknowledged without a run, the record left waiting for a newer
 worker (the reconciler publishes a waiting job again if its message is gone).
+
+A new job option needs no new format: it goes to ``jobs.extra_opts``, which releases
+read leniently (``tasks.jobs.model.options.JobOptions.columns``), never to ``jobs.opts``.
 """
 
 from __future__ import annotations

@@ -60,6 +60,9 @@ class JobRecord(Base):
     name: Mapped[str] = mapped_column(String(200))
     data: Mapped[dict[str, Any]] = mapped_column(JSONB)
     opts: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # Options added since the record format (``JobOptions.columns``); the previous release
+    # neither writes nor reads it.
+    extra_opts: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     tenant_id: Mapped[str | None] = mapped_column(String(200))
     user_id: Mapped[str | None] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(20))

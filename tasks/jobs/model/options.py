@@ -79,10 +79,27 @@ class JobOptions(_Options):
     def stored(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
+    def columns(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The options as a record keeps them: ``jobs.opts`` (the keys of ``RECORD_KEYS``) and
+        ``jobs.extra_opts`` (those added since, or ``None``).
+
+        A worker of the previous release parses ``jobs.opts`` with a model that refuses keys
+        it does not know, so a key it lacks there would fail the job on that worker during a
+        rolling upgrade; it never reads ``jobs.extra_opts``.
+        """
+        stored = self.stored()
+        extra = {key: stored.pop(key) for key in list(stored) if key not in RECORD_KEYS}
+        return stored, extra or None
+
     @classmethod
-    def from_stored(cls, stored: dict[str, Any] | None) -> JobOptions:
-        """The options kept with a record, parsed once when its job is claimed."""
-        return cls.model_validate(stored or {})
+    def from_stored(
+        cls, stored: dict[str, Any] | None, extra: dict[str, Any] | None = None
+    ) -> JobOptions:
+        """The options kept with a record (``jobs.opts`` and ``jobs.extra_opts``), parsed once
+        when its job is claimed. A key of ``extra`` this release does not know (a later
+        release's option, during an upgrade) is left out: this release cannot honour it."""
+        known = {key: value for key, value in (extra or {}).items() if key in _ALIASES}
+        return cls.model_validate({**(stored or {}), **known})
 
     def retention(self, completed: bool) -> Retention | None:
         """What the end of a job of this kind trims (``None``: nothing; an unset option is the
@@ -94,6 +111,24 @@ class JobOptions(_Options):
         if failures >= self.attempts:
             return None
         return backoff_delay_ms(self.backoff, failures)
+
+
+# The keys ``jobs.opts`` holds: the options every release since v0.3.0 reads (its
+# ``JobOptions``). An option added later is kept in ``jobs.extra_opts`` (``columns``), which a
+# release reads leniently; moving it here needs a new record format (``tasks.jobs.model.formats``).
+RECORD_KEYS = frozenset(
+    {
+        "attempts",
+        "backoff",
+        "delay",
+        "jobId",
+        "removeOnComplete",
+        "removeOnFail",
+        "deduplication",
+        "expiresAt",
+    }
+)
+_ALIASES = frozenset(field.alias or name for name, field in JobOptions.model_fields.items())
 
 
 @dataclass(frozen=True)

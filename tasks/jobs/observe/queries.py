@@ -57,7 +57,8 @@ def describe(job: JobRecord) -> dict[str, Any]:
 
 def describe_full(job: JobRecord) -> dict[str, Any]:
     """``describe`` plus what the job was added with: its data, options and user."""
-    return {**describe(job), "data": job.data, "opts": job.opts, "userId": job.user_id}
+    opts = {**(job.opts or {}), **(job.extra_opts or {})}
+    return {**describe(job), "data": job.data, "opts": opts, "userId": job.user_id}
 
 
 def owned_by(job: JobRecord | None, owner: Owner, *, tenant_wide: bool = False) -> bool:

@@ -78,9 +78,9 @@ def ready_job(row: Any, **more: Any) -> ReadyJob:
 # --- adding ---------------------------------------------------------------------------------
 
 _INSERT_ONE = """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
-                      priority, run_at)
-    VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+    INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
+                      celery_ctx, priority, run_at)
+    VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb), CAST(:extra AS jsonb),
             :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
             CASE WHEN :delay_ms > 0
                  THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
@@ -105,12 +105,14 @@ _INSERT_COUNTING = """
 
 def row_of(job: NewJob) -> dict[str, Any]:
     """The parameters of ``job``'s insert."""
+    opts, extra = job.opts.columns()
     return {
         "id": job.id,
         "queue": job.queue,
         "name": job.name,
         "data": json.dumps(job.data),
-        "opts": json.dumps(job.opts.stored()),
+        "opts": json.dumps(opts),
+        "extra": json.dumps(extra) if extra else None,
         "tenant_id": job.tenant_id,
         "user_id": job.user_id,
         "state": job.state,
@@ -161,14 +163,14 @@ def insert_counting_alone(job: NewJob, up_to: int) -> tuple[bool, int]:
 
 _INSERT_MANY = text(
     """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
-                      priority, run_at)
-    SELECT r.id, r.queue, r.name, r.data, r.opts, r.tenant_id, r.user_id, r.state, r.ctx,
-           r.priority, CASE WHEN r.delay_ms > 0
+    INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
+                      celery_ctx, priority, run_at)
+    SELECT r.id, r.queue, r.name, r.data, r.opts, r.extra, r.tenant_id, r.user_id, r.state,
+           r.ctx, r.priority, CASE WHEN r.delay_ms > 0
                 THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END
     FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
-        id text, queue text, name text, data jsonb, opts jsonb, tenant_id text, user_id text,
-        state text, ctx jsonb, delay_ms bigint, priority smallint)
+        id text, queue text, name text, data jsonb, opts jsonb, extra jsonb, tenant_id text,
+        user_id text, state text, ctx jsonb, delay_ms bigint, priority smallint)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
     """
@@ -177,22 +179,25 @@ _INSERT_MANY = text(
 
 def insert_many(session: Session, jobs: Sequence[NewJob]) -> set[str]:
     """Record ``jobs`` in one statement; the ids that were new (an existing id changes nothing)."""
-    rows = [
-        {
-            "id": job.id,
-            "queue": job.queue,
-            "name": job.name,
-            "data": job.data,
-            "opts": job.opts.stored(),
-            "tenant_id": job.tenant_id,
-            "user_id": job.user_id,
-            "state": str(job.state),
-            "ctx": job.celery_ctx,
-            "delay_ms": job.opts.delay,
-            "priority": job.priority,
-        }
-        for job in jobs
-    ]
+    rows = []
+    for job in jobs:
+        opts, extra = job.opts.columns()
+        rows.append(
+            {
+                "id": job.id,
+                "queue": job.queue,
+                "name": job.name,
+                "data": job.data,
+                "opts": opts,
+                "extra": extra,
+                "tenant_id": job.tenant_id,
+                "user_id": job.user_id,
+                "state": str(job.state),
+                "ctx": job.celery_ctx,
+                "delay_ms": job.opts.delay,
+                "priority": job.priority,
+            }
+        )
     found = session.execute(_INSERT_MANY, {"rows": json.dumps(rows)}).scalars()
     return set(found)
 
@@ -217,9 +222,9 @@ _LOAD = """
 # The insert of ``row_of(job)``'s job, one row selected ``FROM {source} WHERE {condition}``
 # (inside a statement that decides whether it may be added).
 INSERT_IF = """
-    INSERT INTO jobs (id, queue, name, data, opts, tenant_id, user_id, state, celery_ctx,
-                      priority, run_at)
-    SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb),
+    INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
+                      celery_ctx, priority, run_at)
+    SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb), CAST(:extra AS jsonb),
            :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
            CASE WHEN CAST(:delay_ms AS bigint) > 0
                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)

@@ -114,8 +114,9 @@ _CLAIM = text(
       AND (before.state = 'waiting'
            OR (before.state = 'active' AND before.locked_until < clock_timestamp()
                AND before.abort_requested_at IS NULL))
-    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id,
-              jobs.user_id, jobs.attempts_made, jobs.attempts_started, jobs.celery_ctx,
+    RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.extra_opts,
+              jobs.tenant_id, jobs.user_id, jobs.attempts_made, jobs.attempts_started,
+              jobs.celery_ctx,
               before.state = 'active' AS stalled,
               EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(jobs.run_at, jobs.created_at))
                   AS wait_s
@@ -192,8 +193,8 @@ def _claim_params(
 
 _ACTIVE_RUN = text(
     """
-    SELECT id, name, queue, data, opts, tenant_id, user_id, attempts_made, attempts_started,
-           celery_ctx, stalled_count > 0 AS stalled, 0 AS wait_s, lock_token
+    SELECT id, name, queue, data, opts, extra_opts, tenant_id, user_id, attempts_made,
+           attempts_started, celery_ctx, stalled_count > 0 AS stalled, 0 AS wait_s, lock_token
     FROM jobs
     WHERE id = :id AND state = 'active' AND lock_token IS NOT NULL
       AND runs -> -1 ->> 'worker' = :worker AND runs -> -1 ->> 'pid' = :pid
@@ -225,7 +226,7 @@ def _claimed(row: Any, token: str) -> ClaimedJob | None:
         name=row["name"],
         queue=row["queue"],
         data=row["data"],
-        opts=JobOptions.from_stored(row["opts"]),
+        opts=JobOptions.from_stored(row["opts"], row["extra_opts"]),
         tenant_id=row["tenant_id"],
         user_id=row["user_id"],
         attempts_made=row["attempts_made"],

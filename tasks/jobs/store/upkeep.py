@@ -44,8 +44,9 @@ ARCHIVE_DELETED = """
     WITH gone AS ({delete} RETURNING *)
     INSERT INTO failed_jobs_archive (id, queue, name, data, opts, tenant_id, user_id,
         attempts_made, attempts_started, failed_reason, stacktrace, runs, created_at, finished_on)
-    SELECT id, queue, name, data, opts, tenant_id, user_id, attempts_made, attempts_started,
-        failed_reason, stacktrace, runs, created_at, finished_on FROM gone
+    SELECT id, queue, name, data, opts || COALESCE(extra_opts, '{{}}'::jsonb), tenant_id,
+        user_id, attempts_made, attempts_started, failed_reason, stacktrace, runs, created_at,
+        finished_on FROM gone
     ON CONFLICT (id) DO UPDATE SET failed_reason = EXCLUDED.failed_reason,
         runs = EXCLUDED.runs, finished_on = EXCLUDED.finished_on, archived_at = now()
 """
