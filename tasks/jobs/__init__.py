@@ -10,7 +10,8 @@ Its packages, each importing only from those listed after it (the
 - ``upkeep/``    the maintenance loop: promotion, stalled runs, reconciling,
   broker resets, the default retention (``retention``); liveness and the container
   health check
-- ``run/``       a delivery's run: limits, claim, handler, lock renewal
+- ``run/``       a delivery's run: limits (its queue's, ``limits``; its key's,
+  ``key_limits``), claim, handler, lock renewal
   (``execute``: ``KeelTask``, ``handler``, ``JobContext``), the job's log (``job_log``),
   a run ended in the pool's hands (``request``: past its time limit, ``timeouts``;
   stopped to abort its job, ``termination``)
@@ -29,7 +30,8 @@ Its packages, each importing only from those listed after it (the
   ``AsyncResult``; ``job_logs``) and the broker
 - ``store/``     the SQL: records, runs, upkeep, counts, listing, dedup, pauses, logs
 - ``model/``     records and states, options, owner (and ``acting_as``),
-  job types (``registry``), errors, formats, schedule rules
+  job types (``registry``), errors, formats, schedule rules, limits by key as
+  declared (``key_limits``)
 
 The names below are loaded when first used (PEP 562), so that importing a
 light part of the layer — ``Owner`` for the CLI's token command, say — does
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
         KeelError,
         UnrecoverableError,
     )
+    from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
     from tasks.jobs.model.options import Backoff, Deduplication, JobOptions, KeepJobs
     from tasks.jobs.model.owner import Owner, acting_as
     from tasks.jobs.run.execute import JobContext, KeelTask, handler
@@ -68,6 +71,7 @@ _HOMES = {
         "UnrecoverableError",
     ),
     "tasks.jobs.model.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
+    "tasks.jobs.model.key_limits": ("KeyConcurrency", "KeyRate"),
     "tasks.jobs.intake.enqueue": ("AddedJob", "add"),
     "tasks.jobs.calls.celery_task": ("recorded_together",),
     "tasks.jobs.intake.bulk": ("BulkJob", "add_bulk"),
@@ -91,6 +95,8 @@ __all__ = [
     "KeelError",
     "KeelTask",
     "KeepJobs",
+    "KeyConcurrency",
+    "KeyRate",
     "Owner",
     "UnrecoverableError",
     "acting_as",

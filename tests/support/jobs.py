@@ -8,6 +8,7 @@ from celery import Task, shared_task
 from celery.exceptions import Reject
 
 from tasks.jobs import JobContext, KeelTask, UnrecoverableError, handler
+from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.options import Backoff, JobOptions
 
 
@@ -380,3 +381,49 @@ def fixable(job: JobContext) -> dict:
     if redis_client().exists(BROKEN_KEY.format(job.data["key"])):
         raise PlainFailure("provider down")
     return {"fixed": True}
+
+
+# --- limits by key (tests/integration/test_key_limits.py) -----------------------------------
+
+
+def _run_unless_aborted(job: JobContext) -> dict:
+    """Run ``data["ms"]`` milliseconds, stopping early if the job is aborted."""
+    deadline = time.monotonic() + job.data.get("ms", 0) / 1000
+    while time.monotonic() < deadline:
+        if job.is_aborted():
+            return {"stopped": True}
+        time.sleep(0.02)
+    return {"ran": job.data.get("ms", 0)}
+
+
+@handler("test.keyed", queue="default", key_concurrency=KeyConcurrency("customer"))
+def keyed(job: JobContext) -> dict:
+    """One job per ``customer`` at a time; ``ms`` long."""
+    time.sleep(job.data.get("ms", 0) / 1000)
+    return {"customer": job.data.get("customer")}
+
+
+@handler(
+    "test.keyed_latest",
+    queue="default",
+    key_concurrency=KeyConcurrency("repo", strategy="cancel_in_progress"),
+)
+def keyed_latest(job: JobContext) -> dict:
+    """One deploy per ``repo``, the newest wins."""
+    return _run_unless_aborted(job)
+
+
+@handler(
+    "test.keyed_first",
+    queue="default",
+    key_concurrency=KeyConcurrency("repo", strategy="cancel_newest"),
+)
+def keyed_first(job: JobContext) -> dict:
+    """One job per ``repo``, the first wins."""
+    return _run_unless_aborted(job)
+
+
+@handler("test.keyed_rated", queue="default", key_rate=KeyRate("apiKey", max=5, per="1s"))
+def keyed_rated(job: JobContext) -> dict:
+    """At most 5 starts a second per ``apiKey``."""
+    return {"apiKey": job.data.get("apiKey")}

@@ -60,6 +60,7 @@ from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id, publish_or_park
 from tasks.jobs.model import owner as owner_context
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import UnrecoverableError
+from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
@@ -293,6 +294,11 @@ class CeleryTask(Task):
     control = False
     #: Options every job of this task starts from (``JobOptions`` fields, BullMQ's names).
     default_job_options: dict[str, Any] | None = None
+    #: At most N of one key's jobs run at once, and what a new one does meanwhile
+    #: (``tasks.jobs.model.key_limits``; held across workers by ``tasks.jobs.run.key_limits``).
+    key_concurrency: KeyConcurrency | None = None
+    #: At most N starts of one key's jobs per window.
+    key_rate: KeyRate | None = None
 
     @classmethod
     def on_bound(cls, app: Celery) -> None:

@@ -88,13 +88,21 @@ def cancel_many(job_ids: Sequence[str], states: Sequence[State], *, by: str) -> 
 
 
 def cancel_in(
-    session: Session, job_ids: Sequence[str], states: Sequence[State]
+    session: Session,
+    job_ids: Sequence[str],
+    states: Sequence[State],
+    *,
+    actor: str | None = None,
+    reason: str | None = None,
 ) -> list[CancelledJob]:
     """In the caller's transaction: cancel those of ``job_ids`` in ``states``, each ended
-    as any cancelled job is; the caller announces them (``announce``) once it commits."""
+    as any cancelled job is; the caller announces them (``announce``) once it commits.
+    With an ``actor``, each is audited in ``job_actions`` with the ``reason``."""
     done = store.cancel(session, job_ids, states)
     for job in done:  # announced by the caller, saying by whom
-        ending.ended(session, job, State.CANCELLED, "cancelled", announce=False)
+        ending.ended(session, job, State.CANCELLED, reason or "cancelled", announce=False)
+    if actor is not None and done:
+        store.note_cancelled(session, done, actor=actor, reason=reason or "cancelled")
     return done
 
 

@@ -26,17 +26,18 @@ from tasks import tracing
 from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
-from tasks.jobs.end import abort, ending, finish
+from tasks.jobs.end import abort, cancel, ending, finish
 from tasks.jobs.intake import pauses, tenancy
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer
+from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner, current_owner, running_for
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
-from tasks.jobs.run import job_log, limits, lock_renewal, timeouts
+from tasks.jobs.run import job_log, key_limits, limits, lock_renewal, timeouts
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import runs, upkeep
@@ -211,30 +212,68 @@ class KeelTask(CeleryTask):
             raise Ignore()
 
     def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
-        """Wait out the queue's global limits before claiming, so waiting costs no attempt.
+        """Wait out the queue's global limits and the job's key limits before claiming, so
+        waiting costs no attempt.
 
-        A held job goes back to the durable delayed set (the promoter
-        publishes it again) and this delivery is acknowledged: nothing is
+        A held job goes back to the durable delayed set (the promoter, or its key's
+        line, publishes it again) and this delivery is acknowledged: nothing is
         held in worker memory, and a worker dying here loses nothing. A
         delivery without a record is recorded first, or acknowledging it
-        would lose it.
+        would lose it. A job its key's strategy supersedes is cancelled.
         """
         try:
-            return limits.admit(self._delivered_queue())
-        except limits.LimitReached as held:
+            admission = limits.admit(self._delivered_queue())
             try:
-                with transaction() as session:
-                    recorded = bool(getattr(self.request, KEEL_HEADER, None))
-                    if not recorded:
-                        self._record_on_arrival(session, args, kwargs)
-                    parked = upkeep.park(session, [self.request.id], held.wait_s)
-                if not parked and recorded and runs.await_insert(self.request.id):
-                    with transaction() as session:  # its record committed since (see _claim)
-                        upkeep.park(session, [self.request.id], held.wait_s)
-            except STORE_UNAVAILABLE as exc:
-                self._requeue_while_store_unavailable(exc)
-            self._announce_ignored("held by its queue's limits; it runs again later")
-            raise Ignore() from None
+                key_limits.admit(admission, self, dict(kwargs or {}), self.request.id)
+            except BaseException:
+                limits.release(admission)
+                raise
+            return admission
+        except limits.LimitReached as held:
+            self._park_held(held, args, kwargs)
+        except key_limits.Superseded as superseded:
+            self._cancel_superseded(str(superseded), args, kwargs)
+
+    def _park_held(self, held: limits.LimitReached, args: Any, kwargs: Any) -> NoReturn:
+        try:
+            with transaction() as session:
+                recorded = bool(getattr(self.request, KEEL_HEADER, None))
+                if not recorded:
+                    self._record_on_arrival(session, args, kwargs)
+                parked = upkeep.park(session, [self.request.id], held.wait_s)
+            if not parked and recorded and runs.await_insert(self.request.id):
+                with transaction() as session:  # its record committed since (see _claim)
+                    upkeep.park(session, [self.request.id], held.wait_s)
+        except STORE_UNAVAILABLE as exc:
+            self._requeue_while_store_unavailable(exc)
+        if held.after_park is not None:
+            try:
+                held.after_park()
+            except Exception:  # the parked job asks again when due: a wait, not a loss
+                log.warning("could not wake the next job of a key", exc_info=True)
+        self._announce_ignored(f"held by its {held.reason} limit; it runs again later")
+        raise Ignore() from None
+
+    def _cancel_superseded(self, reason: str, args: Any, kwargs: Any) -> NoReturn:
+        """A job of its key runs (``cancel_newest``): this one is cancelled, not run."""
+        try:
+            with transaction() as session:
+                recorded = bool(getattr(self.request, KEEL_HEADER, None))
+                if not recorded:
+                    self._record_on_arrival(session, args, kwargs)
+                done = cancel.cancel_in(
+                    session, [self.request.id], [State.WAITING], actor="key", reason=reason
+                )
+            if not done and recorded and runs.await_insert(self.request.id):
+                with transaction() as session:  # its record committed since (see _claim)
+                    done = cancel.cancel_in(
+                        session, [self.request.id], [State.WAITING], actor="key", reason=reason
+                    )
+        except STORE_UNAVAILABLE as exc:
+            self._requeue_while_store_unavailable(exc)
+        cancel.announce(done, by="key")
+        self._announce_ignored(reason)
+        raise Ignore() from None
 
     def _delivered_queue(self) -> str:
         """The queue this delivery came from: a job may be added on any queue."""
@@ -525,6 +564,8 @@ def handler(
     control: bool = False,
     quiet: bool = False,
     timeout: float | None = None,
+    key_concurrency: KeyConcurrency | None = None,
+    key_rate: KeyRate | None = None,
 ) -> Callable[[Callable[[JobContext], Any]], Task]:
     """Register ``fn(job)`` as the handler of jobs called ``name`` on ``queue``.
 
@@ -543,9 +584,16 @@ def handler(
     ``time_limit=`` replaces): past it the run is ended and recorded as failed, "timed out
     after N s", and the job runs again by its attempts and backoff
     (``tasks.jobs.run.timeouts``).
+    ``key_concurrency`` / ``key_rate``: limits by a key read from each job's data, across
+    every worker (``tasks.jobs.model.key_limits``): at most N of one key's jobs running at
+    once, with a strategy, and at most N starts of one key's jobs per window.
     """
     if timeout is not None and not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    if key_concurrency is not None and not isinstance(key_concurrency, KeyConcurrency):
+        raise TypeError(f"key_concurrency is a KeyConcurrency, not {key_concurrency!r}")
+    if key_rate is not None and not isinstance(key_rate, KeyRate):
+        raise TypeError(f"key_rate is a KeyRate, not {key_rate!r}")
 
     limits.configured()  # a malformed KEEL_QUEUE_LIMITS stops the worker at start, loudly
     registry.declare(registry.JobType(name, queue, schedulable, data, submittable, control))
@@ -560,6 +608,8 @@ def handler(
             "submittable": submittable,
             "send_events": events,
             "control": control,
+            "key_concurrency": key_concurrency,
+            "key_rate": key_rate,
         }
         if options is not None:
             attributes["default_options"] = lambda _task, d, o: options(d, o)

@@ -33,12 +33,13 @@ import os
 import random
 import threading
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.jobs.model.errors import ControlFlow
-from tasks.setting_types import QueueLimit, Rate
+from tasks.setting_types import QueueLimit
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ CONCURRENCY_HOLD_S = 0.25
 # When Redis cannot say, hold rather than run past a limit.
 UNKNOWN_HOLD_S = 1.0
 
-_NOW_US = """
+NOW_US = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -56,7 +57,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
 # KEYS[1] holders; ARGV: token, concurrency, lease ms. 1 when the slot is taken.
 _TAKE_SLOT = (
-    _NOW_US
+    NOW_US
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
@@ -68,7 +69,7 @@ return 1
 
 # KEYS: holders keys; ARGV: lease ms, then one token per key.
 _RENEW_SLOTS = (
-    _NOW_US
+    NOW_US
     + """
 for i, key in ipairs(KEYS) do
   redis.call('ZADD', key, 'XX', now + tonumber(ARGV[1]) * 1000, ARGV[i + 1])
@@ -81,7 +82,7 @@ return #KEYS
 # KEYS[1] starts; ARGV: token, max, window ms, reservation ms.
 # 0 when reserved, else the µs until the oldest start leaves the window.
 _RESERVE_START = (
-    _NOW_US
+    NOW_US
     + """
 local window_us = tonumber(ARGV[3]) * 1000
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window_us)
@@ -97,7 +98,7 @@ return math.min(window_us, math.max(1, tonumber(oldest[2]) + window_us - now))
 
 # KEYS[1] starts; ARGV: token, key ttl ms. Stamps the start with the time now.
 _STAMP_START = (
-    _NOW_US
+    NOW_US
     + """
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -111,10 +112,15 @@ class LimitReached(ControlFlow):
 
     code = "limit_reached"
 
-    def __init__(self, wait_s: float, reason: str) -> None:
+    def __init__(
+        self, wait_s: float, reason: str, *, after_park: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(f"{reason} limit reached; try again in {wait_s:.2f}s")
         self.wait_s = wait_s
         self.reason = reason
+        # Run once the job is parked (a key's line wakes its first job if a slot freed
+        # while this one was being parked: the releaser could not promote it yet).
+        self.after_park = after_park
 
 
 @dataclass(frozen=True)
@@ -127,12 +133,14 @@ class Token:
 
 @dataclass
 class Admission:
-    """What one delivery took from its queue's limits: a slot and/or a reserved start."""
+    """What one delivery took from the limits it is under: concurrency slots (its queue's,
+    its key's) and reserved starts, and what to do once it gives them back."""
 
-    slot: Token | None = None
-    start: Token | None = None
-    start_ttl_ms: int = 0
+    slots: list[Token] = field(default_factory=list)
+    starts: list[tuple[Token, int]] = field(default_factory=list)  # and its key's ttl in ms
     started: bool = False
+    # Run once its slots are given back (``tasks.jobs.run.key_limits`` wakes the next job).
+    after_release: list[Callable[[], None]] = field(default_factory=list)
 
 
 def configured() -> dict[str, QueueLimit]:
@@ -151,10 +159,12 @@ def admit(queue: str) -> Admission:
     if limit is None:
         return admission
     if limit.concurrency:
-        admission.slot = _take_slot(queue, limit.concurrency)
+        admission.slots.append(_take_slot(queue, limit.concurrency))
     if limit.rate is not None:
         try:
-            admission.start, admission.start_ttl_ms = _reserve_start(queue, limit.rate)
+            admission.starts.append(
+                reserve_start(starts_key(queue), limit.rate.max, limit.rate.duration_ms, queue)
+            )
         except LimitReached:
             release(admission)
             raise
@@ -164,13 +174,11 @@ def admit(queue: str) -> Admission:
 def started(admission: Admission) -> None:
     """The job was claimed: stamp its reserved start with the time now (after the claim)."""
     admission.started = True
-    if admission.start is None:
-        return
-    start = admission.start
-    try:
-        redis_client().eval(_STAMP_START, 1, start.key, start.member, admission.start_ttl_ms)
-    except Exception:  # the reservation stays, counting for longer than needed: safe
-        log.warning("could not stamp a start on %s", start.key, exc_info=True)
+    for start, ttl_ms in admission.starts:
+        try:
+            redis_client().eval(_STAMP_START, 1, start.key, start.member, ttl_ms)
+        except Exception:  # the reservation stays, counting for longer than needed: safe
+            log.warning("could not stamp a start on %s", start.key, exc_info=True)
 
 
 def release(admission: Admission) -> None:
@@ -179,11 +187,18 @@ def release(admission: Admission) -> None:
     Best effort: an unreleased slot lapses with its lease, a reservation
     once its time has passed by a window.
     """
-    if admission.slot is not None:
-        _leases.untrack(admission.slot)
-        _remove(admission.slot)
-    if admission.start is not None and not admission.started:
-        _remove(admission.start)
+    for slot in admission.slots:
+        _leases.untrack(slot)
+        _remove(slot)
+    if not admission.started:
+        for start, _ttl_ms in admission.starts:
+            _remove(start)
+    for then in admission.after_release:
+        try:
+            then()
+        except Exception:  # a wake-up lost is a wait until the backstop: never a lost job
+            log.warning("could not act after giving back a slot", exc_info=True)
+    admission.after_release.clear()
 
 
 def slot_key(queue: str) -> str:
@@ -223,26 +238,30 @@ def _take_slot(queue: str, concurrency: int) -> Token:
     return slot
 
 
-def _reserve_start(queue: str, rate: Rate) -> tuple[Token, int]:
-    """A reserved start and the ttl its key needs; ``LimitReached`` if the window is full."""
-    start = Token(starts_key(queue), uuid.uuid4().hex)
-    reserve_ms = max(_lease_ms(), rate.duration_ms)  # outlasts any claim, however slow
+def reserve_start(key: str, max_starts: int, duration_ms: int, limited: str) -> tuple[Token, int]:
+    """A start reserved in the window ``key`` (``max_starts`` per ``duration_ms``) and the ttl
+    its key needs; ``LimitReached`` if the window is full (``limited`` names it in the log)."""
+    start = Token(key, uuid.uuid4().hex)
+    reserve_ms = max(_lease_ms(), duration_ms)  # outlasts any claim, however slow
     wait_us = _eval(
-        "rate",
-        queue,
-        _RESERVE_START,
-        start.key,
-        start.member,
-        rate.max,
-        rate.duration_ms,
-        reserve_ms,
+        "rate", limited, _RESERVE_START, key, start.member, max_starts, duration_ms, reserve_ms
     )
     if wait_us:
         # Ask again somewhere in the window after the oldest start leaves it,
         # so held jobs spread out instead of all asking at the same instant.
-        wait_s = wait_us / 1e6 + random.uniform(0, rate.duration_ms / 1000)
+        wait_s = wait_us / 1e6 + random.uniform(0, duration_ms / 1000)
         raise LimitReached(wait_s, "rate")
-    return start, rate.duration_ms + reserve_ms
+    return start, duration_ms + reserve_ms
+
+
+def lease_ms() -> int:
+    """How long a slot is held without renewal (``KEEL_LOCK_DURATION_S``)."""
+    return _lease_ms()
+
+
+def track(slot: Token) -> None:
+    """Renew ``slot``'s lease while this process holds it (``release`` stops it)."""
+    _leases.track(slot)
 
 
 class _Leases:

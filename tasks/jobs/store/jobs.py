@@ -352,6 +352,22 @@ def note_revoked(session: Session, jobs: Sequence[CancelledJob]) -> None:
     )
 
 
+def note_cancelled(
+    session: Session, jobs: Sequence[CancelledJob], *, actor: str, reason: str
+) -> None:
+    """Audit that the system cancelled these jobs, by whom (``actor``) and why."""
+    session.add_all(
+        JobAction(
+            job_id=job.id,
+            tenant_id=job.tenant_id,
+            action="cancel",
+            actor=actor,
+            details={"reason": reason},
+        )
+        for job in jobs
+    )
+
+
 def was_revoked(session: Session, job_id: str) -> bool:
     found = exists().where(JobAction.job_id == job_id, JobAction.action == REVOKED)
     return bool(session.scalar(select(found)))

@@ -1,0 +1,252 @@
+"""Limits by key across every worker and host: concurrency per key with its strategy, and a
+start rate per key (declared by the job type: ``tasks.jobs.model.key_limits``).
+
+They live in Redis beside the queue limits (``tasks.jobs.run.limits``), read Redis's clock,
+and are taken the same way, before the claim, so waiting costs no attempt:
+
+- A key's running jobs hold slots in a sorted set scored by lease expiry, renewed while
+  they run: a dead worker's slot frees itself within ``KEEL_LOCK_DURATION_S``.
+- ``queue``: a job that finds its key full joins the key's line (a sorted set by first
+  ask) and is parked in the durable delayed set. When a slot of its key is given back,
+  the first in line is promoted and published at once; it also asks again at the latest
+  ``KEY_HOLD_S`` later, so a lost wake-up costs a wait, never the job. A later job of the
+  key never overtakes one in line; other keys' jobs are not held by it. A job in line not
+  heard from for ``STALE_WAITER_S`` (cancelled, deleted) loses its place.
+- ``cancel_in_progress``: a new job of the key supersedes the others: the running ones
+  are aborted (``tasks.jobs.end.abort``), the ones in line cancelled; it runs when the
+  aborted runs have given their slot back.
+- ``cancel_newest``: a job that finds its key's job running is cancelled itself.
+- A key rate is a moving window of starts, as a queue's rate is.
+
+A job whose data has no value for the key is not limited by it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Task
+from sqlalchemy import text
+
+from tasks.broker import redis_client
+from tasks.db import transaction
+from tasks.jobs.end import cancel
+from tasks.jobs.intake.promote import publish_ready
+from tasks.jobs.model.errors import ControlFlow, Refused
+from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate, key_value
+from tasks.jobs.model.models import State
+from tasks.jobs.run import limits
+from tasks.jobs.store import upkeep
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = f"{limits.KEY_PREFIX}:key"
+# A job in its key's line asks again at the latest this long after it was parked (plus up
+# to a quarter more, spread): the backstop of the wake-up.
+KEY_HOLD_S = 2.0
+# A job in line that has not asked for this long is gone (cancelled, deleted): it loses
+# its place, so that it does not hold its key's line for ever.
+STALE_WAITER_S = 15.0
+CANCELLED_BY = "key"
+
+# KEYS: holders, line, asked. ARGV: holder, job, max, lease ms, stale ms, mode.
+# mode 'queue': take a slot if one is free and nobody is ahead in line, else get in line;
+# 'first' (cancel_newest): take a free slot or be refused (no line); 'newest'
+# (cancel_in_progress): a job not in line yet supersedes every other of the key first.
+# Returns {outcome, superseded...}: 1 taken, 0 in line, -1 refused; superseded entries are
+# 'run:<holder>' and 'line:<job>'.
+_TAKE = (
+    limits.NOW_US
+    + """
+local holders, line, asked = KEYS[1], KEYS[2], KEYS[3]
+local job, max, lease = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local stale, mode = tonumber(ARGV[5]), ARGV[6]
+redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', asked, '-inf', now - stale * 1000)) do
+  redis.call('ZREM', line, gone)
+  redis.call('ZREM', asked, gone)
+end
+local result = {0}
+if mode == 'newest' and not redis.call('ZSCORE', line, job) then
+  for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+    table.insert(result, 'run:' .. holder)
+  end
+  for _, waiting in ipairs(redis.call('ZRANGE', line, 0, -1)) do
+    table.insert(result, 'line:' .. waiting)
+  end
+  redis.call('DEL', line, asked)
+end
+local ttl = lease + stale
+local head = redis.call('ZRANGE', line, 0, 0)
+if redis.call('ZCARD', holders) < max and (#head == 0 or head[1] == job) then
+  redis.call('ZADD', holders, now + lease * 1000, ARGV[1])
+  redis.call('ZREM', line, job)
+  redis.call('ZREM', asked, job)
+  redis.call('PEXPIRE', holders, ttl)
+  result[1] = 1
+  return result
+end
+if mode == 'first' then
+  result[1] = -1
+  return result
+end
+redis.call('ZADD', line, 'NX', now, job)
+redis.call('ZADD', asked, now, job)
+for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+return result
+"""
+)
+
+# KEYS: holders, line, asked. ARGV: max, stale ms. The first jobs in line that the free
+# slots can take now (what to wake).
+_NEXT = (
+    limits.NOW_US
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local stale_us = tonumber(ARGV[2]) * 1000
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - stale_us)) do
+  redis.call('ZREM', KEYS[2], gone)
+  redis.call('ZREM', KEYS[3], gone)
+end
+local free = tonumber(ARGV[1]) - redis.call('ZCARD', KEYS[1])
+if free <= 0 then return {} end
+return redis.call('ZRANGE', KEYS[2], 0, free - 1)
+"""
+)
+
+_STATE = text("SELECT state FROM jobs WHERE id = :id")
+
+
+class Superseded(ControlFlow):
+    """A job of its key runs, and the key's strategy (``cancel_newest``) cancels the new one."""
+
+    code = "superseded"
+
+
+@dataclass(frozen=True)
+class _Key:
+    """The Redis keys of one key of one job type."""
+
+    base: str
+
+    @classmethod
+    def of(cls, name: str, key: str) -> _Key:
+        return cls(f"{KEY_PREFIX}:{name}:{key}")
+
+    @property
+    def concurrency(self) -> tuple[str, str, str]:
+        return f"{self.base}:active", f"{self.base}:line", f"{self.base}:asked"
+
+    @property
+    def starts(self) -> str:
+        return f"{self.base}:starts"
+
+
+def declared(task: Task) -> tuple[KeyConcurrency | None, KeyRate | None]:
+    """The key limits ``task``'s job type declares (``key_concurrency``, ``key_rate``)."""
+    return getattr(task, "key_concurrency", None), getattr(task, "key_rate", None)
+
+
+def admit(admission: limits.Admission, task: Task, data: Mapping[str, Any], job_id: str) -> None:
+    """Take what a start of ``job_id`` needs from its key's limits, into ``admission``.
+
+    ``LimitReached``: park it (its ``after_park`` then runs); ``Superseded``: cancel it.
+    """
+    concurrency, rate = declared(task)
+    if concurrency is not None:
+        key = key_value(concurrency.key, data)
+        if key is not None:
+            _take_slot(admission, task.name, key, concurrency, job_id)
+    if rate is not None:
+        key = key_value(rate.key, data)
+        if key is not None:
+            limited = f"{task.name} key {key}"
+            admission.starts.append(
+                limits.reserve_start(_Key.of(task.name, key).starts, rate.max, rate.per_ms, limited)
+            )
+
+
+def _take_slot(
+    admission: limits.Admission, name: str, key: str, spec: KeyConcurrency, job_id: str
+) -> None:
+    if spec.strategy == "cancel_in_progress" and _finished(job_id):
+        return  # superseded already: its claim refuses it, and it must not supersede others
+    names = _Key.of(name, key).concurrency
+    holder = f"{uuid.uuid4().hex}:{job_id}"
+    mode = {"queue": "queue", "cancel_in_progress": "newest", "cancel_newest": "first"}
+    try:
+        reply = redis_client().eval(
+            _TAKE,
+            3,
+            *names,
+            holder,
+            job_id,
+            spec.max_running,
+            limits.lease_ms(),
+            int(STALE_WAITER_S * 1000),
+            mode[spec.strategy],
+        )
+    except Exception:
+        log.warning("could not check the key limit of %s %s; holding", name, key, exc_info=True)
+        raise limits.LimitReached(limits.UNKNOWN_HOLD_S, "key concurrency") from None
+    outcome = int(reply[0])
+    superseded = [entry.decode() if isinstance(entry, bytes) else entry for entry in reply[1:]]
+    if superseded:
+        _supersede(superseded, job_id, key)
+
+    def wake() -> None:
+        wake_next(name, key, spec.max_running)
+
+    if outcome == 1:
+        slot = limits.Token(names[0], holder)
+        admission.slots.append(slot)
+        limits.track(slot)
+        admission.after_release.append(wake)
+        return
+    if outcome == -1:
+        raise Superseded(f"a job of its key {key!r} is running: cancelled (cancel_newest)")
+    held = limits.LimitReached(
+        KEY_HOLD_S * random.uniform(1, 1.25), f"key {key!r} concurrency", after_park=wake
+    )
+    raise held
+
+
+def _finished(job_id: str) -> bool:
+    with transaction() as session:
+        state = session.execute(_STATE, {"id": job_id}).scalar()
+    return state in (State.COMPLETED, State.FAILED, State.CANCELLED)
+
+
+def _supersede(entries: list[str], newest: str, key: str) -> None:
+    """``cancel_in_progress``: abort the key's running jobs, cancel the ones in line."""
+    reason = f"superseded by job {newest} of key {key!r} (cancel_in_progress)"
+    in_line = [entry.split(":", 1)[1] for entry in entries if entry.startswith("line:")]
+    running = [entry.split(":", 2)[2] for entry in entries if entry.startswith("run:")]
+    if in_line:
+        with transaction() as session:
+            done = cancel.cancel_in(
+                session, in_line, [State.DELAYED, State.WAITING], actor=CANCELLED_BY, reason=reason
+            )
+        cancel.announce(done, by=CANCELLED_BY)
+    for job_id in running:
+        try:
+            cancel.cancel(job_id, None, actor=CANCELLED_BY, reason=reason)
+        except Refused:  # it ended meanwhile
+            continue
+
+
+def wake_next(name: str, key: str, max_running: int) -> list[str]:
+    """Promote and publish the first jobs in ``key``'s line that its free slots can take."""
+    names = _Key.of(name, key).concurrency
+    found = redis_client().eval(_NEXT, 3, *names, max_running, int(STALE_WAITER_S * 1000))
+    heads = [entry.decode() if isinstance(entry, bytes) else entry for entry in found]
+    if not heads:
+        return []
+    with transaction() as session:
+        sent = publish_ready(session, upkeep.promote_now(session, heads))
+    return [job.id for job in sent]
