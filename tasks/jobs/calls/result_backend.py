@@ -122,7 +122,7 @@ class KeelBackend(RedisBackend):
             return  # counted when its end was recorded (``completed``/``failed``)
         with transaction() as session:  # a plain Celery task in a Keel chord
             if state == states.FAILURE:
-                ending.fail_body(session, body_id, f"chord part {request.id} failed: {result!r}")
+                ending.chord_part_failed(session, body_id, str(request.id), repr(result))
                 return
             ready = part_ended(session, body_id, str(request.id), result)
             if ready:

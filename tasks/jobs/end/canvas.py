@@ -18,7 +18,8 @@ failed for good):
 - a chord's part adds its result to the chord's body record
   (``tasks.jobs.store.canvas``); the part that brings the last result
   releases the body, with every result in the header's order; a part failing
-  for good fails the body (Celery's ``ChordError``) without running it.
+  for good fails the body (Celery's ``ChordError``) without running it, unless the
+  body's ``on_child_failure`` says to count it (``tasks.jobs.end.chord_parts``).
 
 A step that is not a Keel task (a plain Celery task, a nested group or chord)
 is sent the Celery way once the transaction commits. ``link_error`` stays
@@ -39,7 +40,7 @@ from sqlalchemy.orm import Session
 from tasks import tracing
 from tasks.celery import app
 from tasks.db import transaction
-from tasks.jobs.end import ending
+from tasks.jobs.end import chord_parts, ending
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.celery_options import (
     call_priority,
@@ -59,12 +60,8 @@ from tasks.jobs.store.runs import ClaimedJob
 log = logging.getLogger(__name__)
 
 
-def keel_task(name: str) -> Any | None:
-    """The Keel task called ``name``, or ``None`` for a plain Celery task (or none)."""
-    task = app.tasks.get(name)
-    return task if task is not None and hasattr(task, "data_for") else None
-
-
+keel_task = chord_parts.keel_task
+part_ended = chord_parts.part_ended
 body_id_of = store.chord_body_id
 
 
@@ -80,6 +77,9 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
     if body.immutable:  # ``.si()``: called with its own arguments, without the results
         ctx.update(chordImmutable=True)
+    policy = chord_parts.policy_of(options)
+    if policy != "fail":
+        ctx.update(chordOnFailure=policy)
     given = options.get("owner") or current_owner()
     owner = given if isinstance(given, Owner) else None
     job = NewJob(
@@ -148,34 +148,10 @@ def count_bound_parts() -> int:
                 ending.fail_body(session, part.body_id, why)
             else:
                 why = part.failed_reason or part.state
-                ending.fail_body(session, part.body_id, f"chord part {part.part_id} failed: {why}")
+                ending.chord_part_failed(session, part.body_id, part.part_id, why)
         if ready:
             publish_ready(session, ready)
     return len(bound)
-
-
-def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> list[ReadyJob]:
-    """Keep a part's result on the body; the body, released, if this was the last part."""
-    ctx = store.record_part(session, body_id, part_id, result)
-    if ctx is None:
-        return []
-    parts, results = ctx["chordParts"], ctx.get("chordResults") or {}
-    if any(part not in results for part in parts):
-        return []
-    row = jobs_store.get(session, body_id)
-    task = keel_task(row.name) if row is not None else None
-    if row is None or task is None:
-        return []
-    ordered = [results[part] for part in parts]
-    given = list(ctx.get("chordArgs", []))
-    if ctx.get("chordImmutable"):
-        data = task.data_for(given, ctx.get("chordKwargs", {}))
-    elif task.job_style == "context":
-        data = {**ctx.get("chordKwargs", {}), "results": ordered}
-    else:
-        data = task.data_for([ordered, *given], ctx.get("chordKwargs", {}))
-    released = store.release_body(session, body_id, data, ctx)
-    return [released] if released is not None else []
 
 
 def _child(

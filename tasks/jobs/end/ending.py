@@ -7,7 +7,8 @@ arrived without a record and was refused (``run.execute``), and a chord's body
 whose part ended so (``fail_body``, below). The statement that moves the
 record is the store's; what follows it is here, once: the dedup claim freed,
 retention trimmed after the commit, the chord body counting on the job failed
-(recursively: a body can be a part), the end announced.
+(recursively: a body can be a part) or, by the chord's ``on_child_failure``, counting
+the part (``chord_parts``), the end announced.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
+from tasks.jobs.end import chord_parts
+from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events
@@ -104,7 +107,17 @@ def _fail_chord(session: Session, job: Any, reason: str) -> None:
     """
     body_id = canvas_store.chord_body_id(job.celery_ctx)
     if body_id is not None:
-        fail_body(session, body_id, f"chord part {job.id} failed: {reason}")
+        chord_part_failed(session, body_id, job.id, reason)
+
+
+def chord_part_failed(session: Session, body_id: str, part_id: str, reason: str) -> None:
+    """A chord's part ended without a result: by the chord's policy (``chord_parts``), the
+    body fails, or counts the part and runs once its last part is in."""
+    ready = chord_parts.part_failed(session, body_id, part_id, reason)
+    if ready is None:
+        fail_body(session, body_id, f"chord part {part_id} failed: {reason}")
+    elif ready:
+        publish_ready(session, ready)
 
 
 def fail_body(session: Session, body_id: str, reason: str) -> None:
