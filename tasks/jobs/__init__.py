@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from tasks.jobs.intake.caller_transaction import in_transaction
     from tasks.jobs.intake.enqueue import AddedJob, add
     from tasks.jobs.model.errors import (
+        Defer,
         InvalidJobState,
         JobConflict,
         JobFailed,
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "tasks.jobs.model.errors": (
+        "Defer",
         "InvalidJobState",
         "JobConflict",
         "JobFailed",
@@ -86,6 +88,7 @@ __all__ = [
     "Backoff",
     "BulkJob",
     "Deduplication",
+    "Defer",
     "InvalidJobState",
     "JobConflict",
     "JobContext",

@@ -7,7 +7,7 @@ import time
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from tasks.jobs import JobContext, KeelTask, UnrecoverableError, handler
+from tasks.jobs import Defer, JobContext, KeelTask, UnrecoverableError, handler
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.options import Backoff, JobOptions
 
@@ -427,3 +427,25 @@ def keyed_first(job: JobContext) -> dict:
 def keyed_rated(job: JobContext) -> dict:
     """At most 5 starts a second per ``apiKey``."""
     return {"apiKey": job.data.get("apiKey")}
+
+
+# --- parents and children (tests/integration/test_parent_wakeup.py) ---------------------------
+
+
+@handler("test.fan_out", queue="default")
+def fan_out(job: JobContext) -> dict:
+    """First run: add ``data["children"]`` children (``test.echo``, or ``data["child"]``) and
+    wait for them (a 60 s backstop; ``deferLate``: only once they have all ended); then:
+    count how they ended."""
+    children = job.children()
+    if not children:
+        for n in range(job.data["children"]):
+            job.add_child(job.data.get("child", "test.echo"), {"n": n}, queue=job.queue)
+        deadline = time.monotonic() + 20
+        while job.data.get("deferLate") and time.monotonic() < deadline:  # they all end first
+            if all(c["state"] in ("completed", "failed") for c in job.children()):
+                break
+            time.sleep(0.05)
+        raise Defer(60_000, "waiting for its children", waiting_children=True)
+    states = [child["state"] for child in children]
+    return {"completed": states.count("completed"), "failed": states.count("failed")}

@@ -8,7 +8,8 @@ whose part ended so (``fail_body``, below). The statement that moves the
 record is the store's; what follows it is here, once: the dedup claim freed,
 retention trimmed after the commit, the chord body counting on the job failed
 (recursively: a body can be a part) or, by the chord's ``on_child_failure``, counting
-the part (``chord_parts``), the end announced.
+the part (``chord_parts``), the parent waiting for its children woken if this was the
+last (``wake_parent``), the end announced.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events
 from tasks.jobs.store import canvas as canvas_store
-from tasks.jobs.store import dedup, upkeep
+from tasks.jobs.store import dedup, parents, upkeep
 from tasks.jobs.store.upkeep import Partition
 
 log = logging.getLogger(__name__)
+_UNKNOWN = object()
 
 
 def ended(
@@ -48,6 +50,11 @@ def ended(
     """
     finished(session, job, state)
     _fail_chord(session, job, reason)
+    parent = getattr(job, "parent_job_id", _UNKNOWN)
+    if parent is _UNKNOWN:  # a record read without it
+        parent = parents.parent_of(session, job.id)
+    if parent:
+        wake_parent(session, str(parent))
     if not announce:
         return
     if state == State.FAILED:
@@ -108,6 +115,19 @@ def _fail_chord(session: Session, job: Any, reason: str) -> None:
     body_id = canvas_store.chord_body_id(job.celery_ctx)
     if body_id is not None:
         chord_part_failed(session, body_id, job.id, reason)
+
+
+def wake_parent(session: Session, parent_id: str) -> None:
+    """In the transaction that ends a child (or defers its parent): publish the parent if it
+    waits for its children and none is unfinished now (``store.parents``)."""
+    ready = parents.wake(session, parent_id)
+    if ready is None:
+        return
+    sent = publish_ready(session, [ready])
+    announced: list[tuple[str, str, str, str | None]] = [
+        (job.queue, "waiting", job.id, job.name) for job in sent
+    ]
+    event.listen(session, "after_commit", lambda _s: events.emit_many(announced), once=True)
 
 
 def chord_part_failed(session: Session, body_id: str, part_id: str, reason: str) -> None:

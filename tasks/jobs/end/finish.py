@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn
 
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
 from tasks.db import transaction
 from tasks.jobs.end import abort, canvas
-from tasks.jobs.end.ending import ended, finished, retention
+from tasks.jobs.end.ending import ended, finished, retention, wake_parent
 from tasks.jobs.model import failures
 from tasks.jobs.model.errors import ControlFlow, Defer, UnrecoverableError
 from tasks.jobs.model.models import State
@@ -70,7 +73,11 @@ def _refused(claimed: ClaimedJob) -> NoReturn:
 def _one_statement(claimed: ClaimedJob) -> bool:
     """Whether recording this job's end is its one guarded statement (sent without
     BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers."""
-    return claimed.opts.deduplication is None and not canvas.triggers(claimed.celery_ctx)
+    return (
+        claimed.opts.deduplication is None
+        and not canvas.triggers(claimed.celery_ctx)
+        and claimed.parent_job_id is None
+    )
 
 
 def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
@@ -88,6 +95,8 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
                 if done:
                     finished(session, claimed, State.COMPLETED)
                     canvas.completed(session, claimed, result)
+                    if claimed.parent_job_id is not None:
+                        wake_parent(session, claimed.parent_job_id)
             if not done:
                 _refused(claimed)
     except BaseException:
@@ -143,12 +152,18 @@ def failed(
 
 
 def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
-    """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``)."""
+    """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``); one
+    waiting for its children whose children have all ended already runs again at once."""
     state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
+
+    def announce(_session: Session) -> None:
+        events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+
     with transaction() as session:
         done = runs.defer(session, claimed, deferral.delay_ms, state, str(deferral))
-    if not done:
-        if abort.end_run(claimed):
-            raise abort.Aborted(claimed.id)
-        return
-    events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+        if done:  # announced before a wake-up of it (``wake_parent``) is
+            event.listen(session, "after_commit", announce, once=True)
+            if deferral.waiting_children:
+                wake_parent(session, claimed.id)
+    if not done and abort.end_run(claimed):
+        raise abort.Aborted(claimed.id)

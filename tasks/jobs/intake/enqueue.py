@@ -75,6 +75,7 @@ def add(
     publish_now: bool = True,
     limits: TenantLimits | None = None,
     ctx: dict[str, Any] | None = None,
+    parent: str | None = None,
 ) -> AddedJob:
     """Add a job. A duplicate (live dedup id, or an existing ``jobId``) adds nothing.
 
@@ -82,16 +83,19 @@ def add(
     itself, e.g. as part of a Celery chord. ``limits`` (with an ``owner``)
     applies the tenant's quota: what tenant-facing doors pass, so that
     ``QuotaExceeded`` refuses the add and nothing is recorded. ``ctx`` is the
-    Celery canvas context (``publish``) recorded with the job.
+    Celery canvas context (``publish``) recorded with the job. ``parent``: the id of
+    the running job adding it as its child (``JobContext.add_child``), which a
+    ``Defer(..., waiting_children=True)`` then waits for.
 
     Traced (``tasks.tracing``), the add is a ``keel.add`` span, and its context is kept on
     the record, for every later publish of the job to join.
     """
     if not tracing.on():
-        return _add(name, data, queue, opts, owner, publish_now, limits, ctx)
+        return _add(name, data, queue, opts, owner, publish_now, limits, ctx, parent)
     attributes = {"keel.job.name": name, "messaging.destination.name": queue}
     with tracing.span("keel.add", attributes) as span:
-        added = _add(name, data, queue, opts, owner, publish_now, limits, tracing.carried(ctx))
+        carried = tracing.carried(ctx)
+        added = _add(name, data, queue, opts, owner, publish_now, limits, carried, parent)
         span.set_attribute("keel.job.id", added.job_id)
         span.set_attribute("keel.job.added", added.state)
         return added
@@ -106,6 +110,7 @@ def _add(
     publish_now: bool,
     limits: TenantLimits | None,
     ctx: dict[str, Any] | None,
+    parent: str | None = None,
 ) -> AddedJob:
     opts = opts or JobOptions()
     ctx = with_timeout(ctx, opts)
@@ -119,6 +124,7 @@ def _add(
         opts=opts,
         celery_ctx=ctx or None,
         priority=tenancy.rank((ctx or {}).get("priority")),
+        parent_job_id=parent,
     )
     rule = opts.deduplication
     priority = 0

@@ -89,6 +89,8 @@ class JobRecord(Base):
     # When an owner or operator asked to abort its running run (``tasks.jobs.end.abort``);
     # set only while the job is active, cleared by a retry.
     abort_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The job that added this one as its child (``job.add_child``), woken by its end (0020).
+    parent_job_id: Mapped[str | None] = mapped_column(String(200))
 
     __table_args__ = (
         CheckConstraint(
@@ -156,6 +158,12 @@ class JobRecord(Base):
             "ix_jobs_aborting",
             "abort_requested_at",
             postgresql_where=text("abort_requested_at IS NOT NULL AND state = 'active'"),
+        ),
+        # A parent's children, read when one of them ends (0020).
+        Index(
+            "ix_jobs_parent_job",
+            "parent_job_id",
+            postgresql_where=text("parent_job_id IS NOT NULL"),
         ),
     )
 

@@ -27,7 +27,8 @@ from tasks.config import get_settings
 from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.end import abort, cancel, ending, finish
-from tasks.jobs.intake import pauses, tenancy
+from tasks.jobs.intake import enqueue, pauses, tenancy
+from tasks.jobs.intake.enqueue import AddedJob
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer
@@ -39,8 +40,8 @@ from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
 from tasks.jobs.run import job_log, key_limits, limits, lock_renewal, timeouts
 from tasks.jobs.store import jobs as store
+from tasks.jobs.store import parents, runs, upkeep
 from tasks.jobs.store import pauses as pauses_store
-from tasks.jobs.store import runs, upkeep
 from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.store.pauses import Hold
 from tasks.jobs.store.runs import ClaimedJob
@@ -90,6 +91,30 @@ class JobContext:
         """Whether this job is being aborted, or its run no longer counts: stop and return
         (what it returns is not recorded; the job ends ``cancelled``). One query a call."""
         return runs.is_aborted(self._claimed)
+
+    def add_child(
+        self,
+        name: str,
+        data: dict[str, Any],
+        *,
+        queue: str | None = None,
+        opts: JobOptions | None = None,
+    ) -> AddedJob:
+        """Add a job as this job's child, for the same owner (BullMQ's flow child): a
+        ``Defer(..., waiting_children=True)`` then waits for this job's children, and the
+        end of the last of them runs this job again at once. ``queue``: the job type's."""
+        owner = Owner(self.tenant_id, self.user_id or "") if self.tenant_id else None
+        job_type = registry.get(name)
+        if queue is None and job_type is None:
+            raise ValueError(f"no job type is called {name!r}: give its queue")
+        where = queue or job_type.queue  # type: ignore[union-attr]
+        return enqueue.add(name, data, queue=where, opts=opts, owner=owner, parent=self.id)
+
+    def children(self) -> list[dict[str, Any]]:
+        """This job's children, oldest first: ``id``, ``name``, ``state``, ``result``,
+        ``failedReason`` (BullMQ's ``getChildrenValues``, with the failures)."""
+        with transaction() as session:
+            return parents.children(session, self.id)
 
 
 class InProcessJob:

@@ -44,6 +44,7 @@ class NewJob(Job):
     priority: int
     celery_ctx: dict[str, Any] | None = None
     waiting_children: bool = False  # a chord's body: waits (no due time) for its parts
+    parent_job_id: str | None = None  # the running job that added it (``job.add_child``)
 
     @property
     def state(self) -> State:
@@ -79,12 +80,12 @@ def ready_job(row: Any, **more: Any) -> ReadyJob:
 
 _INSERT_ONE = """
     INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
-                      celery_ctx, priority, run_at)
+                      celery_ctx, priority, run_at, parent_job_id)
     VALUES (:id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb), CAST(:extra AS jsonb),
             :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
             CASE WHEN :delay_ms > 0
                  THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
-                 END)
+                 END, :parent)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 """
@@ -119,6 +120,7 @@ def row_of(job: NewJob) -> dict[str, Any]:
         "ctx": json.dumps(job.celery_ctx) if job.celery_ctx else None,
         "delay_ms": job.opts.delay,
         "priority": job.priority,
+        "parent": job.parent_job_id,
     }
 
 
@@ -164,13 +166,14 @@ def insert_counting_alone(job: NewJob, up_to: int) -> tuple[bool, int]:
 _INSERT_MANY = text(
     """
     INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
-                      celery_ctx, priority, run_at)
+                      celery_ctx, priority, run_at, parent_job_id)
     SELECT r.id, r.queue, r.name, r.data, r.opts, r.extra, r.tenant_id, r.user_id, r.state,
            r.ctx, r.priority, CASE WHEN r.delay_ms > 0
-                THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END
+                THEN clock_timestamp() + make_interval(secs => r.delay_ms / 1000.0) END,
+           r.parent
     FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(
         id text, queue text, name text, data jsonb, opts jsonb, extra jsonb, tenant_id text,
-        user_id text, state text, ctx jsonb, delay_ms bigint, priority smallint)
+        user_id text, state text, ctx jsonb, delay_ms bigint, priority smallint, parent text)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
     """
@@ -196,6 +199,7 @@ def insert_many(session: Session, jobs: Sequence[NewJob]) -> set[str]:
                 "ctx": job.celery_ctx,
                 "delay_ms": job.opts.delay,
                 "priority": job.priority,
+                "parent": job.parent_job_id,
             }
         )
     found = session.execute(_INSERT_MANY, {"rows": json.dumps(rows)}).scalars()
@@ -223,12 +227,12 @@ _LOAD = """
 # (inside a statement that decides whether it may be added).
 INSERT_IF = """
     INSERT INTO jobs (id, queue, name, data, opts, extra_opts, tenant_id, user_id, state,
-                      celery_ctx, priority, run_at)
+                      celery_ctx, priority, run_at, parent_job_id)
     SELECT :id, :queue, :name, CAST(:data AS jsonb), CAST(:opts AS jsonb), CAST(:extra AS jsonb),
            :tenant_id, :user_id, :state, CAST(:ctx AS jsonb), :priority,
            CASE WHEN CAST(:delay_ms AS bigint) > 0
                 THEN clock_timestamp() + make_interval(secs => CAST(:delay_ms AS float) / 1000)
-                END
+                END, :parent
     FROM {source} WHERE {condition}
     ON CONFLICT (id) DO NOTHING
     RETURNING id
@@ -283,6 +287,7 @@ class CancelledJob(Job):
     opts: dict[str, Any]
     user_id: str | None
     celery_ctx: dict[str, Any] | None = None
+    parent_job_id: str | None = None
 
 
 # Like ``upkeep._PARK``, the state is tested on the row as locked, not in the statement's
@@ -297,7 +302,7 @@ _CANCEL = text(
         lock_token = NULL, locked_until = NULL
     FROM before WHERE jobs.id = before.id AND before.state = ANY(:states)
     RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.tenant_id, jobs.user_id,
-        jobs.celery_ctx
+        jobs.celery_ctx, jobs.parent_job_id
     """
 )
 
@@ -312,7 +317,7 @@ def cancel(session: Session, job_ids: Sequence[str], states: Sequence[State]) ->
 
 def cancelled_job(row: Any) -> CancelledJob:
     """A row returned by a statement that cancelled its job (``id, name, queue, data, opts,
-    tenant_id, user_id, celery_ctx``)."""
+    tenant_id, user_id, celery_ctx, parent_job_id``)."""
     return CancelledJob(
         id=row.id,
         name=row.name,
@@ -322,6 +327,7 @@ def cancelled_job(row: Any) -> CancelledJob:
         opts=row.opts,
         user_id=row.user_id,
         celery_ctx=row.celery_ctx,
+        parent_job_id=row.parent_job_id,
     )
 
 

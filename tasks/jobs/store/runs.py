@@ -43,6 +43,7 @@ class ClaimedJob(Job):
     token: str
     wait_s: float = 0.0
     celery_ctx: dict[str, Any] | None = None
+    parent_job_id: str | None = None  # the job that added it as a child, woken by its end
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ _CLAIM = text(
                AND before.abort_requested_at IS NULL))
     RETURNING jobs.id, jobs.name, jobs.queue, jobs.data, jobs.opts, jobs.extra_opts,
               jobs.tenant_id, jobs.user_id, jobs.attempts_made, jobs.attempts_started,
-              jobs.celery_ctx,
+              jobs.celery_ctx, jobs.parent_job_id,
               before.state = 'active' AS stalled,
               EXTRACT(EPOCH FROM clock_timestamp() - COALESCE(jobs.run_at, jobs.created_at))
                   AS wait_s
@@ -194,7 +195,8 @@ def _claim_params(
 _ACTIVE_RUN = text(
     """
     SELECT id, name, queue, data, opts, extra_opts, tenant_id, user_id, attempts_made,
-           attempts_started, celery_ctx, stalled_count > 0 AS stalled, 0 AS wait_s, lock_token
+           attempts_started, celery_ctx, parent_job_id, stalled_count > 0 AS stalled,
+           0 AS wait_s, lock_token
     FROM jobs
     WHERE id = :id AND state = 'active' AND lock_token IS NOT NULL
       AND runs -> -1 ->> 'worker' = :worker AND runs -> -1 ->> 'pid' = :pid
@@ -235,6 +237,7 @@ def _claimed(row: Any, token: str) -> ClaimedJob | None:
         token=token,
         wait_s=max(0.0, float(row["wait_s"] or 0)),
         celery_ctx=row["celery_ctx"],
+        parent_job_id=row["parent_job_id"],
     )
 
 
@@ -428,7 +431,7 @@ _END_ABORTED = text(
         lock_token = NULL, locked_until = NULL,
         {_FINISH_RUN}
     WHERE id = :id AND lock_token = :token AND abort_requested_at IS NOT NULL
-    RETURNING id, name, queue, data, opts, tenant_id, user_id, celery_ctx
+    RETURNING id, name, queue, data, opts, tenant_id, user_id, celery_ctx, parent_job_id
     """
 )
 
