@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         JobFailed,
         JobNotFound,
         KeelError,
+        RateLimited,
         UnrecoverableError,
     )
     from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
@@ -70,6 +71,7 @@ _HOMES = {
         "JobFailed",
         "JobNotFound",
         "KeelError",
+        "RateLimited",
         "UnrecoverableError",
     ),
     "tasks.jobs.model.options": ("Backoff", "Deduplication", "JobOptions", "KeepJobs"),
@@ -101,6 +103,7 @@ __all__ = [
     "KeyConcurrency",
     "KeyRate",
     "Owner",
+    "RateLimited",
     "UnrecoverableError",
     "acting_as",
     "add",

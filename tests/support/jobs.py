@@ -7,7 +7,7 @@ import time
 from celery import Task, shared_task
 from celery.exceptions import Reject
 
-from tasks.jobs import Defer, JobContext, KeelTask, UnrecoverableError, handler
+from tasks.jobs import Defer, JobContext, KeelTask, RateLimited, UnrecoverableError, handler
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.options import Backoff, JobOptions
 
@@ -449,3 +449,14 @@ def fan_out(job: JobContext) -> dict:
         raise Defer(60_000, "waiting for its children", waiting_children=True)
     states = [child["state"] for child in children]
     return {"completed": states.count("completed"), "failed": states.count("failed")}
+
+
+@handler("test.throttled", queue="default", key_rate=KeyRate("apiKey", max=100, per="1s"))
+def throttled(job: JobContext) -> dict:
+    """Its service says "too many requests" at its first run when ``data["throttle"]`` (for
+    ``data["ms"]``, for its key or its ``data["scope"]``)."""
+    if job.data.get("throttle") and job.attempts_started == 1:
+        raise RateLimited(
+            job.data.get("ms", 1500), "429 from the service", scope=job.data.get("scope", "key")
+        )
+    return {"apiKey": job.data.get("apiKey")}

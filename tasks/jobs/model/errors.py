@@ -113,6 +113,27 @@ class Defer(ControlFlow):
         self.waiting_children = waiting_children
 
 
+class RateLimited(Defer):
+    """The service the handler calls said "too many requests": run this job again after
+    ``delay_ms`` without using an attempt, and hold the other jobs of its limiter until
+    then (BullMQ's ``RateLimitError`` with ``worker.rateLimit(ms)``).
+
+    ``scope="key"``: the job type's ``key_rate`` window of this job's key;
+    ``scope="queue"``: the queue's rate window (``KEEL_QUEUE_LIMITS``). Where there is no
+    such window, only this job waits.
+    """
+
+    code = "rate_limited"
+
+    def __init__(self, delay_ms: int, reason: str = "rate limited", *, scope: str = "key") -> None:
+        if scope not in ("key", "queue"):
+            raise ValueError(f"a rate limit's scope is 'key' or 'queue', not {scope!r}")
+        if not 0 < delay_ms <= 86_400_000:
+            raise ValueError(f"a rate limit lasts 1 ms to a day, not {delay_ms!r} ms")
+        super().__init__(delay_ms, reason)
+        self.scope = scope
+
+
 class JobFailed(Exception):
     """A job's failure as ``AsyncResult.get()`` raises it when the job ended without an
     exception of its own (stalled too often, a chord body whose part failed): its reason.

@@ -31,7 +31,7 @@ from tasks.jobs.intake import enqueue, pauses, tenancy
 from tasks.jobs.intake.enqueue import AddedJob
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats, registry
-from tasks.jobs.model.errors import Defer
+from tasks.jobs.model.errors import Defer, RateLimited
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
@@ -300,6 +300,25 @@ class KeelTask(CeleryTask):
         self._announce_ignored(reason)
         raise Ignore() from None
 
+    def _hold_limiter(self, limited: RateLimited, kwargs: Any) -> None:
+        """The handler said its service limits it: no job of its key (or queue) starts
+        until then, on any worker."""
+        try:
+            held = key_limits.rate_limited(
+                self, dict(kwargs or {}), self._delivered_queue(), limited
+            )
+        except Exception:  # the job still waits; the others may try the service meanwhile
+            log.warning("could not hold the rate limit of %s", self.name, exc_info=True)
+            return
+        if not held:
+            log.info(
+                "%s: rate limited for %d ms, but it has no %s rate limit to hold: only the"
+                " job waits",
+                self.name,
+                limited.delay_ms,
+                limited.scope,
+            )
+
     def _delivered_queue(self) -> str:
         """The queue this delivery came from: a job may be added on any queue."""
         info = self.request.delivery_info or {}
@@ -337,6 +356,8 @@ class KeelTask(CeleryTask):
                 raise timeouts.returned_late(limit, took)
             ran = took
         except Defer as deferral:
+            if isinstance(deferral, RateLimited):
+                self._hold_limiter(deferral, kwargs)
             finish.deferred(claimed, deferral)
             self._announce_ignored(f"deferred: {deferral}")
             raise Ignore() from None

@@ -16,7 +16,9 @@ and are taken the same way, before the claim, so waiting costs no attempt:
   are aborted (``tasks.jobs.end.abort``), the ones in line cancelled; it runs when the
   aborted runs have given their slot back.
 - ``cancel_newest``: a job that finds its key's job running is cancelled itself.
-- A key rate is a moving window of starts, as a queue's rate is.
+- A key rate is a moving window of starts, as a queue's rate is. A handler that raises
+  ``RateLimited`` (the service it calls said "too many requests") holds its key's window,
+  or its queue's, until the time it names (``rate_limited``).
 
 A job whose data has no value for the key is not limited by it.
 """
@@ -37,7 +39,7 @@ from tasks.broker import redis_client
 from tasks.db import transaction
 from tasks.jobs.end import cancel
 from tasks.jobs.intake.promote import publish_ready
-from tasks.jobs.model.errors import ControlFlow, Refused
+from tasks.jobs.model.errors import ControlFlow, RateLimited, Refused
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate, key_value
 from tasks.jobs.model.models import State
 from tasks.jobs.run import limits
@@ -169,6 +171,23 @@ def admit(admission: limits.Admission, task: Task, data: Mapping[str, Any], job_
             admission.starts.append(
                 limits.reserve_start(_Key.of(task.name, key).starts, rate.max, rate.per_ms, limited)
             )
+
+
+def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateLimited) -> bool:
+    """A handler raised ``RateLimited``: hold its limiter's window until the time it named;
+    ``False`` if there is no window to hold (only the job itself then waits)."""
+    if limited.scope == "queue":
+        limit = limits.configured().get(queue)
+        if limit is None or limit.rate is None:
+            return False
+        limits.block(limits.starts_key(queue), limited.delay_ms)
+        return True
+    _concurrency, rate = declared(task)
+    key = key_value(rate.key, data) if rate is not None else None
+    if key is None:
+        return False
+    limits.block(_Key.of(task.name, key).starts, limited.delay_ms)
+    return True
 
 
 def _take_slot(

@@ -79,11 +79,14 @@ return #KEYS
 """
 )
 
-# KEYS[1] starts; ARGV: token, max, window ms, reservation ms.
-# 0 when reserved, else the µs until the oldest start leaves the window.
+# KEYS[1] starts, KEYS[2] blocked until (µs); ARGV: token, max, window ms, reservation ms.
+# 0 when reserved, else the µs until a start is allowed: the window is full until its oldest
+# start leaves it, or a handler said its limiter is blocked (``block``).
 _RESERVE_START = (
     NOW_US
     + """
+local blocked = tonumber(redis.call('GET', KEYS[2]) or '0')
+if blocked > now then return blocked - now end
 local window_us = tonumber(ARGV[3]) * 1000
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window_us)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
@@ -93,6 +96,19 @@ if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
 end
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 return math.min(window_us, math.max(1, tonumber(oldest[2]) + window_us - now))
+"""
+)
+
+# KEYS[1] blocked until (µs); ARGV: ms. Blocks the window that long from now (a later end
+# already set stays).
+_BLOCK = (
+    NOW_US
+    + """
+local ends = now + tonumber(ARGV[1]) * 1000
+if tonumber(redis.call('GET', KEYS[1]) or '0') < ends then
+  redis.call('SET', KEYS[1], string.format('%d', ends), 'PX', ARGV[1])
+end
+return 1
 """
 )
 
@@ -221,8 +237,9 @@ def _remove(token: Token) -> None:
 
 
 def _eval(what: str, queue: str, script: str, key: str, *args: str | int | float) -> int:
+    keys = [key, blocked_key(key)] if script is _RESERVE_START else [key]
     try:
-        return int(redis_client().eval(script, 1, key, *args))
+        return int(redis_client().eval(script, len(keys), *keys, *args))
     except Exception:
         log.warning("could not check the %s limit of %s; holding", what, queue, exc_info=True)
         raise LimitReached(UNKNOWN_HOLD_S, what) from None
@@ -252,6 +269,16 @@ def reserve_start(key: str, max_starts: int, duration_ms: int, limited: str) -> 
         wait_s = wait_us / 1e6 + random.uniform(0, duration_ms / 1000)
         raise LimitReached(wait_s, "rate")
     return start, duration_ms + reserve_ms
+
+
+def blocked_key(starts: str) -> str:
+    """Where a rate window (``starts``) keeps the time a handler blocked it until."""
+    return f"{starts}:blocked"
+
+
+def block(starts: str, ms: int) -> None:
+    """Start no job under the rate window ``starts`` for ``ms`` (``RateLimited``)."""
+    redis_client().eval(_BLOCK, 1, blocked_key(starts), ms)
 
 
 def lease_ms() -> int:
