@@ -4,16 +4,32 @@ jobs: ``test_key_limits.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from tasks.broker import redis_client
+from tasks.jobs import JobOptions, add
+from tasks.jobs.end.cancel import cancel
 from tasks.jobs.model.key_limits import KeyConcurrency
+from tasks.jobs.observe.queries import get
 from tasks.jobs.run import key_limits, limits
+from tests.support import broker_lists
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")
+
+
+@pytest.fixture
+def parked(stack) -> Iterator[Callable[[], str]]:
+    """Records parked in the delayed set, on a queue no worker consumes: what a line holds."""
+    with broker_lists.idle_queue("lines") as queue:
+
+        def one() -> str:
+            return add("test.echo", {}, queue=queue, opts=JobOptions(delay=600_000)).job_id
+
+        yield one
 
 
 @dataclass
@@ -42,36 +58,54 @@ def line_of(job_type: JobType, key: str) -> list[str]:
     return [entry.decode() for entry in found]
 
 
-def test_a_free_slot_goes_to_the_first_in_line_not_to_whoever_asks():
+def test_a_free_slot_goes_to_the_first_in_line_not_to_whoever_asks(parked):
     job_type, key = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=1)), unique("k")
-    first = ask(job_type, key, "a")
+    a, b, c = parked(), parked(), parked()
+    first = ask(job_type, key, a)
     assert isinstance(first, limits.Admission) and len(first.slots) == 1
-    assert ask(job_type, key, "b") == "held"
-    assert ask(job_type, key, "c") == "held"
-    assert ask(job_type, key, "b") == "held"  # asking again keeps its place
-    assert line_of(job_type, key) == ["b", "c"]
+    assert ask(job_type, key, b) == "held"
+    assert ask(job_type, key, c) == "held"
+    assert ask(job_type, key, b) == "held"  # asking again keeps its place
+    assert line_of(job_type, key) == [b, c]
     limits.release(first)
-    # The slot is free: c asks first, but b is ahead of it
-    assert ask(job_type, key, "c") == "held"
-    second = ask(job_type, key, "b")
+    # The slot is free and b, first in line, is published at once (woken)
+    assert get(b).state == "waiting" and get(c).state == "delayed"
+    # c asks first, but b is ahead of it
+    assert ask(job_type, key, c) == "held"
+    second = ask(job_type, key, b)
     assert isinstance(second, limits.Admission)
-    assert line_of(job_type, key) == ["c"]
+    assert line_of(job_type, key) == [c]
     # and another key is not held by this one's line
-    assert isinstance(ask(job_type, unique("k"), "d"), limits.Admission)
+    assert isinstance(ask(job_type, unique("k"), parked()), limits.Admission)
     limits.release(second)
-    assert isinstance(ask(job_type, key, "c"), limits.Admission)
+    assert isinstance(ask(job_type, key, c), limits.Admission)
 
 
-def test_max_running_slots_and_no_key_no_limit():
+def test_a_job_that_left_the_line_does_not_hold_it(parked):
+    job_type, key = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=1)), unique("k")
+    a, b, c = parked(), parked(), parked()
+    running = ask(job_type, key, a)
+    assert isinstance(running, limits.Admission)
+    assert [ask(job_type, key, j) for j in (b, c)] == ["held", "held"]
+    # When the first in line is cancelled while it waits, then the running job ends
+    cancel(b, None)
+    limits.release(running)
+    # Then the line skips it: c is published and takes the slot
+    assert line_of(job_type, key) == [c]
+    assert get(c).state == "waiting"
+    assert isinstance(ask(job_type, key, c), limits.Admission)
+
+
+def test_max_running_slots_and_no_key_no_limit(parked):
     job_type, key = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=2)), unique("k")
-    assert all(isinstance(ask(job_type, key, j), limits.Admission) for j in ("a", "b"))
-    assert ask(job_type, key, "c") == "held"
+    assert all(isinstance(ask(job_type, key, parked()), limits.Admission) for _ in range(2))
+    assert ask(job_type, key, parked()) == "held"
     no_key = limits.Admission()
     key_limits.admit(no_key, job_type, {"other": 1}, "d")
     assert no_key.slots == []
 
 
-def test_cancel_newest_refuses_a_job_while_one_of_its_key_runs():
+def test_cancel_newest_refuses_a_job_while_one_of_its_key_runs(parked):
     job_type = JobType(unique("t.keyed"), KeyConcurrency("k", strategy="cancel_newest"))
     key = unique("k")
     first = ask(job_type, key, "a")

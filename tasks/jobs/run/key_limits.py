@@ -122,6 +122,11 @@ return redis.call('ZRANGE', KEYS[2], 0, free - 1)
 )
 
 _STATE = text("SELECT state FROM jobs WHERE id = :id")
+_LIVE = text(
+    "SELECT id FROM jobs WHERE id = ANY(:ids) AND state NOT IN ('completed', 'failed', 'cancelled')"
+)
+# Lines cleared of ended jobs per wake-up, at most (each round one batch of heads).
+_WAKE_ROUNDS = 5
 
 
 class Superseded(ControlFlow):
@@ -260,12 +265,32 @@ def _supersede(entries: list[str], newest: str, key: str) -> None:
 
 
 def wake_next(name: str, key: str, max_running: int) -> list[str]:
-    """Promote and publish the first jobs in ``key``'s line that its free slots can take."""
+    """Promote and publish the first jobs in ``key``'s line that its free slots can take.
+
+    A job in line that has ended meanwhile (cancelled, deleted) leaves the line here, and
+    the next one is taken instead: it would hold the line until it went stale.
+    """
     names = _Key.of(name, key).concurrency
-    found = redis_client().eval(_NEXT, 3, *names, max_running, int(STALE_WAITER_S * 1000))
-    heads = [entry.decode() if isinstance(entry, bytes) else entry for entry in found]
-    if not heads:
+    woken: list[str] = []
+    for _ in range(_WAKE_ROUNDS):
+        found = redis_client().eval(_NEXT, 3, *names, max_running, int(STALE_WAITER_S * 1000))
+        heads = [entry.decode() if isinstance(entry, bytes) else entry for entry in found]
+        if not heads:
+            break
+        with transaction() as session:
+            ready = upkeep.promote_now(session, heads)
+            gone = _gone(session, [h for h in heads if h not in {job.id for job in ready}])
+            woken += [job.id for job in publish_ready(session, ready)]
+        if not gone:
+            break
+        redis_client().zrem(names[1], *gone)
+        redis_client().zrem(names[2], *gone)
+    return woken
+
+
+def _gone(session: Any, job_ids: list[str]) -> list[str]:
+    """Those of ``job_ids`` that have ended or have no record."""
+    if not job_ids:
         return []
-    with transaction() as session:
-        sent = publish_ready(session, upkeep.promote_now(session, heads))
-    return [job.id for job in sent]
+    live = session.execute(_LIVE, {"ids": job_ids}).scalars().all()
+    return [job_id for job_id in job_ids if job_id not in set(live)]
