@@ -114,3 +114,30 @@ def test_cancel_newest_refuses_a_job_while_one_of_its_key_runs(parked):
     assert line_of(job_type, key) == []  # no line in this strategy
     limits.release(first)
     assert isinstance(ask(job_type, key, "c"), limits.Admission)
+
+
+def test_with_two_slots_the_first_two_in_line_may_run(parked):
+    job_type, key = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=2)), unique("k")
+    a, b, c, d = parked(), parked(), parked(), parked()
+    first = [ask(job_type, key, j) for j in (a, b)]
+    assert all(isinstance(taken, limits.Admission) for taken in first)
+    assert [ask(job_type, key, j) for j in (c, d)] == ["held", "held"]
+    for taken in first:
+        assert isinstance(taken, limits.Admission)
+        limits.release(taken)
+    # Both slots are free: d, second in line, may take one before c asks
+    assert isinstance(ask(job_type, key, d), limits.Admission)
+    assert isinstance(ask(job_type, key, c), limits.Admission)
+
+
+def test_cancel_in_progress_goes_by_age_not_by_who_asks_first(parked):
+    job_type = JobType(unique("t.keyed"), KeyConcurrency("k", strategy="cancel_in_progress"))
+    key = unique("k")
+    older, newer = parked(), parked()
+    running = ask(job_type, key, newer)
+    assert isinstance(running, limits.Admission)
+    # An older job of the key asks later (a retry, a late delivery): it is the one cancelled
+    assert ask(job_type, key, older) == "refused"
+    # and a second delivery of the running job does not supersede its own run
+    assert ask(job_type, key, newer) == "held"
+    assert get(newer).state == "delayed" and get(newer).abort_requested_at is None

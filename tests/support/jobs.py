@@ -460,3 +460,15 @@ def throttled(job: JobContext) -> dict:
             job.data.get("ms", 1500), "429 from the service", scope=job.data.get("scope", "key")
         )
     return {"apiKey": job.data.get("apiKey")}
+
+
+@shared_task(
+    bind=True,
+    base=KeelTask,
+    name="test.celery_keyed",
+    key_concurrency=KeyConcurrency("customer_id"),
+)
+def celery_keyed(self, customer_id: str, ms: int = 0) -> str:
+    """A Celery task limited to one run per ``customer_id`` at a time."""
+    time.sleep(ms / 1000)
+    return customer_id

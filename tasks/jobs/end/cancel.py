@@ -48,9 +48,11 @@ def cancel(
     tenant_wide: bool = False,
     actor: str = "system",
     reason: str | None = None,
+    audit: bool = False,
 ) -> Cancelling:
     """Cancel ``job_id`` for ``owner`` (``None``: the system, any job), or abort its run if
-    it is active (``actor`` and ``reason`` go to the audit)."""
+    it is active (``actor`` and ``reason`` go to the audit; ``audit``: a job not running
+    is audited too)."""
     done: list[CancelledJob] = []
     with transaction() as session:
         job = store.lock(session, job_id)
@@ -66,7 +68,13 @@ def cancel(
                     f"a {job.state} job cannot be cancelled: it has finished",
                     details=[{"jobId": job.id, "state": job.state}],
                 )
-            done = cancel_in(session, [job.id], CANCELLABLE_STATES)
+            done = cancel_in(
+                session,
+                [job.id],
+                CANCELLABLE_STATES,
+                actor=actor if audit else None,
+                reason=reason if audit else None,
+            )
             session.refresh(job)
     announce(done, by="owner" if owner is not None else "system")
     return Cancelling(job)

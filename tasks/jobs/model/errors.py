@@ -128,9 +128,11 @@ class RateLimited(Defer):
     def __init__(self, delay_ms: int, reason: str = "rate limited", *, scope: str = "key") -> None:
         if scope not in ("key", "queue"):
             raise ValueError(f"a rate limit's scope is 'key' or 'queue', not {scope!r}")
-        if not 0 < delay_ms <= 86_400_000:
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float):
             raise ValueError(f"a rate limit lasts 1 ms to a day, not {delay_ms!r} ms")
-        super().__init__(delay_ms, reason)
+        if not 1 <= delay_ms <= 86_400_000:
+            raise ValueError(f"a rate limit lasts 1 ms to a day, not {delay_ms!r} ms")
+        super().__init__(int(delay_ms), reason)
         self.scope = scope
 
 

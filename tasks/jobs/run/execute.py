@@ -143,6 +143,16 @@ class InProcessJob:
         """Nothing aborts a run in the caller's process."""
         return False
 
+    def add_child(self, name: str, data: dict[str, Any], **_options: Any) -> NoReturn:
+        raise RuntimeError(
+            "job.add_child needs a worker: a step job does not run in the caller's process"
+            " (task.apply(), task_always_eager)"
+        )
+
+    def children(self) -> list[dict[str, Any]]:
+        """None in the caller's process: children are added by a worker's run only."""
+        return []
+
     def log(self, message: object) -> int:
         """The line goes to this process's log and ``self.logs``; nothing is stored."""
         self.logs.append(job_log.echo(message))
@@ -249,7 +259,7 @@ class KeelTask(CeleryTask):
         try:
             admission = limits.admit(self._delivered_queue())
             try:
-                key_limits.admit(admission, self, dict(kwargs or {}), self.request.id)
+                key_limits.admit(admission, self, self._key_data(kwargs), self.request.id)
             except BaseException:
                 limits.release(admission)
                 raise
@@ -258,6 +268,17 @@ class KeelTask(CeleryTask):
             self._park_held(held, args, kwargs)
         except key_limits.Superseded as superseded:
             self._cancel_superseded(str(superseded), args, kwargs)
+        except STORE_UNAVAILABLE as exc:  # a key limit reads the record
+            self._requeue_while_store_unavailable(exc)
+
+    def _key_data(self, kwargs: Any) -> dict[str, Any]:
+        """What the job's keys are read from: its data; a Celery-style task's keyword
+        arguments (a recorded job's message carries its data: ``{"args", "kwargs"}``)."""
+        named = dict(kwargs or {})
+        if self.job_style == "context" or not getattr(self.request, KEEL_HEADER, None):
+            return named
+        inner = named.get("kwargs")
+        return dict(inner) if isinstance(inner, dict) else {}
 
     def _park_held(self, held: limits.LimitReached, args: Any, kwargs: Any) -> NoReturn:
         try:
@@ -305,7 +326,7 @@ class KeelTask(CeleryTask):
         until then, on any worker."""
         try:
             held = key_limits.rate_limited(
-                self, dict(kwargs or {}), self._delivered_queue(), limited
+                self, self._key_data(kwargs), self._delivered_queue(), limited
             )
         except Exception:  # the job still waits; the others may try the service meanwhile
             log.warning("could not hold the rate limit of %s", self.name, exc_info=True)

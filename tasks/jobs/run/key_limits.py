@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,36 +57,48 @@ KEY_HOLD_S = 2.0
 STALE_WAITER_S = 15.0
 CANCELLED_BY = "key"
 
-# KEYS: holders, line, asked. ARGV: holder, job, max, lease ms, stale ms, mode.
-# mode 'queue': take a slot if one is free and nobody is ahead in line, else get in line;
-# 'first' (cancel_newest): take a free slot or be refused (no line); 'newest'
-# (cancel_in_progress): a job not in line yet supersedes every other of the key first.
+# KEYS: holders, line, asked, newest. ARGV: holder, job, max, lease ms, stale ms, mode,
+# the job's creation time (µs).
+# mode 'queue': take a free slot unless as many jobs are ahead in line as there are free
+# slots, else get in line; 'first' (cancel_newest): take a free slot or be refused (no
+# line); 'newest' (cancel_in_progress): a job older than the newest the key has seen is
+# refused; otherwise, not in line yet, it becomes the newest and supersedes every other
+# job of the key first (a holder of its own id, a duplicate delivery, excepted).
 # Returns {outcome, superseded...}: 1 taken, 0 in line, -1 refused; superseded entries are
 # 'run:<holder>' and 'line:<job>'.
 _TAKE = (
     limits.NOW_US
     + """
-local holders, line, asked = KEYS[1], KEYS[2], KEYS[3]
+local holders, line, asked, newest = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job, max, lease = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local stale, mode = tonumber(ARGV[5]), ARGV[6]
+local stale, mode, created = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local ttl = lease + stale
 redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', asked, '-inf', now - stale * 1000)) do
   redis.call('ZREM', line, gone)
   redis.call('ZREM', asked, gone)
 end
 local result = {0}
-if mode == 'newest' and not redis.call('ZSCORE', line, job) then
-  for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
-    table.insert(result, 'run:' .. holder)
+if mode == 'newest' then
+  if created < tonumber(redis.call('GET', newest) or '0') then
+    result[1] = -1
+    return result
   end
-  for _, waiting in ipairs(redis.call('ZRANGE', line, 0, -1)) do
-    table.insert(result, 'line:' .. waiting)
+  if not redis.call('ZSCORE', line, job) then
+    redis.call('SET', newest, string.format('%d', created), 'PX', ttl)
+    local own = ':' .. job
+    for _, holder in ipairs(redis.call('ZRANGE', holders, 0, -1)) do
+      if string.sub(holder, -#own) ~= own then table.insert(result, 'run:' .. holder) end
+    end
+    for _, waiting in ipairs(redis.call('ZRANGE', line, 0, -1)) do
+      if waiting ~= job then table.insert(result, 'line:' .. waiting) end
+    end
+    redis.call('DEL', line, asked)
   end
-  redis.call('DEL', line, asked)
 end
-local ttl = lease + stale
-local head = redis.call('ZRANGE', line, 0, 0)
-if redis.call('ZCARD', holders) < max and (#head == 0 or head[1] == job) then
+local free = max - redis.call('ZCARD', holders)
+local ahead = redis.call('ZRANK', line, job) or redis.call('ZCARD', line)
+if free > 0 and ahead < free then
   redis.call('ZADD', holders, now + lease * 1000, ARGV[1])
   redis.call('ZREM', line, job)
   redis.call('ZREM', asked, job)
@@ -99,7 +112,7 @@ if mode == 'first' then
 end
 redis.call('ZADD', line, 'NX', now, job)
 redis.call('ZADD', asked, now, job)
-for _, key in ipairs(KEYS) do redis.call('PEXPIRE', key, ttl) end
+for _, key in ipairs({holders, line, asked}) do redis.call('PEXPIRE', key, ttl) end
 return result
 """
 )
@@ -121,7 +134,11 @@ return redis.call('ZRANGE', KEYS[2], 0, free - 1)
 """
 )
 
-_STATE = text("SELECT state FROM jobs WHERE id = :id")
+_RECORD = text(
+    "SELECT state, (EXTRACT(EPOCH FROM created_at) * 1000000)::bigint AS created_us"
+    " FROM jobs WHERE id = :id"
+)
+_ENDED = ("completed", "failed", "cancelled")
 _LIVE = text(
     "SELECT id FROM jobs WHERE id = ANY(:ids) AND state NOT IN ('completed', 'failed', 'cancelled')"
 )
@@ -150,6 +167,10 @@ class _Key:
         return f"{self.base}:active", f"{self.base}:line", f"{self.base}:asked"
 
     @property
+    def newest(self) -> str:
+        return f"{self.base}:newest"
+
+    @property
     def starts(self) -> str:
         return f"{self.base}:starts"
 
@@ -166,16 +187,26 @@ def admit(admission: limits.Admission, task: Task, data: Mapping[str, Any], job_
     """
     concurrency, rate = declared(task)
     if concurrency is not None:
-        key = key_value(concurrency.key, data)
+        key = _key(concurrency.key, data, task.name)
         if key is not None:
             _take_slot(admission, task.name, key, concurrency, job_id)
     if rate is not None:
-        key = key_value(rate.key, data)
+        key = _key(rate.key, data, task.name)
         if key is not None:
             limited = f"{task.name} key {key}"
             admission.starts.append(
                 limits.reserve_start(_Key.of(task.name, key).starts, rate.max, rate.per_ms, limited)
             )
+
+
+def _key(source: Any, data: Mapping[str, Any], name: str) -> str | None:
+    """The job's key; a key function that fails on the job's data gives it none (logged):
+    the job runs unlimited rather than never."""
+    try:
+        return key_value(source, data)
+    except Exception:
+        log.warning("the key of a %s job could not be read: no key limit", name, exc_info=True)
+        return None
 
 
 def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateLimited) -> bool:
@@ -188,7 +219,7 @@ def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateL
         limits.block(limits.starts_key(queue), limited.delay_ms)
         return True
     _concurrency, rate = declared(task)
-    key = key_value(rate.key, data) if rate is not None else None
+    key = _key(rate.key, data, task.name) if rate is not None else None
     if key is None:
         return False
     limits.block(_Key.of(task.name, key).starts, limited.delay_ms)
@@ -198,70 +229,83 @@ def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateL
 def _take_slot(
     admission: limits.Admission, name: str, key: str, spec: KeyConcurrency, job_id: str
 ) -> None:
-    if spec.strategy == "cancel_in_progress" and _finished(job_id):
-        return  # superseded already: its claim refuses it, and it must not supersede others
-    names = _Key.of(name, key).concurrency
+    created_us = 0
+    if spec.strategy == "cancel_in_progress":
+        found = _record(job_id)
+        if found is not None and found[0] in _ENDED:
+            return  # superseded already: its claim refuses it, and it must not supersede others
+        # Its age decides, not who asks first: a retry of an older job supersedes nothing.
+        created_us = found[1] if found is not None else int(time.time() * 1e6)
+    names = _Key.of(name, key)
     holder = f"{uuid.uuid4().hex}:{job_id}"
     mode = {"queue": "queue", "cancel_in_progress": "newest", "cancel_newest": "first"}
     try:
         reply = redis_client().eval(
             _TAKE,
-            3,
-            *names,
+            4,
+            *names.concurrency,
+            names.newest,
             holder,
             job_id,
             spec.max_running,
             limits.lease_ms(),
             int(STALE_WAITER_S * 1000),
             mode[spec.strategy],
+            created_us,
         )
     except Exception:
         log.warning("could not check the key limit of %s %s; holding", name, key, exc_info=True)
         raise limits.LimitReached(limits.UNKNOWN_HOLD_S, "key concurrency") from None
     outcome = int(reply[0])
-    superseded = [entry.decode() if isinstance(entry, bytes) else entry for entry in reply[1:]]
-    if superseded:
-        _supersede(superseded, job_id, key)
 
     def wake() -> None:
         wake_next(name, key, spec.max_running)
 
-    if outcome == 1:
-        slot = limits.Token(names[0], holder)
+    if outcome == 1:  # the slot is ours from here: given back with the admission
+        slot = limits.Token(names.concurrency[0], holder)
         admission.slots.append(slot)
         limits.track(slot)
         admission.after_release.append(wake)
+    superseded = [entry.decode() if isinstance(entry, bytes) else entry for entry in reply[1:]]
+    if superseded:
+        _supersede(superseded, job_id, key)
+    if outcome == 1:
         return
+    if outcome == -1 and spec.strategy == "cancel_in_progress":
+        raise Superseded(f"a newer job of its key {key!r} came: cancelled (cancel_in_progress)")
     if outcome == -1:
         raise Superseded(f"a job of its key {key!r} is running: cancelled (cancel_newest)")
-    held = limits.LimitReached(
+    raise limits.LimitReached(
         KEY_HOLD_S * random.uniform(1, 1.25), f"key {key!r} concurrency", after_park=wake
     )
-    raise held
 
 
-def _finished(job_id: str) -> bool:
+def _record(job_id: str) -> tuple[str, int] | None:
+    """The job's state and creation time (µs); ``None`` without a record (yet)."""
     with transaction() as session:
-        state = session.execute(_STATE, {"id": job_id}).scalar()
-    return state in (State.COMPLETED, State.FAILED, State.CANCELLED)
+        row = session.execute(_RECORD, {"id": job_id}).first()
+    return (str(row.state), int(row.created_us)) if row is not None else None
 
 
 def _supersede(entries: list[str], newest: str, key: str) -> None:
-    """``cancel_in_progress``: abort the key's running jobs, cancel the ones in line."""
+    """``cancel_in_progress``: abort the key's running jobs, cancel the ones in line. Best
+    effort: one that could not be stopped here runs on, its slot given back as it ends."""
     reason = f"superseded by job {newest} of key {key!r} (cancel_in_progress)"
     in_line = [entry.split(":", 1)[1] for entry in entries if entry.startswith("line:")]
     running = [entry.split(":", 2)[2] for entry in entries if entry.startswith("run:")]
-    if in_line:
-        with transaction() as session:
-            done = cancel.cancel_in(
-                session, in_line, [State.DELAYED, State.WAITING], actor=CANCELLED_BY, reason=reason
-            )
-        cancel.announce(done, by=CANCELLED_BY)
-    for job_id in running:
-        try:
-            cancel.cancel(job_id, None, actor=CANCELLED_BY, reason=reason)
-        except Refused:  # it ended meanwhile
-            continue
+    try:
+        if in_line:
+            with transaction() as session:
+                states = [State.DELAYED, State.WAITING]
+                done = cancel.cancel_in(session, in_line, states, actor=CANCELLED_BY, reason=reason)
+            cancel.announce(done, by=CANCELLED_BY)
+        for job_id in running:
+            try:
+                cancel.cancel(job_id, None, actor=CANCELLED_BY, reason=reason, audit=True)
+            except Refused:  # it ended meanwhile
+                continue
+    except Exception:
+        log.warning("could not supersede the other jobs of key %s", key, exc_info=True)
 
 
 def wake_next(name: str, key: str, max_running: int) -> list[str]:

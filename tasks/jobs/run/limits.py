@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "keel:limits"
 # A job turned away by the concurrency cap asks again after 0.25 to 0.5 s.
 CONCURRENCY_HOLD_S = 0.25
+# Jobs held by a blocked window ask again within this after it ends.
+BLOCK_SPREAD_S = 0.25
 # When Redis cannot say, hold rather than run past a limit.
 UNKNOWN_HOLD_S = 1.0
 
@@ -81,12 +83,12 @@ return #KEYS
 
 # KEYS[1] starts, KEYS[2] blocked until (µs); ARGV: token, max, window ms, reservation ms.
 # 0 when reserved, else the µs until a start is allowed: the window is full until its oldest
-# start leaves it, or a handler said its limiter is blocked (``block``).
+# start leaves it; negative: a handler said its limiter is blocked for that long (``block``).
 _RESERVE_START = (
     NOW_US
     + """
 local blocked = tonumber(redis.call('GET', KEYS[2]) or '0')
-if blocked > now then return blocked - now end
+if blocked > now then return now - blocked end
 local window_us = tonumber(ARGV[3]) * 1000
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window_us)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
@@ -263,6 +265,8 @@ def reserve_start(key: str, max_starts: int, duration_ms: int, limited: str) -> 
     wait_us = _eval(
         "rate", limited, _RESERVE_START, key, start.member, max_starts, duration_ms, reserve_ms
     )
+    if wait_us < 0:  # blocked: ask again once it ends, spread over a quarter second
+        raise LimitReached(-wait_us / 1e6 + random.uniform(0, BLOCK_SPREAD_S), "rate")
     if wait_us:
         # Ask again somewhere in the window after the oldest start leaves it,
         # so held jobs spread out instead of all asking at the same instant.
