@@ -22,6 +22,8 @@ from sqlalchemy import text
 from tasks.db import transaction
 from tasks.jobs import Backoff, BulkJob, Deduplication, JobOptions, KeepJobs, add, add_bulk
 from tasks.jobs.observe.queries import describe_full, get
+from tasks.jobs.schedule import schedulers
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from tasks.jobs.store.runs import claim
 from tests.support import broker_lists
 from tests.support.client import bearer, unique
@@ -145,3 +147,32 @@ def test_a_later_release_s_extra_option_is_left_out_not_refused():
     # while jobs.opts stays strict: a key there is a layout this release does not read
     with pytest.raises(ValueError, match="fromTheFuture"):
         JobOptions.from_stored({**stored, "fromTheFuture": 1})
+
+
+def test_a_scheduler_s_template_keeps_newer_options_where_the_previous_release_looks_not(
+    previous_options,
+):
+    # When a scheduler is saved with a template setting an option the previous release
+    # lacks (its processes parse the stored spec, the template's options strictly)
+    scope = Scope(unique("tenant"), "op")
+    spec = SchedulerSpec.model_validate(
+        {
+            "pattern": "0 3 * * *",
+            "template": {"name": "test.echo", "data": {}, "opts": {"timeout": 2000, "attempts": 2}},
+        }
+    )
+    schedulers.upsert(scope, "nightly", spec, queue="default")
+    try:
+        record = schedulers.get(scope, "nightly")
+        # Then the stored template's options are the previous release's, the rest beside them
+        previous_options.model_validate(record.spec["template"]["opts"])
+        assert set(record.spec["template"]) <= {"name", "data", "opts"}
+        assert record.extra_opts == {"timeout": 2000}
+        # and this release reads and shows the template whole
+        shown = schedulers.describe(record)["template"]["opts"]
+        assert (shown["attempts"], shown["timeout"]) == (2, 2000)
+        assert (
+            SchedulerSpec.model_validate(schedulers.spec_of(record)).template.opts.timeout == 2000
+        )
+    finally:
+        schedulers.remove(scope, "nightly")

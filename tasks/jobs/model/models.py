@@ -265,6 +265,8 @@ class JobSchedulerRecord(Base):
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     queue: Mapped[str] = mapped_column(String(100))
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # Its template's options added since the record format (``JobOptions.columns``, 0021).
+    extra_opts: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     created_by: Mapped[str | None] = mapped_column(String(200))
     iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -40,6 +40,7 @@ from tasks.jobs.intake.messages import PUBLISH_RETRY
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import JobNotFound, QuotaExceeded
 from tasks.jobs.model.models import JobSchedulerRecord
+from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.model.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 from tasks.jobs.observe.queries import iso
@@ -133,6 +134,9 @@ def _save(
     scope: Scope, scheduler_id: str, spec: SchedulerSpec, queue: str, quota: Quota | None
 ) -> JobSchedulerRecord:
     stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    # The template's options the previous release reads stay in the spec; newer ones apart.
+    base_opts, extra_opts = spec.template.opts.columns()
+    stored["template"] = {**stored["template"], "opts": base_opts}
     with transaction() as session:
         now = _now(session)
         record = session.get(
@@ -149,6 +153,7 @@ def _save(
         rule_changed = new or _rule_of(record.spec) != _rule_of(stored) or spec.immediately
         record.queue = queue
         record.spec = stored
+        record.extra_opts = extra_opts
         record.created_by = scope.actor
         record.updated_at = now
         if rule_changed:
@@ -213,7 +218,7 @@ def list_all(scope: Scope | None = None) -> list[JobSchedulerRecord]:
 def _fire(
     session: Session, record: JobSchedulerRecord, now: datetime, limits: TenantLimits | None
 ) -> str | None:
-    spec = StoredSpec.model_validate(record.spec)
+    spec = StoredSpec.model_validate(spec_of(record))
     at = record.next_run_at
     assert at is not None
     if spec.limit is not None and record.iteration_count >= spec.limit:
@@ -347,11 +352,20 @@ def seconds_until_next(cap: float) -> float:
     return max(0.0, min(cap, float(row)))
 
 
+def spec_of(record: JobSchedulerRecord) -> dict[str, Any]:
+    """The scheduler's stored spec, its template's options whole again (``extra_opts``)."""
+    if not record.extra_opts:
+        return record.spec
+    template = dict(record.spec.get("template") or {})
+    opts = JobOptions.from_stored(template.get("opts"), record.extra_opts)
+    return {**record.spec, "template": {**template, "opts": opts.stored()}}
+
+
 def describe(record: JobSchedulerRecord) -> dict[str, Any]:
     return {
         "id": record.id,
         "queue": record.queue,
-        **record.spec,
+        **spec_of(record),
         "iterationCount": record.iteration_count,
         "next": iso(record.next_run_at),
         "lastRunAt": iso(record.last_run_at),
