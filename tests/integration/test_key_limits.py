@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from tasks.db import transaction
-from tasks.jobs import add
+from tasks.jobs import JobOptions, add
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES
 from tests.support.client import record, ts, unique, wait_state
@@ -138,6 +138,32 @@ def test_a_killed_workers_key_slot_frees_itself_and_the_next_job_of_the_key_runs
     assert (rerun["attemptsStarted"], rerun["stalledCount"]) == (2, 1)
     last_runs = [{"runs": [job["runs"][-1]]} for job in (done, rerun)]
     assert max_overlap(run_intervals(last_runs)) == 1
+
+
+def test_a_run_hung_past_its_time_limit_gives_its_key_slot_up(stack):
+    # Given a threads-pool worker (it cannot stop a run; 2 s leases) and a job of a key
+    # whose run hangs 8 s past its 1 s time limit
+    queue = unique("keyed-hung")
+    env = {"KEEL_LOCK_DURATION_S": "2"}
+    threads = WorkerProcess(
+        stack.home, unique("threads"), concurrency=2, queues=queue, pool="threads", extra_env=env
+    )
+    key = unique("customer")
+    threads.start()
+    try:
+        hung = add(
+            "test.keyed", {"customer": key, "ms": 8000}, queue=queue, opts=JobOptions(timeout=1000)
+        )
+        started = ts(wait_state(hung.job_id, "active")["runs"][0]["startedAt"])
+        # When the next job of its key comes
+        after = add("test.keyed", {"customer": key, "ms": 0}, queue=queue).job_id
+        # Then it runs once the hung run's slot lapsed with its lease, not when it returns
+        done = wait_state(after, "completed", timeout=30)
+    finally:
+        threads.stop()
+    ran_at = ts(done["runs"][0]["startedAt"])
+    print(f"the next job of the key started {(ran_at - started).total_seconds():.1f} s in")
+    assert (ran_at - started).total_seconds() < 7
 
 
 def test_cancel_in_progress_the_newest_job_of_a_key_wins(workers):

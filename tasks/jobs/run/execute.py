@@ -365,6 +365,7 @@ class KeelTask(CeleryTask):
         limit = timeouts.unenforced_limit(self, self.request)  # (prefork: None, it kills)
         started = time.monotonic()
         lock_renewal.track(claimed.token, started + limit if limit is not None else None)
+        limits.hold_until(admission, started + limit if limit is not None else None)
         ran: float | None = None  # how long a run that returned took (its end reports it)
         try:
             with tracing.span("keel.handler", {"keel.job.name": claimed.name}):

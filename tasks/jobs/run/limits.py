@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -285,6 +286,17 @@ def block(starts: str, ms: int) -> None:
     redis_client().eval(_BLOCK, 1, blocked_key(starts), ms)
 
 
+def hold_until(admission: Admission, until: float | None) -> None:
+    """Renew the admission's slots only until ``until`` (``time.monotonic()``): a run past
+    its hard time limit that the pool cannot stop (threads, solo) gives its slots up with
+    its lock, so that its job, run again elsewhere, and the others of its key or queue are
+    not held by it."""
+    if until is None:
+        return
+    for slot in admission.slots:
+        _leases.hold_until(slot, until)
+
+
 def lease_ms() -> int:
     """How long a slot is held without renewal (``KEEL_LOCK_DURATION_S``)."""
     return _lease_ms()
@@ -300,12 +312,14 @@ class _Leases:
 
     def __init__(self) -> None:
         self._held: dict[str, str] = {}
+        self._until: dict[str, float] = {}  # monotonic time past which a slot lapses
         self._guard = threading.Lock()
         self._thread_pid: int | None = None
 
     def track(self, slot: Token) -> None:
         with self._guard:
             self._held[slot.member] = slot.key
+            self._until.pop(slot.member, None)
             if self._thread_pid != os.getpid():  # the first slot of this (forked) process
                 self._thread_pid = os.getpid()
                 renewer = threading.Thread(target=self._renew_forever, name="keel-leases")
@@ -315,12 +329,23 @@ class _Leases:
     def untrack(self, slot: Token) -> None:
         with self._guard:
             self._held.pop(slot.member, None)
+            self._until.pop(slot.member, None)
+
+    def hold_until(self, slot: Token, until: float) -> None:
+        with self._guard:
+            if slot.member in self._held:
+                self._until[slot.member] = until
 
     def _renew_forever(self) -> None:
         stop = threading.Event()
         while not stop.wait(_lease_ms() / 3000):
+            now = time.monotonic()
             with self._guard:
-                held = list(self._held.items())
+                held = [
+                    (member, key)
+                    for member, key in self._held.items()
+                    if self._until.get(member, now) >= now
+                ]
             if not held:
                 continue
             members = [member for member, _ in held]
