@@ -239,8 +239,7 @@ def _remove(token: Token) -> None:
         log.warning("could not give back a token of %s", token.key, exc_info=True)
 
 
-def _eval(what: str, queue: str, script: str, key: str, *args: str | int | float) -> int:
-    keys = [key, blocked_key(key)] if script is _RESERVE_START else [key]
+def _eval(what: str, queue: str, script: str, keys: list[str], *args: str | int | float) -> int:
     try:
         return int(redis_client().eval(script, len(keys), *keys, *args))
     except Exception:
@@ -250,7 +249,9 @@ def _eval(what: str, queue: str, script: str, key: str, *args: str | int | float
 
 def _take_slot(queue: str, concurrency: int) -> Token:
     slot = Token(slot_key(queue), uuid.uuid4().hex)
-    if not _eval("concurrency", queue, _TAKE_SLOT, slot.key, slot.member, concurrency, _lease_ms()):
+    args = (slot.member, concurrency, _lease_ms())
+    taken = _eval("concurrency", queue, _TAKE_SLOT, [slot.key], *args)
+    if not taken:
         raise LimitReached(
             random.uniform(CONCURRENCY_HOLD_S, 2 * CONCURRENCY_HOLD_S), "concurrency"
         )
@@ -263,8 +264,9 @@ def reserve_start(key: str, max_starts: int, duration_ms: int, limited: str) -> 
     its key needs; ``LimitReached`` if the window is full (``limited`` names it in the log)."""
     start = Token(key, uuid.uuid4().hex)
     reserve_ms = max(_lease_ms(), duration_ms)  # outlasts any claim, however slow
+    keys = [key, blocked_key(key)]
     wait_us = _eval(
-        "rate", limited, _RESERVE_START, key, start.member, max_starts, duration_ms, reserve_ms
+        "rate", limited, _RESERVE_START, keys, start.member, max_starts, duration_ms, reserve_ms
     )
     if wait_us < 0:  # blocked: ask again once it ends, spread over a quarter second
         raise LimitReached(-wait_us / 1e6 + random.uniform(0, BLOCK_SPREAD_S), "rate")
