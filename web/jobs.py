@@ -159,6 +159,13 @@ class SubmitOptions(Strict):
         description="milliseconds a run may take: past it the run fails, timed out (then "
         "runs again by attempts and backoff)",
     )
+    concurrencyKey: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the job's key for its type's key concurrency (your tenant's keys only); on "
+        "a type that declares none, one job of the key runs at a time, in line",
+    )
 
 
 class SubmitJob(Strict):

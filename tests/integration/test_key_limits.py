@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from tasks.db import transaction
-from tasks.jobs import JobOptions, add
+from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES
 from tests.support.client import record, ts, unique, wait_state
@@ -233,3 +233,36 @@ def test_a_key_rate_spaces_the_starts_of_one_key_without_using_attempts(workers)
     # no second held more than 5 of them, so the 50 took at least 9 s
     assert max_in_window(starts, 1.0) <= 5
     assert span >= 9
+
+
+def test_two_tenants_jobs_with_one_key_do_not_share_it(workers):
+    # When two tenants each add a job of one key under cancel_newest, and under the default
+    repo = unique("repo")
+    first_wins = [
+        add("test.keyed_first", {"repo": repo, "ms": 1000}, queue=QUEUE, owner=Owner(t, "u"))
+        for t in (unique("acme"), unique("globex"))
+    ]
+    customer = unique("customer")
+    in_line = [
+        add("test.keyed", {"customer": customer, "ms": 1000}, queue=QUEUE, owner=Owner(t, "u"))
+        for t in (unique("acme"), unique("globex"))
+    ]
+    jobs = ended([added.job_id for added in first_wins + in_line], timeout=40)
+    # Then none is cancelled by the other tenant's, and each pair ran side by side
+    assert [j["state"] for j in jobs] == ["completed"] * 4
+    assert max_overlap(run_intervals(jobs[:2])) == 2
+    assert max_overlap(run_intervals(jobs[2:])) == 2
+
+
+def test_a_call_s_concurrency_key_limits_a_type_that_declares_none(workers):
+    # When 6 jobs of a type without key limits are added with one call key, 3 with another
+    key, other = unique("repo"), unique("repo")
+    opts, other_opts = JobOptions(concurrencyKey=key), JobOptions(concurrencyKey=other)
+    ids = [add("test.sleep", {"ms": 300}, queue=QUEUE, opts=opts).job_id for _ in range(6)]
+    others = [add("test.sleep", {"ms": 300}, queue=QUEUE, opts=other_opts).job_id for _ in range(3)]
+    jobs, other_jobs = ended(ids, timeout=40), ended(others, timeout=40)
+    # Then each key's jobs ran one at a time, each once, while the keys went side by side
+    assert {(j["state"], j["attemptsStarted"]) for j in jobs + other_jobs} == {("completed", 1)}
+    assert max_overlap(run_intervals(jobs)) == 1
+    assert max_overlap(run_intervals(other_jobs)) == 1
+    assert max_overlap(run_intervals(jobs + other_jobs)) == 2

@@ -41,11 +41,13 @@ class JobType:
     key_rate: None = None
 
 
-def ask(job_type: JobType, key: str, job_id: str) -> limits.Admission | str:
+def ask(
+    job_type: JobType, key: str, job_id: str, given: key_limits.Given | None = None
+) -> limits.Admission | str:
     """One delivery's admission: what it took, or why not ('held', 'refused')."""
     admission = limits.Admission()
     try:
-        key_limits.admit(admission, job_type, {"k": key}, job_id)
+        key_limits.admit(admission, job_type, {"k": key}, job_id, given or key_limits.Given())
     except limits.LimitReached:
         return "held"
     except key_limits.Superseded:
@@ -53,9 +55,9 @@ def ask(job_type: JobType, key: str, job_id: str) -> limits.Admission | str:
     return admission
 
 
-def line_of(job_type: JobType, key: str) -> list[str]:
-    found = redis_client().zrange(f"{key_limits.KEY_PREFIX}:{job_type.name}:{key}:line", 0, -1)
-    return [entry.decode() for entry in found]
+def line_of(job_type: JobType, key: str, tenant: str | None = None) -> list[str]:
+    line = key_limits.KeyNames.of(job_type.name, tenant, key).concurrency[1]
+    return [entry.decode() for entry in redis_client().zrange(line, 0, -1)]
 
 
 def test_a_free_slot_goes_to_the_first_in_line_not_to_whoever_asks(parked):
@@ -141,3 +143,63 @@ def test_cancel_in_progress_goes_by_age_not_by_who_asks_first(parked):
     # and a second delivery of the running job does not supersede its own run
     assert ask(job_type, key, newer) == "held"
     assert get(newer).state == "delayed" and get(newer).abort_requested_at is None
+
+
+def test_a_key_is_its_tenant_s(parked):
+    job_type, key = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=1)), unique("k")
+    acme, globex = (
+        key_limits.Given(tenant=unique("acme")),
+        key_limits.Given(tenant=unique("globex")),
+    )
+    # Two tenants' jobs with the same key each take a slot of their own
+    first = ask(job_type, key, parked(), acme)
+    assert isinstance(first, limits.Admission)
+    assert isinstance(ask(job_type, key, parked(), globex), limits.Admission)
+    # a system job's key is neither's
+    assert isinstance(ask(job_type, key, parked()), limits.Admission)
+    # while the tenant's own next job waits in its tenant's line only
+    waiting = parked()
+    assert ask(job_type, key, waiting, acme) == "held"
+    assert line_of(job_type, key, acme.tenant) == [waiting]
+    assert line_of(job_type, key, globex.tenant) == [] and line_of(job_type, key) == []
+    limits.release(first)
+    assert get(waiting).state == "waiting"  # woken from its tenant's line
+
+
+def test_a_tenant_s_newest_job_supersedes_none_of_another_tenant_s(parked):
+    job_type = JobType(unique("t.keyed"), KeyConcurrency("k", strategy="cancel_in_progress"))
+    key = unique("k")
+    acme, globex = (
+        key_limits.Given(tenant=unique("acme")),
+        key_limits.Given(tenant=unique("globex")),
+    )
+    older, newer = parked(), parked()
+    assert isinstance(ask(job_type, key, older, acme), limits.Admission)
+    assert isinstance(ask(job_type, key, newer, globex), limits.Admission)
+    assert get(older).state == "delayed"  # not cancelled by the other tenant's newer job
+
+
+def test_a_call_s_key_limits_a_type_that_declares_none(parked):
+    job_type, key = JobType(unique("t.plain")), unique("k")
+    by_call = key_limits.Given(concurrency_key=key)
+    # One job of the call's key at a time, in line, whatever the data says
+    first = ask(job_type, "data-key-1", parked(), by_call)
+    assert isinstance(first, limits.Admission) and len(first.slots) == 1
+    waiting = parked()
+    assert ask(job_type, "data-key-2", waiting, by_call) == "held"
+    assert line_of(job_type, key) == [waiting]
+    # without a call's key, such a type is not limited
+    unlimited = ask(job_type, key, parked())
+    assert isinstance(unlimited, limits.Admission) and unlimited.slots == []
+    limits.release(first)
+    assert get(waiting).state == "waiting"
+
+
+def test_a_call_s_key_replaces_the_one_the_data_gives(parked):
+    job_type = JobType(unique("t.keyed"), KeyConcurrency("k", max_running=1))
+    data_key, call_key = unique("k"), unique("k")
+    assert isinstance(ask(job_type, data_key, parked()), limits.Admission)
+    # the data's key is full, but this job's call named another key
+    given = key_limits.Given(concurrency_key=call_key)
+    assert isinstance(ask(job_type, data_key, parked(), given), limits.Admission)
+    assert ask(job_type, data_key, parked(), given) == "held"

@@ -42,6 +42,7 @@ EVERY_OPTION = JobOptions(
     max_retries=4,
     expires_at=datetime.now(UTC) + timedelta(days=2),
     timeout=2500,
+    concurrency_key="compat-key",
 )
 
 
@@ -99,6 +100,7 @@ def test_every_option_this_release_takes_is_recorded_where_the_previous_release_
         "data": {},
         "opts": {
             "timeout": 2000,
+            "concurrencyKey": "repo-1",
             "attempts": 2,
             "delay": 86_400_000,
             "backoff": {"type": "fixed", "delay": 50},
@@ -122,9 +124,10 @@ def test_every_option_this_release_takes_is_recorded_where_the_previous_release_
         opts, _extra = recorded(job_id)
         previous_options.model_validate(opts)  # raises on a key it does not know
     # and the options it lacks are kept beside them, shown and read by this release
-    assert recorded(single)[1] == {"maxRetries": 4, "timeout": 2500}
-    assert recorded(bulk)[1] == {"maxRetries": 4, "timeout": 2500}
-    assert recorded(over_http)[1] == {"timeout": 2000}
+    newer = {"maxRetries": 4, "timeout": 2500, "concurrencyKey": "compat-key"}
+    assert recorded(single)[1] == newer
+    assert recorded(bulk)[1] == newer
+    assert recorded(over_http)[1] == {"timeout": 2000, "concurrencyKey": "repo-1"}
     assert recorded(celery)[1] == {"maxRetries": 0}
     assert recorded(plain)[1] == {"maxRetries": 3}  # the task's own (Celery's default)
     assert recorded(handler)[1] is None  # a Keel handler has no Celery retries

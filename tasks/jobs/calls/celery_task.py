@@ -233,6 +233,7 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
         job.data,
         {**(job.celery_ctx or {}), **ctx},
         priority=priority,
+        tenant=job.tenant_id,
     )
 
 

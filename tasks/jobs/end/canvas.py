@@ -46,7 +46,7 @@ from tasks.jobs.intake.celery_options import (
     call_priority,
     canvas_context,
     job_options,
-    with_timeout,
+    with_options,
 )
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
@@ -192,7 +192,7 @@ def _child(
         tenant_id=parent.tenant_id,
         user_id=parent.user_id,
         opts=opts,
-        celery_ctx=tracing.carried(with_timeout(ctx or None, opts)),
+        celery_ctx=tracing.carried(with_options(ctx or None, opts)),
         priority=tenancy.rank(ctx.get("priority")),
     )
     if not jobs_store.insert(session, job):

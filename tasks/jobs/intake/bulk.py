@@ -23,7 +23,7 @@ from typing import Any
 from tasks import tracing
 from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
-from tasks.jobs.intake.celery_options import with_timeout
+from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
@@ -65,7 +65,7 @@ def add_bulk(
             tenant_id=owner.tenant_id if owner else None,
             user_id=owner.user_id if owner else None,
             opts=job.opts,
-            celery_ctx=tracing.carried(with_timeout(job.ctx, job.opts)),
+            celery_ctx=tracing.carried(with_options(job.ctx, job.opts)),
             priority=tenancy.rank((job.ctx or {}).get("priority")),
         )
         for i, job in enumerate(jobs)

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from tasks.jobs.intake import tenancy
+from tasks.jobs.intake.messages import CONCURRENCY_KEY
+from tasks.jobs.model.key_limits import key_value
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 
@@ -118,9 +120,12 @@ def time_limits(options: dict[str, Any]) -> list[float | None] | None:
     return limits if any(limit is not None for limit in limits) else None
 
 
-def with_timeout(ctx: dict[str, Any] | None, opts: JobOptions) -> dict[str, Any] | None:
-    """``ctx`` with the job's ``timeout`` option as its hard time limit, unless the call gave
-    one (``time_limit=``): what every message of the job then carries."""
+def with_options(ctx: dict[str, Any] | None, opts: JobOptions) -> dict[str, Any] | None:
+    """``ctx`` with what every message of the job carries of its options: its ``timeout`` as
+    its hard time limit, unless the call gave one (``time_limit=``), and its
+    ``concurrencyKey``."""
+    if opts.concurrency_key is not None:
+        ctx = {**(ctx or {}), CONCURRENCY_KEY: key_value("concurrencyKey", opts.stored())}
     if opts.timeout is None:
         return ctx
     hard, soft = (ctx or {}).get("timelimit") or (None, None)
@@ -175,6 +180,8 @@ PROTOCOL_HEADERS = frozenset(
         "stamped_headers",
         "stamps",
         "keel",
+        "keel_tenant",
+        "keel_key",
     }
 )
 

@@ -31,7 +31,7 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
-from tasks.jobs.intake.celery_options import with_timeout
+from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.messages import Message, publish
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import Deduplication, JobOptions
@@ -113,7 +113,7 @@ def _add(
     parent: str | None = None,
 ) -> AddedJob:
     opts = opts or JobOptions()
-    ctx = with_timeout(ctx, opts)
+    ctx = with_options(ctx, opts)
     job = NewJob(
         id=opts.job_id or new_job_id(),
         name=name,
@@ -220,7 +220,9 @@ def _add(
             caller.on_commit(added.send)
         return AddedJob(job_id=job.id, created=True, state=job.state)
     if job.state == State.WAITING and publish_now:
-        publish_or_park(job.id, name, queue, data, ctx, priority=priority, event=added)
+        publish_or_park(
+            job.id, name, queue, data, ctx, priority=priority, event=added, tenant=job.tenant_id
+        )
     else:
         added.send()
     return AddedJob(job_id=job.id, created=True, state=job.state)
@@ -251,6 +253,7 @@ def publish_or_park(
     *,
     priority: int = 0,
     event: events.Event | None = None,
+    tenant: str | None = None,
 ) -> None:
     """Publish a waiting job; if the broker is down or hung, park it for the promoter.
 
@@ -266,7 +269,7 @@ def publish_or_park(
     # Waiting on the broker is not database time: a request's budget (tasks.deadline) stands
     # still meanwhile, so a hung broker leaves the park below the whole of it.
     with deadline.paused():
-        failed = _publish(job_id, name, queue, data, ctx, priority, event)
+        failed = _publish(job_id, name, queue, data, ctx, priority, event, tenant)
     if failed is not None:
         log.warning("broker unavailable; job %s parked for republish: %s", job_id, failed)
         park_for_republish([job_id])
@@ -280,6 +283,7 @@ def _publish(
     ctx: dict[str, Any] | None,
     priority: int,
     event: events.Event | None,
+    tenant: str | None,
 ) -> Exception | None:
     """Publish the job's message, and send its event; what failed the publish, if it did."""
     if event is not None and get_settings().broker_on_amqp:
@@ -292,7 +296,8 @@ def _publish(
             # On Redis, kombu's publish batch sends the message and its task-sent event in
             # one pipeline, and the job's event rides in it too: one round trip in all.
             with app.producer_or_acquire() as producer, producer.batch():
-                publish(Message(job_id, name, queue, data, ctx, priority=priority), producer)
+                message = Message(job_id, name, queue, data, ctx, priority=priority, tenant=tenant)
+                publish(message, producer)
         except Exception as exc:  # the record is safe; the promoter publishes it later
             failed = exc
     if failed is not None:  # first: an event sent next is dropped at once if Redis hangs

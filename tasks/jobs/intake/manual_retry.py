@@ -177,5 +177,5 @@ def retry_failed(
             raise JobConflict("another job for the same operation is in progress")
         store.reset_for_retry(session, job.id)
     events.emit(job.queue, "waiting", job.id, job.name, manualRetryBy=request.actor)
-    publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
+    publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id)
     return job

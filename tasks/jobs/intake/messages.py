@@ -40,6 +40,13 @@ from tasks.jobs.model import formats, registry
 
 log = logging.getLogger(__name__)
 KEEL_HEADER = "keel"
+# The job's tenant, whose keys its key limits are (``tasks.jobs.run.key_limits``), and the
+# concurrency key its call gave (``concurrencyKey``): read when it is delivered, not from its
+# record. Only Keel sets them; a call's ``headers=`` cannot.
+TENANT_HEADER = "keel_tenant"
+KEY_HEADER = "keel_key"
+# Where a job's record keeps its call's concurrency key among its messages' context.
+CONCURRENCY_KEY = "concurrency_key"
 PUBLISH_RETRY = {"max_retries": 0, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5}
 SENT = "task-sent"
 # ``Message(parent=...)`` not given: the running task, if any, is looked up (a batch looks
@@ -80,6 +87,7 @@ class Message:
         *,
         priority: int = 0,
         parent: Any = _LOOK_UP,
+        tenant: str | None = None,
     ) -> None:
         ctx = ctx or {}
         root_id, parent_id = ctx.get("root_id"), ctx.get("parent_id")
@@ -117,6 +125,11 @@ class Message:
         message.headers[KEEL_HEADER] = str(formats.MESSAGE_FORMAT)
         for header, value in (ctx.get("headers") or {}).items():  # the call's ``headers=``
             message.headers.setdefault(header, value)
+        for header, value in ((TENANT_HEADER, tenant), (KEY_HEADER, ctx.get(CONCURRENCY_KEY))):
+            if value is not None:
+                message.headers[header] = value
+            else:
+                message.headers.pop(header, None)
         if registry.is_control(name):
             priority = 0  # ahead of its queue's bulk jobs, whatever its party's load
         message.properties["priority"] = tenancy.broker_priority(priority)

@@ -70,6 +70,7 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
                         job.celery_ctx,
                         priority=priority.get(job.id, 0),
                         parent=parent,
+                        tenant=job.tenant_id,
                     )
                     broker.publish(message.publish, producer)
                     sent.append(job)

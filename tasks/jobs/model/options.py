@@ -76,6 +76,15 @@ class JobOptions(_Options):
         " which a call's ``time_limit=`` replaces)",
     )
 
+    concurrency_key: str | None = Field(
+        default=None,
+        alias="concurrencyKey",
+        min_length=1,
+        max_length=200,
+        description="the job's key for its type's key concurrency, instead of the one its data"
+        " gives; on a type that declares none, one job of the key runs at a time, in line",
+    )
+
     def stored(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 

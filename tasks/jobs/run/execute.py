@@ -29,7 +29,7 @@ from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequ
 from tasks.jobs.end import abort, cancel, ending, finish
 from tasks.jobs.intake import enqueue, pauses, tenancy
 from tasks.jobs.intake.enqueue import AddedJob
-from tasks.jobs.intake.messages import KEEL_HEADER
+from tasks.jobs.intake.messages import KEEL_HEADER, KEY_HEADER, TENANT_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer, RateLimited
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
@@ -259,7 +259,8 @@ class KeelTask(CeleryTask):
         try:
             admission = limits.admit(self._delivered_queue())
             try:
-                key_limits.admit(admission, self, self._key_data(kwargs), self.request.id)
+                data, given = self._key_data(kwargs), self._key_given()
+                key_limits.admit(admission, self, data, self.request.id, given)
             except BaseException:
                 limits.release(admission)
                 raise
@@ -279,6 +280,14 @@ class KeelTask(CeleryTask):
             return named
         inner = named.get("kwargs")
         return dict(inner) if isinstance(inner, dict) else {}
+
+    def _key_given(self) -> key_limits.Given:
+        """The job's tenant and its call's concurrency key, as its message carries them."""
+        tenant, key = (getattr(self.request, h, None) for h in (TENANT_HEADER, KEY_HEADER))
+        return key_limits.Given(
+            tenant=tenant if isinstance(tenant, str) else None,
+            concurrency_key=key if isinstance(key, str) and key else None,
+        )
 
     def _park_held(self, held: limits.LimitReached, args: Any, kwargs: Any) -> NoReturn:
         try:
@@ -326,7 +335,7 @@ class KeelTask(CeleryTask):
         until then, on any worker."""
         try:
             held = key_limits.rate_limited(
-                self, self._key_data(kwargs), self._delivered_queue(), limited
+                self, self._key_data(kwargs), self._delivered_queue(), limited, self._key_given()
             )
         except Exception:  # the job still waits; the others may try the service meanwhile
             log.warning("could not hold the rate limit of %s", self.name, exc_info=True)

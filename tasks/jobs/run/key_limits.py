@@ -20,7 +20,10 @@ and are taken the same way, before the claim, so waiting costs no attempt:
   ``RateLimited`` (the service it calls said "too many requests") holds its key's window,
   or its queue's, until the time it names (``rate_limited``).
 
-A job whose data has no value for the key is not limited by it.
+A key is its tenant's: two tenants' jobs with the same key share nothing. A call can give
+its job's concurrency key itself (the ``concurrencyKey`` option); it travels in the job's
+messages, as the tenant does (``tasks.jobs.intake.messages``), so admission reads no
+record. A job whose data has no value for the key is not limited by it.
 """
 
 from __future__ import annotations
@@ -153,14 +156,29 @@ class Superseded(ControlFlow):
 
 
 @dataclass(frozen=True)
-class _Key:
-    """The Redis keys of one key of one job type."""
+class Given:
+    """What a job's delivery says of its keys: its tenant, whose keys they are (``None``: a
+    system job's), and the concurrency key its call gave (``concurrencyKey``), if any."""
+
+    tenant: str | None = None
+    concurrency_key: str | None = None
+
+
+# A call's key for a job type that declares no key concurrency: one at a time, in line.
+CALL_KEY_DEFAULT = KeyConcurrency("concurrencyKey")
+
+
+@dataclass(frozen=True)
+class KeyNames:
+    """The Redis keys of one key of one job type, for one tenant."""
 
     base: str
 
     @classmethod
-    def of(cls, name: str, key: str) -> _Key:
-        return cls(f"{KEY_PREFIX}:{name}:{key}")
+    def of(cls, name: str, tenant: str | None, key: str) -> KeyNames:
+        # The tenant's length first: no tenant id and key can be read as another pair.
+        scope = "-" if tenant is None else f"t{len(tenant)}.{tenant}"
+        return cls(f"{KEY_PREFIX}:{name}:{scope}:{key}")
 
     @property
     def concurrency(self) -> tuple[str, str, str]:
@@ -180,23 +198,32 @@ def declared(task: Task) -> tuple[KeyConcurrency | None, KeyRate | None]:
     return getattr(task, "key_concurrency", None), getattr(task, "key_rate", None)
 
 
-def admit(admission: limits.Admission, task: Task, data: Mapping[str, Any], job_id: str) -> None:
+def admit(
+    admission: limits.Admission,
+    task: Task,
+    data: Mapping[str, Any],
+    job_id: str,
+    given: Given = Given(),
+) -> None:
     """Take what a start of ``job_id`` needs from its key's limits, into ``admission``.
 
     ``LimitReached``: park it (its ``after_park`` then runs); ``Superseded``: cancel it.
     """
     concurrency, rate = declared(task)
-    if concurrency is not None:
+    key = None
+    if given.concurrency_key:  # the call's, whatever the data says
+        concurrency = concurrency or CALL_KEY_DEFAULT
+        key = given.concurrency_key
+    elif concurrency is not None:
         key = _key(concurrency.key, data, task.name)
-        if key is not None:
-            _take_slot(admission, task.name, key, concurrency, job_id)
+    if concurrency is not None and key is not None:
+        _take_slot(admission, KeyNames.of(task.name, given.tenant, key), key, concurrency, job_id)
     if rate is not None:
         key = _key(rate.key, data, task.name)
         if key is not None:
+            starts = KeyNames.of(task.name, given.tenant, key).starts
             limited = f"{task.name} key {key}"
-            admission.starts.append(
-                limits.reserve_start(_Key.of(task.name, key).starts, rate.max, rate.per_ms, limited)
-            )
+            admission.starts.append(limits.reserve_start(starts, rate.max, rate.per_ms, limited))
 
 
 def _key(source: Any, data: Mapping[str, Any], name: str) -> str | None:
@@ -209,7 +236,9 @@ def _key(source: Any, data: Mapping[str, Any], name: str) -> str | None:
         return None
 
 
-def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateLimited) -> bool:
+def rate_limited(
+    task: Task, data: Mapping[str, Any], queue: str, limited: RateLimited, given: Given = Given()
+) -> bool:
     """A handler raised ``RateLimited``: hold its limiter's window until the time it named;
     ``False`` if there is no window to hold (only the job itself then waits)."""
     if limited.scope == "queue":
@@ -222,12 +251,12 @@ def rate_limited(task: Task, data: Mapping[str, Any], queue: str, limited: RateL
     key = _key(rate.key, data, task.name) if rate is not None else None
     if key is None:
         return False
-    limits.block(_Key.of(task.name, key).starts, limited.delay_ms)
+    limits.block(KeyNames.of(task.name, given.tenant, key).starts, limited.delay_ms)
     return True
 
 
 def _take_slot(
-    admission: limits.Admission, name: str, key: str, spec: KeyConcurrency, job_id: str
+    admission: limits.Admission, names: KeyNames, key: str, spec: KeyConcurrency, job_id: str
 ) -> None:
     created_us = 0
     if spec.strategy == "cancel_in_progress":
@@ -236,7 +265,6 @@ def _take_slot(
             return  # superseded already: its claim refuses it, and it must not supersede others
         # Its age decides, not who asks first: a retry of an older job supersedes nothing.
         created_us = found[1] if found is not None else int(time.time() * 1e6)
-    names = _Key.of(name, key)
     holder = f"{uuid.uuid4().hex}:{job_id}"
     mode = {"queue": "queue", "cancel_in_progress": "newest", "cancel_newest": "first"}
     try:
@@ -254,12 +282,12 @@ def _take_slot(
             created_us,
         )
     except Exception:
-        log.warning("could not check the key limit of %s %s; holding", name, key, exc_info=True)
+        log.warning("could not check the key limit of %s; holding", names.base, exc_info=True)
         raise limits.LimitReached(limits.UNKNOWN_HOLD_S, "key concurrency") from None
     outcome = int(reply[0])
 
     def wake() -> None:
-        wake_next(name, key, spec.max_running)
+        wake_next(names, spec.max_running)
 
     if outcome == 1:  # the slot is ours from here: given back with the admission
         slot = limits.Token(names.concurrency[0], holder)
@@ -308,16 +336,16 @@ def _supersede(entries: list[str], newest: str, key: str) -> None:
         log.warning("could not supersede the other jobs of key %s", key, exc_info=True)
 
 
-def wake_next(name: str, key: str, max_running: int) -> list[str]:
-    """Promote and publish the first jobs in ``key``'s line that its free slots can take.
+def wake_next(names: KeyNames, max_running: int) -> list[str]:
+    """Promote and publish the first jobs in a key's line that its free slots can take.
 
     A job in line that has ended meanwhile (cancelled, deleted) leaves the line here, and
     the next one is taken instead: it would hold the line until it went stale.
     """
-    names = _Key.of(name, key).concurrency
+    line = names.concurrency
     woken: list[str] = []
     for _ in range(_WAKE_ROUNDS):
-        found = redis_client().eval(_NEXT, 3, *names, max_running, int(STALE_WAITER_S * 1000))
+        found = redis_client().eval(_NEXT, 3, *line, max_running, int(STALE_WAITER_S * 1000))
         heads = [entry.decode() if isinstance(entry, bytes) else entry for entry in found]
         if not heads:
             break
@@ -327,8 +355,8 @@ def wake_next(name: str, key: str, max_running: int) -> list[str]:
             woken += [job.id for job in publish_ready(session, ready)]
         if not gone:
             break
-        redis_client().zrem(names[1], *gone)
-        redis_client().zrem(names[2], *gone)
+        redis_client().zrem(line[1], *gone)
+        redis_client().zrem(line[2], *gone)
     return woken
 
 

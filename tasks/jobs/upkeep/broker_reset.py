@@ -55,7 +55,9 @@ def republish_waiting(batch: int = 500) -> int:
             waiting = upkeep.still_waiting(session, [job.id for job in page])
         for job in page:
             if job.id in waiting and not held(job.id):
-                publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
+                publish_or_park(
+                    job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id
+                )
                 count += 1
         last = page[-1].id
 

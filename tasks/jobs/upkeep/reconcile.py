@@ -157,7 +157,7 @@ def _reconcile(queue: str, older_than_s: float, reserved: Contents) -> int:
     missing = [j for j in candidates if not queued.holds(j.id) and not reserved.holds(j.id)]
     lost = _confirmed(missing)
     for job in lost:
-        publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx)
+        publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id)
     if lost:
         log.warning(
             "republished %d waiting jobs of queue %s that had no message in the broker",
