@@ -53,9 +53,11 @@ def provider_options(job_id: str) -> JobOptions:
 
 
 SEND_OPTS = JobOptions(attempts=10, backoff=Backoff(type="exponential", delay=1000, jitter=0.5))
-GROUP_WAIT_MS = 200
+# A chunk waiting for its group's creator is woken by the creator's end; this backstop
+# (growing with each look, up to the max) only covers a lost wake-up.
+GROUP_WAIT_MS = 1000
 GROUPS_AHEAD = 2  # generations whose groups are made before their first chunk arrives
-GROUP_WAIT_MAX_MS = 5000
+GROUP_WAIT_MAX_MS = 15_000
 ROLLOVER_WAIT_MS = 100
 
 
@@ -195,10 +197,11 @@ def create_job_id(campaign_id: str, generation: int) -> str:
 def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn:
     """Make sure the generation's creator exists, then wait for its group without an attempt.
 
-    The creator is a control job: it goes ahead of the queue's chunks. The wait grows
-    with each look (up to ``GROUP_WAIT_MAX_MS``), so chunks waiting out a provider
-    outage cost little. A creator that failed for good fails this run instead:
-    the chunk then fails closed once its attempts are spent, and a resume restarts both.
+    The creator is a control job: it goes ahead of the queue's chunks. The chunk waits for
+    it to end (``waiting_for``: the transaction that records the creator's end publishes
+    every chunk waiting for it). The delay is a backstop only, growing with each look (up
+    to ``GROUP_WAIT_MAX_MS``). A creator that failed for good fails this run instead: the
+    chunk then fails closed once its attempts are spent, and a resume restarts both.
     """
     created = add(
         CREATE,
@@ -209,7 +212,7 @@ def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn
     if not created.created and _state_of(created.job_id) == "failed":
         raise GroupUnavailable(f"the group of generation {generation} could not be created")
     wait_ms = min(GROUP_WAIT_MS * max(1, job.attempts_started), GROUP_WAIT_MAX_MS)
-    raise Defer(wait_ms, "waiting for the generation's group", waiting_children=True)
+    raise Defer(wait_ms, "waiting for the generation's group", waiting_for=[created.job_id])
 
 
 def _state_of(job_id: str) -> str | None:

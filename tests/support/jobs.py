@@ -472,3 +472,20 @@ def celery_keyed(self, customer_id: str, ms: int = 0) -> str:
     """A Celery task limited to one run per ``customer_id`` at a time."""
     time.sleep(ms / 1000)
     return customer_id
+
+
+# --- waiting for other jobs (tests/integration/test_job_waits.py) -------------------------------
+
+
+@handler("test.await_jobs", queue="default")
+def await_jobs(job: JobContext) -> dict:
+    """Wait for the jobs ``data["jobs"]`` while one of them is unfinished (a 60 s backstop),
+    or on its first run if ``data["deferFirst"]``; then: how they ended."""
+    from tasks.jobs.observe.queries import get
+
+    found = [get(job_id) for job_id in job.data["jobs"]]
+    states = [record.state if record is not None else None for record in found]
+    first = job.attempts_started == 1 and job.data.get("deferFirst")
+    if first or any(state not in ("completed", "failed", "cancelled", None) for state in states):
+        raise Defer(60_000, "waiting for other jobs", waiting_for=job.data["jobs"])
+    return {"states": states}

@@ -9,7 +9,8 @@ record is the store's; what follows it is here, once: the dedup claim freed,
 retention trimmed after the commit, the chord body counting on the job failed
 (recursively: a body can be a part) or, by the chord's ``on_child_failure``, counting
 the part (``chord_parts``), the parent waiting for its children woken if this was the
-last (``wake_parent``), the end announced.
+last (``wake_parent``), the jobs waiting for this one woken if it was the last they
+waited for (``wake_waiters``), the end announced.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events
 from tasks.jobs.store import canvas as canvas_store
-from tasks.jobs.store import dedup, parents, upkeep
+from tasks.jobs.store import dedup, parents, upkeep, waits
+from tasks.jobs.store.jobs import ReadyJob
 from tasks.jobs.store.upkeep import Partition
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ def ended(
         parent = parents.parent_of(session, job.id)
     if parent:
         wake_parent(session, str(parent))
+    wake_waiters(session, job.id)
     if not announce:
         return
     if state == State.FAILED:
@@ -121,9 +124,30 @@ def wake_parent(session: Session, parent_id: str) -> None:
     """In the transaction that ends a child (or defers its parent): publish the parent if it
     waits for its children and none is unfinished now (``store.parents``)."""
     ready = parents.wake(session, parent_id)
-    if ready is None:
+    _publish_woken(session, [ready] if ready is not None else [])
+
+
+def wake_deferred(session: Session, waiter_id: str, awaited: list[str], ended_all: bool) -> None:
+    """In the transaction that defers ``waiter_id`` waiting for ``awaited`` (which
+    ``waits.mark`` locked first, and found all ended: ``ended_all``): record the waits, and
+    publish it at once if they have all ended already."""
+    waits.record(session, waiter_id, awaited)
+    if not ended_all:
         return
-    sent = publish_ready(session, [ready])
+    ready = waits.wake_self(session, waiter_id)
+    _publish_woken(session, [ready] if ready is not None else [])
+
+
+def wake_waiters(session: Session, awaited_id: str) -> None:
+    """In the transaction that ends ``awaited_id``: publish the jobs that wait for it
+    (``Defer(..., waiting_for=...)``) and for nothing else unfinished now (``store.waits``)."""
+    _publish_woken(session, waits.wake_waiters(session, awaited_id))
+
+
+def _publish_woken(session: Session, ready: list[ReadyJob]) -> None:
+    if not ready:
+        return
+    sent = publish_ready(session, ready)
     announced: list[tuple[str, str, str, str | None]] = [
         (job.queue, "waiting", job.id, job.name) for job in sent
     ]

@@ -29,13 +29,20 @@ from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs.end import abort, canvas
-from tasks.jobs.end.ending import ended, finished, retention, wake_parent
+from tasks.jobs.end.ending import (
+    ended,
+    finished,
+    retention,
+    wake_deferred,
+    wake_parent,
+    wake_waiters,
+)
 from tasks.jobs.model import failures
 from tasks.jobs.model.errors import ControlFlow, Defer, UnrecoverableError
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events, metrics
-from tasks.jobs.store import runs
+from tasks.jobs.store import runs, waits
 from tasks.jobs.store.runs import ClaimedJob
 
 log = logging.getLogger(__name__)
@@ -80,25 +87,33 @@ def _one_statement(claimed: ClaimedJob) -> bool:
     )
 
 
+def _complete(claimed: ClaimedJob, result: Any) -> bool:
+    """Record success and what follows it in one transaction; ``False``: no longer ours."""
+    with transaction() as session:
+        done = runs.complete(session, claimed, result)
+        if done is not None:
+            finished(session, claimed, State.COMPLETED)
+            canvas.completed(session, claimed, result)
+            if claimed.parent_job_id is not None:
+                wake_parent(session, claimed.parent_job_id)
+            if done.awaited:
+                wake_waiters(session, claimed.id)
+    return done is not None
+
+
 def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
     """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
     try:
         if _one_statement(claimed):  # nothing else in its transaction: the statement alone
-            if not runs.complete_alone(claimed, result):
+            # Refused: no longer ours, or another job waits for it (then recorded below).
+            if runs.complete_alone(claimed, result):
+                trim = retention(claimed, State.COMPLETED)
+                if trim is not None:
+                    trim()
+            elif not _complete(claimed, result):
                 _refused(claimed)
-            trim = retention(claimed, State.COMPLETED)
-            if trim is not None:
-                trim()
-        else:
-            with transaction() as session:
-                done = runs.complete(session, claimed, result)
-                if done:
-                    finished(session, claimed, State.COMPLETED)
-                    canvas.completed(session, claimed, result)
-                    if claimed.parent_job_id is not None:
-                        wake_parent(session, claimed.parent_job_id)
-            if not done:
-                _refused(claimed)
+        elif not _complete(claimed, result):
+            _refused(claimed)
     except BaseException:
         if duration_s is not None:  # the run happened: its duration counts all the same
             metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
@@ -154,15 +169,22 @@ def failed(
 def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``); one
     waiting for its children whose children have all ended already runs again at once."""
-    state = State.WAITING_CHILDREN if deferral.waiting_children else State.DELAYED
+    waiting = deferral.waiting_children or bool(deferral.waiting_for)
+    state = State.WAITING_CHILDREN if waiting else State.DELAYED
 
     def announce(_session: Session) -> None:
         events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
 
+    awaited = [job_id for job_id in deferral.waiting_for if job_id != claimed.id]
     with transaction() as session:
+        # The awaited rows first (``store.waits``): an end of one of them either committed
+        # before (read here as ended) or waits for this transaction (and sees its waits).
+        ended_all = waits.mark(session, awaited) if awaited else False
         done = runs.defer(session, claimed, deferral.delay_ms, state, str(deferral))
         if done:  # announced before a wake-up of it (``wake_parent``) is
             event.listen(session, "after_commit", announce, once=True)
+            if awaited:
+                wake_deferred(session, claimed.id, awaited, ended_all)
             if deferral.waiting_children:
                 wake_parent(session, claimed.id)
     if not done and abort.end_run(claimed):

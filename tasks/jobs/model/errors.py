@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -96,21 +97,40 @@ class UnrecoverableError(ControlFlow):
     code = "unrecoverable"
 
 
+# At most this many jobs named by one ``Defer(waiting_for=...)``.
+MAX_WAITING_FOR = 1000
+
+
 class Defer(ControlFlow):
     """Run this job again after ``delay_ms`` without using up an attempt.
 
-    BullMQ's ``moveToDelayed`` + ``DelayedError``; with ``waiting_children``
-    the job is parked as ``waiting-children`` (it waits for a job it added).
+    BullMQ's ``moveToDelayed`` + ``DelayedError``. With ``waiting_children`` the job is
+    parked as ``waiting-children`` until the children it added (``job.add_child``) have all
+    ended; with ``waiting_for``, until the jobs it names (any job's id, shared by other
+    waiters or not) have all ended; with both, until all of them have. The transaction that
+    records the last end publishes it; ``delay_ms`` is a backstop.
     """
 
     code = "deferred"
 
     def __init__(
-        self, delay_ms: int, reason: str = "deferred", *, waiting_children: bool = False
+        self,
+        delay_ms: int,
+        reason: str = "deferred",
+        *,
+        waiting_children: bool = False,
+        waiting_for: Sequence[str] = (),
     ) -> None:
         super().__init__(reason)
+        if isinstance(waiting_for, str) or not all(
+            isinstance(job_id, str) and job_id for job_id in waiting_for
+        ):
+            raise ValueError(f"waiting_for is a list of job ids, not {waiting_for!r}")
+        if len(waiting_for) > MAX_WAITING_FOR:
+            raise ValueError(f"a job waits for at most {MAX_WAITING_FOR} jobs at once")
         self.delay_ms = delay_ms
         self.waiting_children = waiting_children
+        self.waiting_for = tuple(waiting_for)
 
 
 class RateLimited(Defer):

@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -91,6 +92,8 @@ class JobRecord(Base):
     abort_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The job that added this one as its child (``job.add_child``), woken by its end (0020).
     parent_job_id: Mapped[str | None] = mapped_column(String(200))
+    # Another job waits for this one's end (``Defer(waiting_for=...)``, ``job_waits``; 0022).
+    awaited: Mapped[bool | None] = mapped_column(Boolean)
 
     __table_args__ = (
         CheckConstraint(
@@ -335,6 +338,20 @@ class JobLogLine(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     logged_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     message: Mapped[str] = mapped_column(Text)
+
+
+class JobWait(Base):
+    """A deferred job (``waiter_id``) waits for ``awaited_id`` to end
+    (``Defer(..., waiting_for=[...])``, ``tasks.jobs.store.waits``); deleted with the waiter."""
+
+    __tablename__ = "job_waits"
+
+    awaited_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    waiter_id: Mapped[str] = mapped_column(
+        String(200), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+
+    __table_args__ = (Index("ix_job_waits_waiter", "waiter_id"),)
 
 
 class HeldJob(Base):

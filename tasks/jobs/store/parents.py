@@ -30,6 +30,9 @@ _WAKE = text(
       AND EXISTS (SELECT 1 FROM jobs AS child WHERE child.parent_job_id = :id)
       AND NOT EXISTS (SELECT 1 FROM jobs AS child WHERE child.parent_job_id = :id
                       AND child.state NOT IN ('completed', 'failed', 'cancelled'))
+      AND NOT EXISTS (  -- nor for a job it named (``store.waits``)
+        SELECT 1 FROM job_waits AS w JOIN jobs AS awaited ON awaited.id = w.awaited_id
+        WHERE w.waiter_id = :id AND awaited.state NOT IN ('completed', 'failed', 'cancelled'))
     RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at, priority
     """
 )

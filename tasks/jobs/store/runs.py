@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -269,16 +269,19 @@ def extend_locks(session: Session, tokens: list[str], lock_s: float) -> int:
 # --- finishing ------------------------------------------------------------------------------
 
 
-_COMPLETE = text(
-    f"""
+_COMPLETE_SQL = f"""
     UPDATE jobs SET state = 'completed', result = CAST(:result AS jsonb),
         failed_reason = NULL,  -- an earlier run's failure stays in that run (``runs``)
         finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
         {_FINISH_RUN}
-    WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL
-    RETURNING id
+    WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL {{alone}}
+    RETURNING id, awaited
     """
-)
+_COMPLETE = text(_COMPLETE_SQL.format(alone=""))
+# Alone, a job another waits for is not completed: its end wakes the waiter in the same
+# transaction (``complete``). A waiter marks it before it waits, and the mark's row lock
+# makes this statement re-read the row it waited for (``tasks.jobs.store.waits``).
+_COMPLETE_ALONE = text(_COMPLETE_SQL.format(alone="AND awaited IS NOT TRUE"))
 _COMPLETED_RUN = json.dumps({"outcome": "completed"})
 
 
@@ -291,14 +294,23 @@ def _complete_params(job: ClaimedJob, result: Any) -> dict[str, Any]:
     }
 
 
-def complete(session: Session, job: ClaimedJob, result: Any) -> bool:
-    """Record success; ``False`` if the job is no longer ours."""
-    return session.execute(_COMPLETE, _complete_params(job, result)).first() is not None
+class Completed(NamedTuple):
+    """A recorded success: ``awaited``, another job waits for this one's end."""
+
+    awaited: bool
+
+
+def complete(session: Session, job: ClaimedJob, result: Any) -> Completed | None:
+    """Record success; ``None`` if the job is no longer ours."""
+    row = session.execute(_COMPLETE, _complete_params(job, result)).first()
+    return None if row is None else Completed(awaited=bool(row.awaited))
 
 
 def complete_alone(job: ClaimedJob, result: Any) -> bool:
-    """``complete`` as its own statement, without a Session (``tasks.db.run_alone``)."""
-    return run_alone(_COMPLETE, _complete_params(job, result)) is not None
+    """``complete`` as its own statement, without a Session (``tasks.db.run_alone``);
+    ``False``: not done, for the job is no longer ours or another job waits for it (then
+    ``complete`` records it, in a transaction that wakes the waiter)."""
+    return run_alone(_COMPLETE_ALONE, _complete_params(job, result)) is not None
 
 
 def fail(
