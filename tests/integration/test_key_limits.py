@@ -11,12 +11,13 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import text
 
+from tasks.celery import app as celery_app
 from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES
 from tests.support.client import record, ts, unique, wait_state
-from tests.support.jobs import celery_keyed
+from tests.support.jobs import celery_keyed, nap
 from tests.support.stack import WorkerProcess, wait_for
 from tests.support.timeline import max_in_window, max_overlap, run_intervals
 
@@ -266,3 +267,40 @@ def test_a_call_s_concurrency_key_limits_a_type_that_declares_none(workers):
     assert max_overlap(run_intervals(jobs)) == 1
     assert max_overlap(run_intervals(other_jobs)) == 1
     assert max_overlap(run_intervals(jobs + other_jobs)) == 2
+
+
+def test_a_call_s_key_holds_for_the_job_s_retries(workers):
+    # When 4 calls with one key each ask for a retry at their first run, then run 500 ms
+    key = unique("repo")
+    calls = [
+        nap.apply_async(
+            kwargs={"seconds": 0.5, "retry_first": True},
+            queue=QUEUE,
+            job_options={"concurrencyKey": key},
+        )
+        for _ in range(4)
+    ]
+    jobs = ended([call.id for call in calls], timeout=40)
+    # Then the retried runs, published again from the records, still went one at a time
+    assert {(j["state"], j["attemptsStarted"]) for j in jobs} == {("completed", 2)}
+    retried = [{"runs": [job["runs"][-1]]} for job in jobs]
+    assert max_overlap(run_intervals(retried)) == 1
+
+
+def test_a_message_sent_without_keel_cannot_act_in_a_tenant_s_key(workers):
+    # Given a tenant's running job of a key, the newest wins
+    repo, tenant = unique("repo"), unique("acme")
+    owned = add(
+        "test.keyed_latest", {"repo": repo, "ms": 1500}, queue=QUEUE, owner=Owner(tenant, "u")
+    ).job_id
+    wait_state(owned, "active")
+    # When a message sent without Keel names the tenant in its headers
+    foreign = celery_app.send_task(
+        "test.keyed_latest",
+        kwargs={"repo": repo, "ms": 0},
+        queue=QUEUE,
+        headers={"keel_tenant": tenant},
+    )
+    # Then it is a system job's, and the tenant's job is not superseded
+    assert wait_state(foreign.id, "completed", "cancelled", timeout=20)["state"] == "completed"
+    assert wait_state(owned, "completed", "cancelled", timeout=20)["state"] == "completed"

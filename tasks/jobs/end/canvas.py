@@ -82,6 +82,7 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         ctx.update(chordOnFailure=policy)
     given = options.get("owner") or current_owner()
     owner = given if isinstance(given, Owner) else None
+    opts = task.default_options({}, owner)
     job = NewJob(
         id=str(options["task_id"]),
         name=task.name,
@@ -89,8 +90,8 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         data={},
         tenant_id=owner.tenant_id if owner else None,
         user_id=owner.user_id if owner else None,
-        opts=task.default_options({}, owner),
-        celery_ctx=tracing.carried(ctx),
+        opts=opts,
+        celery_ctx=tracing.carried(with_options(ctx, opts)),
         waiting_children=True,
         priority=tenancy.rank(ctx.get("priority")),
     )

@@ -28,6 +28,7 @@ from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.end import abort, cancel, ending, finish
 from tasks.jobs.intake import enqueue, pauses, tenancy
+from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.enqueue import AddedJob
 from tasks.jobs.intake.messages import KEEL_HEADER, KEY_HEADER, TENANT_HEADER
 from tasks.jobs.model import formats, registry
@@ -282,7 +283,10 @@ class KeelTask(CeleryTask):
         return dict(inner) if isinstance(inner, dict) else {}
 
     def _key_given(self) -> key_limits.Given:
-        """The job's tenant and its call's concurrency key, as its message carries them."""
+        """The job's tenant and its call's concurrency key, as its message carries them: only a
+        Keel message's (one sent without Keel is a system job's, whatever its headers say)."""
+        if not getattr(self.request, KEEL_HEADER, None):
+            return key_limits.Given()
         tenant, key = (getattr(self.request, h, None) for h in (TENANT_HEADER, KEY_HEADER))
         return key_limits.Given(
             tenant=tenant if isinstance(tenant, str) else None,
@@ -448,6 +452,8 @@ class KeelTask(CeleryTask):
         if headers:  # the call's ``headers=``, from the record whichever message brought it
             self.request.headers = dict(headers)
             for header, value in headers.items():
+                if header in _KEEL_HEADERS:  # Keel's, from the message only
+                    continue
                 if getattr(self.request, header, None) is None:
                     setattr(self.request, header, value)
         context = JobContext(claimed)
@@ -556,6 +562,7 @@ class KeelTask(CeleryTask):
             data = self.data_for(args, kwargs)
         except TypeError as exc:
             data, refused = {"args": list(args), "kwargs": dict(kwargs)}, str(exc)
+        opts = self.default_options(data, None)
         job = NewJob(
             id=str(self.request.id),
             name=self.name,
@@ -563,8 +570,8 @@ class KeelTask(CeleryTask):
             data=data,
             tenant_id=None,
             user_id=None,
-            opts=self.default_options(data, None),
-            celery_ctx=tracing.carried(self._canvas_context()),
+            opts=opts,
+            celery_ctx=tracing.carried(with_options(self._canvas_context(), opts)),
             priority=tenancy.rank(_message_priority(self.request)),
         )
         if not store.insert(session, job):
@@ -622,6 +629,10 @@ class KeelTask(CeleryTask):
             ctx["timelimit"] = limits
         kept = {key: value for key, value in ctx.items() if value not in (None, [], ())}
         return kept or None
+
+
+# Headers only Keel sets on a message; a record's stored call headers never stand in for them.
+_KEEL_HEADERS = frozenset({KEEL_HEADER, TENANT_HEADER, KEY_HEADER})
 
 
 def _message_priority(request: Any) -> Any:

@@ -102,7 +102,8 @@ _CLAIM = text(
             CAST(:ctx AS jsonb)
                 || jsonb_strip_nulls(jsonb_build_object(
                     'headers', jobs.celery_ctx -> 'headers', 'trace', jobs.celery_ctx -> 'trace',
-                    'timelimit', jobs.celery_ctx -> 'timelimit')),
+                    'timelimit', jobs.celery_ctx -> 'timelimit',
+                    'concurrency_key', jobs.celery_ctx -> 'concurrency_key')),
             jobs.celery_ctx),
         runs = jobs.runs || jsonb_build_array(jsonb_build_object(
             'attempt', jobs.attempts_started + 1,
