@@ -489,3 +489,9 @@ def await_jobs(job: JobContext) -> dict:
     if first or any(state not in ("completed", "failed", "cancelled", None) for state in states):
         raise Defer(60_000, "waiting for other jobs", waiting_for=job.data["jobs"])
     return {"states": states}
+
+
+@shared_task(base=KeelTask, name="test.celery_got")
+def celery_got(*args: object, **kwargs: object) -> dict:
+    """A chain's step that returns what it was called with."""
+    return {"args": list(args), "kwargs": kwargs}

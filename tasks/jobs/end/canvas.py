@@ -29,29 +29,24 @@ Celery's: it is kept on the record and fires when the job fails for good.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from typing import Any
 
-from celery import signature
 from celery.canvas import Signature
-from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks import tracing
-from tasks.celery import app
 from tasks.db import transaction
-from tasks.jobs.end import chord_parts, ending
+from tasks.jobs.end import chord_parts, ending, steps
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.celery_options import (
     call_priority,
     canvas_context,
-    job_options,
+    failure_policy,
     with_options,
 )
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
-from tasks.jobs.model.owner import Owner, acting_as, current_owner
-from tasks.jobs.observe import events
+from tasks.jobs.model.owner import Owner, current_owner
 from tasks.jobs.store import canvas as store
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import NewJob, ReadyJob
@@ -77,7 +72,7 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     ctx.update(chordParts=part_ids, chordArgs=args, chordKwargs=kwargs)
     if body.immutable:  # ``.si()``: called with its own arguments, without the results
         ctx.update(chordImmutable=True)
-    policy = chord_parts.policy_of(options)
+    policy = failure_policy(options)
     if policy != "fail":
         ctx.update(chordOnFailure=policy)
     given = options.get("owner") or current_owner()
@@ -119,9 +114,9 @@ def completed(session: Session, claimed: ClaimedJob, result: Any) -> None:
     if chain:
         step = chain.pop()  # Celery keeps a chain's remaining steps last-first
         more = {"chain": chain} if chain else {}
-        ready += _child(session, claimed, step, result, f"{claimed.id}.next", more)
+        ready += steps.record(session, claimed, step, result, f"{claimed.id}.next", more)
     for index, link in enumerate(ctx.get("link") or []):
-        ready += _child(session, claimed, link, result, f"{claimed.id}.link{index}", {})
+        ready += steps.record(session, claimed, link, result, f"{claimed.id}.link{index}", {})
     body_id = body_id_of(ctx)
     if body_id:
         ready += part_ended(session, body_id, claimed.id, result)
@@ -153,62 +148,3 @@ def count_bound_parts() -> int:
         if ready:
             publish_ready(session, ready)
     return len(bound)
-
-
-def _child(
-    session: Session,
-    parent: ClaimedJob,
-    step: dict[str, Any],
-    result: Any,
-    fallback_id: str,
-    more: dict[str, Any],
-) -> list[ReadyJob]:
-    """Record one triggered step (a Keel task), or send it after the commit (anything else)."""
-    sig = signature(step, app=app)
-    args = tuple(sig.args or ()) if sig.immutable else (result, *(sig.args or ()))
-    options = {
-        **dict(sig.options or {}),
-        **more,
-        "parent_id": parent.id,
-        "root_id": (parent.celery_ctx or {}).get("root_id") or parent.id,
-    }
-    task = keel_task(sig.task)
-    owner = Owner(parent.tenant_id, parent.user_id or "") if parent.tenant_id else None
-    if task is None:  # a group, chord or plain task: the Keel jobs in it keep the owner
-
-        def send() -> None:
-            with acting_as(owner) if owner is not None else nullcontext():
-                sig.apply_async(args=args, **more)
-
-        _after_commit(session, send)
-        return []
-    data = task.data_for(args, sig.kwargs)
-    opts = job_options(task, data, owner, options)  # its countdown, expires, job_options …
-    ctx = canvas_context({**options, "priority": call_priority(task, options)})
-    job = NewJob(
-        id=str(options.get("task_id") or fallback_id),
-        name=task.name,
-        queue=str(options.get("queue") or task.job_queue()),
-        data=data,
-        tenant_id=parent.tenant_id,
-        user_id=parent.user_id,
-        opts=opts,
-        celery_ctx=tracing.carried(with_options(ctx or None, opts)),
-        priority=tenancy.rank(ctx.get("priority")),
-    )
-    if not jobs_store.insert(session, job):
-        return []  # recorded already
-    _after_commit(session, lambda: events.emit(job.queue, job.state, job.id, job.name))
-    if job.state != State.WAITING:
-        return []
-    return [jobs_store.ready_job(job)]
-
-
-def _after_commit(session: Session, action: Any) -> None:
-    def run(_session: Session) -> None:
-        try:
-            action()
-        except Exception:  # the records are right; a lost event or plain send is logged
-            log.warning("after-commit canvas step failed", exc_info=True)
-
-    event.listen(session, "after_commit", run, once=True)

@@ -27,7 +27,6 @@ from tasks.jobs.store import canvas as store
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import ReadyJob
 
-POLICIES = ("fail", "ignore", "remove")
 # A removed part's place among the body's results (never a result: it is not JSON a task
 # could return as such, a key no handler's result is expected to carry).
 REMOVED_KEY = "keel:removedPart"
@@ -38,14 +37,6 @@ def keel_task(name: str) -> Any | None:
     """The Keel task called ``name``, or ``None`` for a plain Celery task (or none)."""
     task = app.tasks.get(name)
     return task if task is not None and hasattr(task, "data_for") else None
-
-
-def policy_of(options: dict[str, Any]) -> str:
-    """A chord body's ``on_child_failure`` option; anything but a policy is refused."""
-    policy = options.get("on_child_failure") or "fail"
-    if policy not in POLICIES:
-        raise ValueError(f"on_child_failure must be one of {', '.join(POLICIES)}, not {policy!r}")
-    return str(policy)
 
 
 def part_ended(session: Session, body_id: str, part_id: str, result: Any) -> list[ReadyJob]:

@@ -23,13 +23,15 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
-from tasks.jobs.end import chord_parts
+from tasks.jobs.end import chord_parts, steps
+from tasks.jobs.intake.celery_options import failure_policy
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events
 from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import dedup, parents, upkeep, waits
+from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import ReadyJob
 from tasks.jobs.store.upkeep import Partition
 
@@ -52,6 +54,7 @@ def ended(
     """
     finished(session, job, state)
     _fail_chord(session, job, reason)
+    _go_on_past(session, job, reason)
     parent = getattr(job, "parent_job_id", _UNKNOWN)
     if parent is _UNKNOWN:  # a record read without it
         parent = parents.parent_of(session, job.id)
@@ -118,6 +121,30 @@ def _fail_chord(session: Session, job: Any, reason: str) -> None:
     body_id = canvas_store.chord_body_id(job.celery_ctx)
     if body_id is not None:
         chord_part_failed(session, body_id, job.id, reason)
+
+
+def _go_on_past(session: Session, job: Any, reason: str) -> None:
+    """A chain's step ended without a result: the chain stops there (Celery's way), unless
+    its next step's ``on_child_failure`` says to go on: ``ignore`` passes it the failure as
+    its first argument, ``{"error": reason, "jobId": step}``, as a chord body gets it;
+    ``remove`` calls it without the failed step's result. The rest of the chain follows
+    it as usual."""
+    chain = list((job.celery_ctx or {}).get("chain") or [])
+    if not chain or not isinstance(chain[-1], dict):
+        return
+    step = chain.pop()  # Celery keeps a chain's remaining steps last-first
+    policy = failure_policy(step.get("options") or {})
+    if policy == "fail":
+        return
+    parent = job if hasattr(job, "user_id") and hasattr(job, "tenant_id") else None
+    parent = parent or jobs_store.get(session, job.id)
+    more = {"chain": chain} if chain else {}
+    error = {"error": reason, "jobId": job.id}
+    ready = steps.record(
+        session, parent, step, error, f"{job.id}.next", more, pass_result=policy == "ignore"
+    )
+    if ready:
+        publish_ready(session, ready)
 
 
 def wake_parent(session: Session, parent_id: str) -> None:

@@ -84,9 +84,26 @@ def call_priority(task: Any, options: dict[str, Any]) -> Any:
     return None
 
 
+#: What a chord body or a chain's step does when the part or step before it ends without a
+#: result (its ``on_child_failure`` option; ``tasks.jobs.end.chord_parts``,
+#: ``tasks.jobs.end.ending``).
+FAILURE_POLICIES = ("fail", "ignore", "remove")
+
+
+def failure_policy(options: dict[str, Any]) -> str:
+    """A signature's ``on_child_failure`` option (``fail`` if unset); anything but a policy is
+    refused (``ValueError``)."""
+    policy = options.get("on_child_failure") or "fail"
+    if policy not in FAILURE_POLICIES:
+        choices = ", ".join(FAILURE_POLICIES)
+        raise ValueError(f"on_child_failure must be one of {choices}, not {policy!r}")
+    return str(policy)
+
+
 def _check_steps(options: dict[str, Any]) -> None:
-    """Refuse, at the call, a priority that could not be ranked or a time limit that is no
-    positive number: the call's own, and those of the chain steps and links it carries
+    """Refuse, at the call, a priority that could not be ranked, a time limit that is no
+    positive number or an unknown failure policy: the call's own, and those of the chain
+    steps and links it carries
     (recorded only when their parent ends, they would otherwise fail the parent after it
     ran). ``ValueError`` naming the value."""
     signatures = [*(options.get("chain") or ())]
@@ -100,6 +117,7 @@ def _check_steps(options: dict[str, Any]) -> None:
         if isinstance(sig, dict):
             tenancy.rank((sig.get("options") or {}).get("priority"))
             time_limits(sig.get("options") or {})
+            failure_policy(sig.get("options") or {})
 
 
 def time_limits(options: dict[str, Any]) -> list[float | None] | None:
