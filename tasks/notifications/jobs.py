@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import NoReturn
 
 from celery import chord, current_app
 
@@ -158,7 +157,7 @@ def load_chunk(job: JobContext) -> dict:
             maybe_send(campaign_id, full)
         generation, group_id = approval.generation, approval.group_id
     if group_id is None:
-        _await_group(job, campaign_id, generation)
+        group_id = _await_group(job, campaign_id, generation)
     loaded = _load_messages(state.campaign, chunk_no, group_id)
     generations.record_load(campaign_id, chunk_no)
     after_load(campaign_id, generation)
@@ -194,14 +193,17 @@ def create_job_id(campaign_id: str, generation: int) -> str:
     return f"{CREATE}:{campaign_id}:{generation}"
 
 
-def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn:
+def _await_group(job: JobContext, campaign_id: str, generation: int) -> str:
     """Make sure the generation's creator exists, then wait for its group without an attempt.
 
     The creator is a control job: it goes ahead of the queue's chunks. The chunk waits for
     it to end (``waiting_for``: the transaction that records the creator's end publishes
     every chunk waiting for it). The delay is a backstop only, growing with each look (up
-    to ``GROUP_WAIT_MAX_MS``). A creator that failed for good fails this run instead: the
-    chunk then fails closed once its attempts are spent, and a resume restarts both.
+    to ``GROUP_WAIT_MAX_MS``). A creator that completed since the chunk looked gives its
+    group at once. One that ended without a group (failed for good, cancelled) fails this
+    run instead: the chunk then fails closed once its attempts are spent, and a resume
+    restarts both. (Waiting for an ended creator would wake the chunk at once, again and
+    again.)
     """
     created = add(
         CREATE,
@@ -209,7 +211,12 @@ def _await_group(job: JobContext, campaign_id: str, generation: int) -> NoReturn
         queue=QUEUE,
         opts=provider_options(create_job_id(campaign_id, generation)),
     )
-    if not created.created and _state_of(created.job_id) == "failed":
+    ended = None if created.created else _state_of(created.job_id)
+    if ended == "completed":
+        group_id = generations.readiness(campaign_id, generation).group_id
+        if group_id is not None:
+            return group_id
+    if ended in ("completed", "failed", "cancelled"):
         raise GroupUnavailable(f"the group of generation {generation} could not be created")
     wait_ms = min(GROUP_WAIT_MS * max(1, job.attempts_started), GROUP_WAIT_MAX_MS)
     raise Defer(wait_ms, "waiting for the generation's group", waiting_for=[created.job_id])

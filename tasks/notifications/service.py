@@ -168,9 +168,15 @@ def _unfinished_chunk_jobs(campaign: Campaign) -> list[tuple[int, JobRecord | No
     return [(k, get_job(jobs.chunk_job_id(campaign.id, k))) for k in missing]
 
 
+# How an internal job of the campaign ended without doing its part: a resume runs it again.
+ENDED_UNDONE = ("failed", "cancelled")
+
+
 def _requeue(job: JobRecord, actor: str) -> None:
-    """Operator-authorised retry of an internal job (the campaign's owner was checked)."""
+    """Operator-authorised retry of an internal job (the campaign's owner was checked); a
+    cancelled one too: resuming the campaign is the operator's decision to run it again."""
     request = RetryRequest(
+        cancelled_too=True,
         job_id=job.id,
         queue=job.queue,
         owner=None,  # the campaign's owner was checked: its internal jobs follow
@@ -194,10 +200,10 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
     for generation in generations.generations(campaign.id):
         ready = generations.readiness(campaign.id, generation)
         creator = get_job(jobs.create_job_id(campaign.id, generation))
-        if ready.group_id is None and creator is not None and creator.state == "failed":
+        if ready.group_id is None and creator is not None and creator.state in ENDED_UNDONE:
             _requeue(creator, actor)  # before the chunks that wait for its group
         send_job = get_job(f"{jobs.SEND}:{ready.group_id}") if ready.group_id else None
-        if send_job is not None and send_job.state == "failed" and not ready.sent:
+        if send_job is not None and send_job.state in ENDED_UNDONE and not ready.sent:
             _requeue(send_job, actor)
     for chunk_no, job in _unfinished_chunk_jobs(campaign):
         if job is None:
@@ -209,7 +215,7 @@ def resume(who: Owner, campaign_id: str, actor: str) -> dict:
                 opts=jobs.provider_options(jobs.chunk_job_id(campaign.id, chunk_no)),
             )
             requeued += 1
-        elif job.state == "failed":
+        elif job.state in ENDED_UNDONE:
             _requeue(job, actor)
             requeued += 1
     add(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from celery import chain
 
+from tasks.jobs import JobOptions, add
 from tasks.jobs.end.cancel import cancel
 from tasks.jobs.observe.queries import get
 from tests.support.client import wait_state
@@ -76,3 +77,15 @@ def test_a_cancelled_step_follows_the_policy_too():
 def test_an_unknown_policy_is_refused_by_the_call():
     with pytest.raises(ValueError, match="on_child_failure"):
         chain(celery_add.si(1, 1), celery_got.s().set(on_child_failure="skip")).apply_async()
+
+
+def test_a_chain_carrying_an_unknown_policy_from_another_app_does_not_keep_a_job_from_ending():
+    # Given a job whose chain's next step carries a policy no Keel call would have taken
+    step = dict(celery_got.s().set(on_child_failure="skip"))
+    job_id = add(
+        "test.echo", {}, queue="default", opts=JobOptions(delay=600_000), ctx={"chain": [step]}
+    ).job_id
+    # When it is cancelled, it ends, and the chain stops there (as "fail" would)
+    cancel(job_id, None)
+    assert get(job_id).state == "cancelled"
+    assert get(f"{job_id}.next") is None

@@ -5,13 +5,18 @@ end, not by its deferral's timer (60 s here)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
+from tasks.db import transaction
 from tasks.jobs import Defer, JobOptions, add
 from tasks.jobs.end.cancel import cancel
+from tasks.jobs.store import waits
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.stack import wait_for
 
@@ -96,3 +101,47 @@ def test_waiting_for_is_a_list_of_job_ids():
     with pytest.raises(ValueError):
         Defer(1000, waiting_for=[f"j{n}" for n in range(1001)])
     assert Defer(1000, waiting_for=["a", "b"]).waiting_for == ("a", "b")
+
+
+def test_a_job_woken_by_its_backstop_then_waiting_for_its_children_is_not_held_by_the_first_wait(
+    tmp_path,
+):
+    still_running, until = held(tmp_path)
+    try:
+        waiter = add("test.await_then_children", {"job": still_running}, queue="default").job_id
+        # Then its child's end wakes it, though the job it waited for first still runs
+        done = wait_state(waiter, "completed", "failed", timeout=20)
+        assert done["result"] == {"runs": 3}, done
+        assert record(still_running)["state"] == "active"
+    finally:
+        until.touch()
+
+
+def test_a_deferral_tries_again_while_a_job_it_waits_for_is_being_ended():
+    awaited = add("test.echo", {}, queue="default", opts=JobOptions(delay=600_000)).job_id
+    # Given the awaited job's row locked, as by a transaction recording its end
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_the_row() -> None:
+        with transaction() as session:
+            session.execute(text("SELECT 1 FROM jobs WHERE id = :id FOR UPDATE"), {"id": awaited})
+            locked.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        # When a job defers waiting for it, the mark does not wait on the lock
+        with transaction() as session, pytest.raises(OperationalError, match="lock"):
+            waits.mark(session, [awaited])
+        waiter = add("test.await_jobs", {"jobs": [awaited]}, queue="default").job_id
+        time.sleep(0.5)
+    finally:
+        release.set()
+        holder.join()
+    # Then the deferral went through once the row was free, and the wait holds
+    wait_for(lambda: record(waiter)["state"] == "waiting-children", timeout=10)
+    cancel(awaited, None)
+    assert wait_state(waiter, "completed", timeout=10)["result"] == {"states": ["cancelled"]}

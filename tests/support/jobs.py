@@ -495,3 +495,15 @@ def await_jobs(job: JobContext) -> dict:
 def celery_got(*args: object, **kwargs: object) -> dict:
     """A chain's step that returns what it was called with."""
     return {"args": list(args), "kwargs": kwargs}
+
+
+@handler("test.await_then_children", queue="default")
+def await_then_children(job: JobContext) -> dict:
+    """Wait for ``data["job"]`` with a short backstop, which wakes it while that job still
+    runs; then add a child and wait for it (a 60 s backstop); then end."""
+    if job.attempts_started == 1:
+        raise Defer(300, "waiting for a job", waiting_for=[job.data["job"]])
+    if not job.children():
+        job.add_child("test.echo", {}, queue=job.queue)
+        raise Defer(60_000, "waiting for its child", waiting_children=True)
+    return {"runs": job.attempts_started}

@@ -40,7 +40,14 @@ _UNKNOWN = object()
 
 
 def ended(
-    session: Session, job: Any, state: State, reason: str, *, announce: bool = True, **fields: Any
+    session: Session,
+    job: Any,
+    state: State,
+    reason: str,
+    *,
+    announce: bool = True,
+    awaited: bool = True,
+    **fields: Any,
 ) -> None:
     """The one way a job ends without a result (failed for good or cancelled), in the
     transaction whose statement moved it there (``store``): every path calls this — a run
@@ -50,7 +57,8 @@ def ended(
     It frees the dedup claim and trims by retention (``finished``), fails the chord body
     counting on the job (Celery's ``ChordError``: the body would otherwise wait for ever),
     and, once the transaction commits, announces the end as an event named after the
-    state (``announce=False``: the caller announces it with more to say).
+    state (``announce=False``: the caller announces it with more to say). ``awaited=False``:
+    the caller knows no job waits for this one (its statement refused such a job).
     """
     finished(session, job, state)
     _fail_chord(session, job, reason)
@@ -60,7 +68,8 @@ def ended(
         parent = parents.parent_of(session, job.id)
     if parent:
         wake_parent(session, str(parent))
-    wake_waiters(session, job.id)
+    if awaited:
+        wake_waiters(session, job.id)
     if not announce:
         return
     if state == State.FAILED:
@@ -133,7 +142,11 @@ def _go_on_past(session: Session, job: Any, reason: str) -> None:
     if not chain or not isinstance(chain[-1], dict):
         return
     step = chain.pop()  # Celery keeps a chain's remaining steps last-first
-    policy = failure_policy(step.get("options") or {})
+    try:
+        policy = failure_policy(step.get("options") or {})
+    except ValueError:  # sent by another app, unchecked: the end must not fail on it
+        log.warning("job %s: unknown on_child_failure of its chain's next step", job.id)
+        return
     if policy == "fail":
         return
     parent = job if hasattr(job, "user_id") and hasattr(job, "tenant_id") else None

@@ -20,11 +20,15 @@ never push another tenant's finished records out.
 from __future__ import annotations
 
 import logging
+import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn
 
 from sqlalchemy import event
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
@@ -141,11 +145,17 @@ def failed(
     """
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
-    with transaction(one_statement=_one_statement(claimed)) as session:
-        stack, kind = failures.stack(exc), failures.kind(exc)
-        outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
+    stack, kind = failures.stack(exc), failures.kind(exc)
+    alone = _one_statement(claimed)
+    with transaction(one_statement=alone) as session:
+        outcome = runs.fail(session, claimed, reason, stack, delay, data, kind, alone=alone)
         if outcome.final:  # announced below, with its attempts
-            ended(session, claimed, State.FAILED, reason, announce=False)
+            ended(session, claimed, State.FAILED, reason, announce=False, awaited=not alone)
+    if alone and not outcome.ours:  # no longer ours, or another job waits for it
+        with transaction() as session:
+            outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
+            if outcome.final:
+                ended(session, claimed, State.FAILED, reason, announce=False)
     if not outcome.ours:
         _refused(claimed)
     made = claimed.attempts_made + 1
@@ -166,6 +176,34 @@ def failed(
     return Retrying(outcome.retry_at, reason)
 
 
+# A deferral waiting for jobs tries this many times while one of them is being ended.
+MARK_TRIES = 100
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def _defer(
+    claimed: ClaimedJob,
+    deferral: Defer,
+    state: State,
+    awaited: list[str],
+    announce: Callable[[Session], None],
+) -> bool:
+    with transaction() as session:
+        # The awaited rows first (``store.waits``): an end of one of them either committed
+        # before (read here as ended) or waits for this transaction (and sees its waits).
+        ended_all = waits.mark(session, awaited) if awaited else False
+        done = runs.defer(session, claimed, deferral.delay_ms, state, str(deferral))
+        if done:  # announced before a wake-up of it (``wake_parent``) is
+            event.listen(session, "after_commit", announce, once=True)
+            if awaited:
+                wake_deferred(session, claimed.id, awaited, ended_all)
+            elif state == State.WAITING_CHILDREN:
+                waits.forget(session, claimed.id)  # an earlier wait's jobs no longer hold it
+            if deferral.waiting_children:
+                wake_parent(session, claimed.id)
+    return done
+
+
 def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     """Park the job until later without using an attempt (BullMQ's ``moveToDelayed``); one
     waiting for its children whose children have all ended already runs again at once."""
@@ -176,16 +214,13 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
         events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
 
     awaited = [job_id for job_id in deferral.waiting_for if job_id != claimed.id]
-    with transaction() as session:
-        # The awaited rows first (``store.waits``): an end of one of them either committed
-        # before (read here as ended) or waits for this transaction (and sees its waits).
-        ended_all = waits.mark(session, awaited) if awaited else False
-        done = runs.defer(session, claimed, deferral.delay_ms, state, str(deferral))
-        if done:  # announced before a wake-up of it (``wake_parent``) is
-            event.listen(session, "after_commit", announce, once=True)
-            if awaited:
-                wake_deferred(session, claimed.id, awaited, ended_all)
-            if deferral.waiting_children:
-                wake_parent(session, claimed.id)
+    for tried in range(1, MARK_TRIES + 1):
+        try:
+            done = _defer(claimed, deferral, state, awaited, announce)
+            break
+        except OperationalError as exc:  # an awaited row is being ended: not waited for
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE or tried == MARK_TRIES:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
     if not done and abort.end_run(claimed):
         raise abort.Aborted(claimed.id)

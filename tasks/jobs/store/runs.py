@@ -322,11 +322,16 @@ def fail(
     retry_in_ms: int | None,
     data: dict[str, Any] | None = None,
     kind: dict[str, str] | None = None,
+    *,
+    alone: bool = False,
 ) -> FailedRun:
     """Record a failed run: ``retry_in_ms`` set → delayed until then, else failed for good.
 
     ``data`` replaces the job's data for its next run (only when it runs again); ``kind``
     is the exception's type (``failures.kind``), kept in the run as ``exception``.
+    ``alone`` (the statement is its own transaction): a job another waits for is not failed
+    for good here (not ours), for its end to wake the waiter in one transaction, as
+    ``complete_alone`` refuses it.
     """
     retrying = retry_in_ms is not None
     row = session.execute(
@@ -345,12 +350,14 @@ def fail(
                 lock_token = NULL, locked_until = NULL,
                 {_FINISH_RUN}
             WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL
+              AND (NOT :alone OR :retrying OR awaited IS NOT TRUE)
             RETURNING run_at
             """
         ),
         {
             "id": job.id,
             "token": job.token,
+            "alone": alone,
             "reason": reason,
             "stack": json.dumps(stack[-10:]),
             "retrying": retrying,

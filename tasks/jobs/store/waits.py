@@ -6,12 +6,14 @@ The waiter is woken (made waiting, for its caller to publish) by the transaction
 ends the last unfinished job it waits for, or by its own deferral if they have all ended
 already. Neither may miss the other's uncommitted change:
 
-- The deferral marks the awaited rows first (``mark``: an update, so a row lock, taken in
-  id order), then parks itself and records its waits. An end that updated an awaited row
-  before the mark holds it until it commits, and the mark then reads the row as ended:
-  the deferral wakes its own job. An end after the mark waits for the deferral to commit,
-  and then reads the mark on the row it updates (``runs.complete``: ``RETURNING
-  awaited``) and the waits in its next statements.
+- The deferral locks and marks the awaited rows first (``mark``: a share lock, and an
+  update of a row not marked yet), then parks itself and records its waits. An end that
+  updated an awaited row before holds it until it commits: the mark does not wait for
+  it (``NOWAIT``, which keeps a deferral from waiting on an end while it holds rows an
+  end may wait on: a deadlock), and the caller tries again, then reads the row as ended
+  and wakes its own job. An end after the mark waits for the deferral to commit, and
+  then reads the mark on the row it updates (``runs.complete``: ``RETURNING awaited``)
+  and the waits in its next statements.
 - An end locks its waiters' rows first (in id order, whatever their state), then wakes
   those that wait for nothing unfinished, counting in a fresh statement: two awaited jobs
   ending at once cannot each see the other unfinished.
@@ -28,13 +30,13 @@ from tasks.jobs.store.jobs import ReadyJob, ready_job
 
 ENDED_STATES = ("completed", "failed", "cancelled")
 
-_MARK = text(
-    """
-    WITH locked AS (SELECT id FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE)
-    UPDATE jobs SET awaited = TRUE FROM locked WHERE jobs.id = locked.id
-    RETURNING jobs.id, jobs.state
-    """
+# Marked rows are share-locked (many waiters of one job do not queue behind each other);
+# a row not marked yet is locked for its update. Neither waits for a lock held.
+_LOCK_MARKED = text(
+    "SELECT id, state, awaited FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR SHARE NOWAIT"
 )
+_LOCK_UNMARKED = text("SELECT id FROM jobs WHERE id = ANY(:ids) ORDER BY id FOR UPDATE NOWAIT")
+_SET_MARK = text("UPDATE jobs SET awaited = TRUE WHERE id = ANY(:ids)")
 _FORGET = text("DELETE FROM job_waits WHERE waiter_id = :waiter")
 _RECORD = text(
     """
@@ -70,15 +72,26 @@ _DONE = text("DELETE FROM job_waits WHERE waiter_id = ANY(:ids)")
 
 
 def mark(session: Session, awaited: Sequence[str]) -> bool:
-    """Before a job defers itself waiting for ``awaited``: mark them awaited (locking their
-    rows); whether they have all ended (a job with no record has)."""
-    rows = session.execute(_MARK, {"ids": sorted(set(awaited))}).all()
+    """Before a job defers itself waiting for ``awaited``: lock and mark them awaited;
+    whether they have all ended (a job with no record has). A row locked by another
+    transaction (an end being recorded) raises SQLAlchemy's ``OperationalError``
+    (``lock_not_available``) at once: the caller rolls back and tries again."""
+    rows = session.execute(_LOCK_MARKED, {"ids": sorted(set(awaited))}).all()
+    unmarked = [row.id for row in rows if not row.awaited]
+    if unmarked:
+        session.execute(_LOCK_UNMARKED, {"ids": unmarked})
+        session.execute(_SET_MARK, {"ids": unmarked})
     return all(row.state in ENDED_STATES for row in rows)
+
+
+def forget(session: Session, waiter: str) -> None:
+    """``waiter`` waits for no named job (any more)."""
+    session.execute(_FORGET, {"waiter": waiter})
 
 
 def record(session: Session, waiter: str, awaited: Sequence[str]) -> None:
     """What ``waiter`` waits for now (replacing what it waited for before)."""
-    session.execute(_FORGET, {"waiter": waiter})
+    forget(session, waiter)
     session.execute(_RECORD, {"waiter": waiter, "ids": sorted(set(awaited))})
 
 
