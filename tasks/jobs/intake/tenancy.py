@@ -39,6 +39,7 @@ broker delivers about two high for each normal one when both wait.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,11 +220,16 @@ def priorities(session: Session, jobs: list[tuple[str, str | None, str, int]]) -
             # what was there before these became waiting (the count includes them)
             mine = sum(1 for _, t, q, r in jobs if (t, q) == (tenant, queue) and r <= rank_)
             ahead[(tenant, queue, rank_)] = counted - mine
-    placed: dict[tuple[str | None, str], list[int]] = {}
+    # How many of the party's jobs placed so far have each rank: a batch has few ranks, so
+    # counting those at or before a job's rank stays linear in the batch (a list of every
+    # earlier job's rank made a 10,000-job bulk add quadratic).
+    placed: dict[tuple[str | None, str], Counter[int]] = {}
     found: dict[str, int] = {}
     for job_id, tenant, queue, rank_ in jobs:
-        earlier = placed.setdefault((tenant, queue), [])
-        before = ahead[(tenant, queue, rank_)] + sum(1 for r in earlier if r <= rank_)
+        earlier = placed.setdefault((tenant, queue), Counter())
+        before = ahead[(tenant, queue, rank_)] + sum(
+            count for r, count in earlier.items() if r <= rank_
+        )
         found[job_id] = priority_for(max(0, before))
-        earlier.append(rank_)
+        earlier[rank_] += 1
     return found
