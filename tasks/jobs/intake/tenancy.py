@@ -205,6 +205,10 @@ def _live_jobs_exceeded(limits: TenantLimits, live: int) -> QuotaExceeded:
     )
 
 
+def _at_or_before(ranks: Counter[int], rank_: int) -> int:
+    return sum(count for r, count in ranks.items() if r <= rank_)
+
+
 def priorities(session: Session, jobs: list[tuple[str, str | None, str, int]]) -> dict[str, int]:
     """Priorities of jobs ``(id, tenant, queue, rank)`` that just became waiting in this
     transaction.
@@ -213,23 +217,23 @@ def priorities(session: Session, jobs: list[tuple[str, str | None, str, int]]) -
     in the given order, so a burst promoted at once (a hundred reports scheduled for
     the same minute) is spread over the priorities like a burst of adds.
     """
+    # Ranks are counted per party (a batch has few ranks): counting, for every job, the
+    # others of its party at or before its rank made a 10,000-job bulk add quadratic.
+    in_batch: dict[tuple[str | None, str], Counter[int]] = {}
+    for _, tenant, queue, rank_ in jobs:
+        in_batch.setdefault((tenant, queue), Counter())[rank_] += 1
     ahead: dict[tuple[str | None, str, int], int] = {}
     for _, tenant, queue, rank_ in jobs:
         if (tenant, queue, rank_) not in ahead:
             counted = load(session, tenant, queue, rank_).on_queue
             # what was there before these became waiting (the count includes them)
-            mine = sum(1 for _, t, q, r in jobs if (t, q) == (tenant, queue) and r <= rank_)
+            mine = _at_or_before(in_batch[(tenant, queue)], rank_)
             ahead[(tenant, queue, rank_)] = counted - mine
-    # How many of the party's jobs placed so far have each rank: a batch has few ranks, so
-    # counting those at or before a job's rank stays linear in the batch (a list of every
-    # earlier job's rank made a 10,000-job bulk add quadratic).
     placed: dict[tuple[str | None, str], Counter[int]] = {}
     found: dict[str, int] = {}
     for job_id, tenant, queue, rank_ in jobs:
         earlier = placed.setdefault((tenant, queue), Counter())
-        before = ahead[(tenant, queue, rank_)] + sum(
-            count for r, count in earlier.items() if r <= rank_
-        )
+        before = ahead[(tenant, queue, rank_)] + _at_or_before(earlier, rank_)
         found[job_id] = priority_for(max(0, before))
         earlier[rank_] += 1
     return found
