@@ -151,7 +151,7 @@ def _overdue() -> Finding:
         count = session.execute(
             text(
                 "SELECT count(*) FROM jobs WHERE state = 'delayed' "
-                "AND run_at < clock_timestamp() - make_interval(secs => :s)"
+                "AND run_at < (SELECT clock_timestamp()) - make_interval(secs => :s)"
             ),
             {"s": OVERDUE_S},
         ).scalar_one()

@@ -98,7 +98,7 @@ def due_delayed(queues: list[str]) -> dict[str, int]:
         rows = session.execute(
             text(
                 "SELECT queue, count(*) FROM jobs WHERE state = 'delayed' "
-                "AND run_at <= clock_timestamp() AND queue = ANY(:queues) GROUP BY queue"
+                "AND run_at <= (SELECT clock_timestamp()) AND queue = ANY(:queues) GROUP BY queue"
             ),
             {"queues": queues},
         ).all()

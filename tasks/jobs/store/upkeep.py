@@ -85,7 +85,7 @@ def trim(
     if age_s is not None:
         deletes.append(
             f"DELETE FROM jobs WHERE {partition.where} "
-            "AND finished_on < clock_timestamp() - make_interval(secs => :age)"
+            "AND finished_on < (SELECT clock_timestamp()) - make_interval(secs => :age)"
         )
     params = {
         "queue": partition.queue,
@@ -121,7 +121,7 @@ def expire_finished(session: Session, state: State, age_s: int, limit: int = 500
     delete = (
         f"DELETE FROM jobs WHERE id IN (SELECT id FROM jobs WHERE state = '{state.value}' "
         f"AND NOT (opts ? '{_OWN_RULE[state]}') "
-        "AND finished_on < clock_timestamp() - make_interval(secs => :age) "
+        "AND finished_on < (SELECT clock_timestamp()) - make_interval(secs => :age) "
         "ORDER BY finished_on LIMIT :limit FOR UPDATE SKIP LOCKED)"
     )
     statement = ARCHIVE_DELETED.format(delete=delete) if state == State.FAILED else delete
@@ -139,7 +139,7 @@ def promote_due(session: Session, limit: int = 200) -> list[ReadyJob]:
             UPDATE jobs SET state = 'waiting'
             WHERE id IN (SELECT id FROM jobs
                          WHERE state IN ('delayed', 'waiting-children')
-                           AND run_at <= clock_timestamp()
+                           AND run_at <= (SELECT clock_timestamp())
                          ORDER BY run_at LIMIT :limit FOR UPDATE SKIP LOCKED)
             RETURNING id, name, queue, data, celery_ctx, tenant_id, run_at, priority
             """
@@ -200,7 +200,7 @@ def requeue_stalled(session: Session, max_stalled: int, limit: int = 200) -> lis
                                  (runs -> -1) || jsonb_build_object('outcome', 'stalled',
                                                                     'finishedAt', {NOW_ISO}))
             WHERE id IN (SELECT id FROM jobs
-                         WHERE state = 'active' AND locked_until < clock_timestamp()
+                         WHERE state = 'active' AND locked_until < (SELECT clock_timestamp())
                          LIMIT :limit FOR UPDATE SKIP LOCKED)
             RETURNING id, name, queue, data, opts, state, celery_ctx, tenant_id, priority
             """
@@ -239,7 +239,8 @@ def queues_with_waiting(session: Session, older_than_s: float) -> list[str]:
     rows = session.execute(
         text(
             f"SELECT DISTINCT queue FROM jobs WHERE state = 'waiting' "
-            f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) ORDER BY queue"
+            f"AND {_LAST_MOVE} < (SELECT clock_timestamp()) - make_interval(secs => :age)"
+            " ORDER BY queue"
         ),
         {"age": older_than_s},
     ).scalars()
@@ -252,7 +253,7 @@ def waiting_since(session: Session, queue: str, older_than_s: float, limit: int)
         text(
             f"SELECT id, name, queue, data, celery_ctx, tenant_id, priority FROM jobs "
             f"WHERE state = 'waiting' AND queue = :queue AND {_NOT_HELD} "
-            f"AND {_LAST_MOVE} < clock_timestamp() - make_interval(secs => :age) "
+            f"AND {_LAST_MOVE} < (SELECT clock_timestamp()) - make_interval(secs => :age) "
             f"ORDER BY {_LAST_MOVE} LIMIT :limit"
         ),
         {"queue": queue, "age": older_than_s, "limit": limit},
