@@ -17,10 +17,10 @@ from sqlalchemy import text
 
 from tasks.db import transaction
 from tasks.jobs.model.errors import JobNotFound, Refused
-from tasks.jobs.model.models import JobRecord
+from tasks.jobs.model.models import STATES, JobRecord
 from tasks.jobs.model.owner import Owner
+from tasks.jobs.store import counts, listing
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store import listing
 from tasks.jobs.store.listing import JobFilter, PageKey
 
 MAX_PAGE = 100
@@ -149,9 +149,30 @@ def list_jobs(where: JobFilter, *, cursor: str | None = None, limit: int = DEFAU
 
 
 def count_states(where: JobFilter) -> dict[str, int]:
-    """Jobs per state among those ``where`` selects (its own ``state`` filter aside)."""
+    """Jobs per state among those ``where`` selects (its own ``state`` filter aside).
+
+    A tenant's jobs, or one queue's of them, are read from the counters (``store.counts``):
+    a few rows, however many records the tenant keeps. Narrower filters (a user's jobs, a
+    job name) count the records they select.
+    """
+    if _counted(where):
+        return _from_counters(str(where.tenant_id), where.queue)
     with transaction() as session:
         return listing.state_counts(session, where)
+
+
+def _counted(where: JobFilter) -> bool:
+    narrower = (where.user_id, where.name, where.id_prefix)
+    return where.tenant_id is not None and narrower == (None, None, None) and not where.hidden_names
+
+
+def _from_counters(tenant_id: str, queue: str | None) -> dict[str, int]:
+    found: dict[str, int] = dict.fromkeys(STATES, 0)
+    for counted_queue, states in counts.by_queue(tenant_id).items():
+        if queue is None or counted_queue == queue:
+            for state, n in states.items():
+                found[state] = found.get(state, 0) + n
+    return found
 
 
 def audit_trail(job_id: str) -> list[dict[str, Any]]:
