@@ -155,6 +155,16 @@ class JobRecord(Base):
         # Listings, newest first by (created_at, id): a user's jobs, a tenant's jobs.
         Index("ix_jobs_owner", "tenant_id", "user_id", "created_at", "id"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        # A tenant's failed or cancelled jobs, newest first: a listing filtered by such a
+        # state does not walk the tenant's history (0023).
+        Index(
+            "ix_jobs_tenant_ended",
+            "tenant_id",
+            "state",
+            "created_at",
+            "id",
+            postgresql_where=text("state IN ('failed', 'cancelled')"),
+        ),
         Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
         # The runs being aborted, read by every worker's maintenance (0017).
         Index(

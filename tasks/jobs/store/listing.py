@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy import Select, bindparam, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from tasks.jobs.model.models import STATES, JobRecord, RetryAudit
@@ -50,12 +50,17 @@ def _filtered(query: Selection, where: JobFilter) -> Selection:
         JobRecord.tenant_id: where.tenant_id,
         JobRecord.user_id: where.user_id,
         JobRecord.queue: where.queue,
-        JobRecord.state: where.state,
         JobRecord.name: where.name,
     }
     for column, value in columns.items():
         if value is not None:
             query = query.where(column == value)
+    if where.state is not None:
+        # Written into the statement, not bound: the planner then matches the partial
+        # indexes of a state (``ix_jobs_tenant_ended``) whatever plan it keeps for it.
+        query = query.where(
+            JobRecord.state == bindparam("state", where.state, literal_execute=True)
+        )
     if where.id_prefix is not None:
         query = query.where(JobRecord.id.startswith(where.id_prefix, autoescape=True))
     if where.hidden_names:
