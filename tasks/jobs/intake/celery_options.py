@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.messages import CONCURRENCY_KEY
-from tasks.jobs.model.key_limits import key_value
+from tasks.jobs.model.key_limits import key_text
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 
@@ -143,7 +143,7 @@ def with_options(ctx: dict[str, Any] | None, opts: JobOptions) -> dict[str, Any]
     its hard time limit, unless the call gave one (``time_limit=``), and its
     ``concurrencyKey``."""
     if opts.concurrency_key is not None:
-        ctx = {**(ctx or {}), CONCURRENCY_KEY: key_value("concurrencyKey", opts.stored())}
+        ctx = {**(ctx or {}), CONCURRENCY_KEY: key_text(opts.concurrency_key)}
     if opts.timeout is None:
         return ctx
     hard, soft = (ctx or {}).get("timelimit") or (None, None)

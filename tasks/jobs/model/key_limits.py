@@ -94,7 +94,11 @@ def window_ms(per: str | int) -> int:
 
 def key_value(source: KeySource, data: Mapping[str, Any]) -> str | None:
     """The key of a job with ``data`` (``None``: it has none, no limit applies to it)."""
-    value = source(data) if callable(source) else data.get(source)
+    return key_text(source(data) if callable(source) else data.get(source))
+
+
+def key_text(value: object) -> str | None:
+    """A key's value as the limits name it (``None`` or ``""``: no key)."""
     if value is None or value == "":
         return None
     text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
