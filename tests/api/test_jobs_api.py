@@ -99,6 +99,9 @@ def test_a_submitted_echo_job_runs_for_its_owner(client):
             "opts.backoff",
         ),
         ({"name": "test.echo", "tenant": "other"}, "tenant"),
+        ({"name": "test.echo", "opts": {"concurrencyKey": ""}}, "opts.concurrencyKey"),
+        ({"name": "test.echo", "opts": {"concurrencyKey": "k" * 201}}, "opts.concurrencyKey"),
+        ({"name": "test.echo", "opts": {"concurrencyKey": 7}}, "opts.concurrencyKey"),
     ],
 )
 def test_a_refused_submission_is_400_naming_the_field(client, body, field):

@@ -15,10 +15,9 @@ from sqlalchemy import text
 from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.intake.promote import publish_ready
-from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
 from tests.support import broker_lists
-from tests.support.broker_lists import messages_in
+from tests.support.broker_lists import headers_in
 from tests.support.client import bearer, unique
 from tests.support.jobs import echo
 
@@ -29,12 +28,6 @@ pytestmark = pytest.mark.usefixtures("stack")
 def idle_queue() -> Iterator[str]:
     with broker_lists.idle_queue("limits") as queue:
         yield queue
-
-
-def headers_in(queue: str) -> dict[str, dict]:
-    """The headers of the messages waiting in any of ``queue``'s priority lists."""
-    messages = [message for step in PRIORITY_STEPS for message in messages_in(queue, step)]
-    return {message["headers"]["id"]: message["headers"] for message in messages}
 
 
 def kept_context(job_id: str) -> dict:

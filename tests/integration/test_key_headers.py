@@ -14,11 +14,10 @@ from tasks.jobs import JobOptions, Owner, acting_as, add
 from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.messages import KEY_HEADER, TENANT_HEADER
 from tasks.jobs.intake.promote import publish_ready
-from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.observe.queries import describe_full, get
 from tasks.jobs.store import upkeep
 from tests.support import broker_lists
-from tests.support.broker_lists import messages_in
+from tests.support.broker_lists import headers_in
 from tests.support.client import unique
 from tests.support.jobs import echo
 
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.usefixtures("stack")
 def idle_queue() -> Iterator[str]:
     with broker_lists.idle_queue("keys") as queue:
         yield queue
-
-
-def headers_in(queue: str) -> dict[str, dict]:
-    messages = [message for step in PRIORITY_STEPS for message in messages_in(queue, step)]
-    return {message["headers"]["id"]: message["headers"] for message in messages}
 
 
 def test_a_tenant_s_job_carries_its_tenant_and_its_call_s_key(idle_queue):

@@ -18,7 +18,7 @@ from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.jobs import celery_keyed, nap
-from tests.support.stack import WorkerProcess, wait_for
+from tests.support.stack import WorkerProcess, wait_for, worker_pair
 from tests.support.timeline import max_in_window, max_overlap, run_intervals
 
 pytestmark = pytest.mark.stack  # starts processes of its own
@@ -29,14 +29,8 @@ QUEUE = unique("keyed")
 @pytest.fixture(scope="module")
 def workers(stack):
     """Two worker processes of concurrency 4 each, on the module's queue."""
-    started = [
-        WorkerProcess(stack.home, unique(f"keyed{n}"), concurrency=4, queues=QUEUE) for n in (1, 2)
-    ]
-    for worker in started:
-        worker.start()
-    yield started
-    for worker in started:
-        worker.stop()
+    with worker_pair(stack.home, unique("keyed"), QUEUE) as started:
+        yield started
 
 
 def ended(job_ids: list[str], timeout: float) -> list[dict]:

@@ -13,7 +13,7 @@ from tasks.db import transaction
 from tasks.jobs import add
 from tests.support.client import ts, unique, wait_state
 from tests.support.jobs import celery_add, celery_autoretry_all, celery_collect, celery_got
-from tests.support.stack import WorkerProcess
+from tests.support.stack import worker_pair
 
 pytestmark = pytest.mark.stack  # starts processes of its own
 
@@ -24,14 +24,8 @@ REASON = "this input can never succeed"
 @pytest.fixture(scope="module")
 def workers(stack):
     """Two worker processes of concurrency 4 each, on the module's queue."""
-    started = [
-        WorkerProcess(stack.home, unique(f"flows{n}"), concurrency=4, queues=QUEUE) for n in (1, 2)
-    ]
-    for worker in started:
-        worker.start()
-    yield started
-    for worker in started:
-        worker.stop()
+    with worker_pair(stack.home, unique("flows"), QUEUE) as started:
+        yield started
 
 
 def chord_of_ten(policy: str):

@@ -27,6 +27,12 @@ def messages_in(queue: str, priority: int) -> list[dict[str, Any]]:
     return [json.loads(raw) for raw in redis_client().lrange(list_key(queue, priority), 0, -1)]
 
 
+def headers_in(queue: str) -> dict[str, dict[str, Any]]:
+    """The headers of the messages waiting in any of ``queue``'s priority lists, by job id."""
+    messages = [message for step in PRIORITY_STEPS for message in messages_in(queue, step)]
+    return {message["headers"]["id"]: message["headers"] for message in messages}
+
+
 @contextmanager
 def idle_queue(prefix: str) -> Iterator[str]:
     """A queue of its own that no worker consumes; its lists and records go afterwards."""

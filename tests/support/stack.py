@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -324,3 +325,17 @@ class WebProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+@contextmanager
+def worker_pair(home: Path, prefix: str, queue: str) -> Iterator[list[WorkerProcess]]:
+    """Two worker processes of concurrency 4 each on ``queue`` (the acceptance tests' setup),
+    stopped afterwards."""
+    started = [WorkerProcess(home, f"{prefix}{n}", concurrency=4, queues=queue) for n in (1, 2)]
+    for worker in started:
+        worker.start()
+    try:
+        yield started
+    finally:
+        for worker in started:
+            worker.stop()
