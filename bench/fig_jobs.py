@@ -90,9 +90,11 @@ def keel_batch(
     if release is not None:
         started = release()
     deadline = time.monotonic() + batch_timeout(n)
+    polls = 0  # each its own transaction (bench.capacity takes them out of the commits)
     while True:
         with transaction() as session:
             completed, failed, last, attempts = session.execute(_KEEL_PROGRESS, {"ids": ids}).one()
+        polls += 1
         if completed + failed == n:
             break
         if time.monotonic() > deadline:
@@ -109,6 +111,7 @@ def keel_batch(
         "enqueue_rate": n / enqueued,
         "failed": failed,
         "failed_runs": int(attempts),
+        "polls": polls,
     }, cleanup
 
 

@@ -87,10 +87,13 @@ def keel_logging(loglevel: Any = None, **kwargs: Any) -> None:
 @worker_process_shutdown.connect
 def flush_spans(**kwargs: Any) -> None:
     """A prefork pool process ends with ``os._exit``: no ``atexit``, so the spans its last
-    runs made are exported here, or never (``tasks.tracing``; nothing when tracing is off)."""
+    runs made are exported here, or never (``tasks.tracing``; nothing when tracing is off),
+    and so are the job metrics it counted (``tasks.tallies``)."""
     from tasks import tracing
+    from tasks.jobs.observe import metrics
 
     tracing.flush()
+    metrics.TALLY.close()
 
 
 @celeryd_after_setup.connect

@@ -8,6 +8,7 @@ import re
 
 import redis
 
+from tasks import tallies
 from tests.support.client import bearer, metrics_headers, unique
 from web import http_metrics
 
@@ -67,7 +68,7 @@ def test_counts_wait_in_memory_while_redis_is_away_and_are_added_once(stack, mon
     recorder.observe("GET", route, 200, 3.0)
     # When Redis cannot be reached at the flush
     away = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
-    monkeypatch.setattr(http_metrics, "redis_client", lambda: away)
+    monkeypatch.setattr(tallies, "redis_client", lambda: away)
     assert recorder.flush() is False
     recorder.observe("GET", route, 200, 0.02)
     # Then the next flush, with Redis back, adds all three, once
@@ -94,7 +95,7 @@ def test_a_flush_sent_again_after_its_reply_was_lost_counts_once(stack, monkeypa
     recorder.observe("POST", route, 202, 0.02)
     # When the flush is applied but its reply lost
     lost = LostReply.from_url(os.environ["KEEL_REDIS_URL"])
-    monkeypatch.setattr(http_metrics, "redis_client", lambda: lost)
+    monkeypatch.setattr(tallies, "redis_client", lambda: lost)
     assert recorder.flush() is False
     assert http_metrics.snapshot()[("POST", route, "202")]["count"] == 1.0  # it did arrive
     recorder.observe("POST", route, 202, 0.3)  # and a request comes meanwhile
@@ -105,6 +106,6 @@ def test_a_flush_sent_again_after_its_reply_was_lost_counts_once(stack, monkeypa
     assert found == {"0.025": 1.0, "0.5": 1.0, "count": 2.0, "sum": 0.32}
     # and a graceful exit forgets the process's flush number
     client = redis.Redis.from_url(os.environ["KEEL_REDIS_URL"])
-    assert client.hexists(http_metrics.APPLIED_KEY, recorder._process)
+    assert client.hexists(http_metrics.APPLIED_KEY, recorder.process)
     recorder.close()
-    assert not client.hexists(http_metrics.APPLIED_KEY, recorder._process)
+    assert not client.hexists(http_metrics.APPLIED_KEY, recorder.process)

@@ -22,7 +22,8 @@ def test_durations_are_kept_per_job_name_and_old_observations_under_an_empty_one
     metrics.observe(queue, "duration", 0.3, "mail.send")
     metrics.observe(queue, "duration", 4.0, "mail.send")
     metrics.observe(queue, "duration", 0.01, "report.generate")
-    # When they are read back
+    # When they are read back, once this process has sent them (every second, or now)
+    assert metrics.flush() is True
     found = metrics.snapshot([queue])[queue]["duration"]
     # Then each job name has its own buckets, sum and count
     assert found["mail.send"] == {"0.5": 1.0, "5.0": 1.0, "sum": 4.3, "count": 2.0}

@@ -120,14 +120,25 @@ def test_metrics_count_events_and_time_runs_from_every_process(client):
         json={"reportId": unique(), "rows": 3, "failUntilAttempt": 1},
     )
     wait_state(response.get_json()["jobId"], "completed", timeout=30)
-    # Then the web app's /metrics shows what the worker recorded
-    text_body = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
-    samples = {}
-    for line in text_body.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
     name = 'job_name="report.generate"'
+    retried = f'keel_job_events_total{{event="retrying",{name},queue="reports"}}'
+    completed = f'keel_job_events_total{{event="completed",{name},queue="reports"}}'
+    runs = f'keel_job_duration_seconds_count{{{name},queue="reports"}}'
+
+    def exposed() -> tuple[str, dict[str, float]] | None:
+        """/metrics, once it counts both runs (a worker process sends its counts every
+        second: tasks.jobs.observe.metrics.FLUSH_S)."""
+        text_body = client.get("/metrics", headers=metrics_headers()).get_data(as_text=True)
+        samples = {}
+        for line in text_body.splitlines():
+            if line and not line.startswith("#"):
+                metric, _, value = line.rpartition(" ")
+                samples[metric] = float(value)
+        counted = samples.get(retried, 0) >= 1 and samples.get(completed, 0) >= 1
+        return (text_body, samples) if counted and samples.get(runs, 0) >= 2 else None
+
+    # Then the web app's /metrics shows what the worker recorded
+    text_body, samples = wait_for(exposed, 10)
     assert samples[f'keel_job_events_total{{event="retrying",{name},queue="reports"}}'] >= 1
     assert samples[f'keel_job_events_total{{event="completed",{name},queue="reports"}}'] >= 1
     # and both runs' times, by job name

@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,12 +66,12 @@ def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
 
 
 class Event:
-    """One event as Redis commands: its stream entry, its counter and (``observed``: a
-    ``(kind, seconds)`` histogram observation, ``tasks.jobs.observe.metrics``) what the
-    transition measured. ``emit`` sends it; a publish can take it along (``tasks.transport``).
-    """
+    """One event: its stream entry (and, for an ending event, the news on its result's
+    channel), and what it counts: its counter and (``observed``: a ``(kind, seconds)``
+    histogram observation, ``tasks.jobs.observe.metrics``) what the transition measured.
+    ``emit`` sends it; a publish can take it along (``tasks.transport``)."""
 
-    __slots__ = ("entry", "event", "job_id", "name", "observed", "queue")
+    __slots__ = ("counted", "entry", "event", "job_id", "name", "observed", "queue")
 
     def __init__(
         self,
@@ -96,17 +95,23 @@ class Event:
         for key, value in fields.items():
             entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
         self.queue, self.event, self.job_id, self.name = queue, event, job_id, name
-        self.entry, self.observed = entry, observed
+        self.entry, self.observed, self.counted = entry, observed, False
 
-    def add_to(self, pipe: Any, *, counted: bool = True) -> None:
-        """Its commands; ``counted=False``: without its counter (the caller adds it)."""
+    def add_to(self, pipe: Any) -> None:
+        """Its commands; its counts go to the process's tally, once, whichever pipeline
+        takes it (one that failed is sent again by the caller)."""
         pipe.xadd(stream_key(self.queue), self.entry, maxlen=STREAM_MAXLEN, approximate=True)
         if self.event in ENDING_EVENTS:  # the news only: a reader reads the record, scoped
             pipe.publish(result_channel(self.job_id), _ended_news(self.job_id))
-        if counted:
-            metrics.count_event(pipe, self.queue, self.event, job_name=self.name)
-        if self.observed is not None:
-            metrics.add_observation(pipe, self.queue, *self.observed, job_name=self.name)
+        self.count()
+
+    def count(self) -> None:
+        """Its counter and observation, into this process's tally; once."""
+        if not self.counted:
+            self.counted = True
+            metrics.count_event(self.queue, self.event, job_name=self.name)
+            if self.observed is not None:
+                metrics.observe(self.queue, *self.observed, job_name=self.name)
 
     def send(self) -> None:
         """In one round trip, after whatever this process holds back (``later``)."""
@@ -121,18 +126,16 @@ def _send(batch: list[Event]) -> None:
     if not batch:
         return
     last = batch[-1]
-    if broker.unreachable():
+    if broker.unreachable():  # the counts wait in the tally (tasks.tallies)
         log.info("Redis unreachable: %d events up to %s dropped", len(batch), last.event)
+        for event in batch:
+            event.count()
         return
     started = time.monotonic()
     try:
         pipe = redis_client().pipeline(transaction=False)
-        counts: Counter[tuple[str, str, str | None]] = Counter()
         for event in batch:
-            event.add_to(pipe, counted=False)
-            counts[event.queue, event.event, event.name] += 1
-        for (queue, kind, job_name), n in counts.items():  # a bulk add's 10,000: one HINCRBY
-            metrics.count_event(pipe, queue, kind, n, job_name=job_name)
+            event.add_to(pipe)
         pipe.execute()
     except broker.UNREACHABLE_ERRORS as exc:
         broker.failed(exc, started)
