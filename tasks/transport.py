@@ -41,6 +41,7 @@ Wired in ``tasks.celeryconfig`` (``broker_transport``).
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -57,6 +58,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tasks import deadletters
 from tasks.deadletters import DeadLetter
 from tasks.jobs.model.errors import ControlFlow
+from tasks.jobs.model.formats import KEEL_HEADER
 from tasks.jobs.observe import events
 
 log = logging.getLogger(__name__)
@@ -132,13 +134,46 @@ def riding(command: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
         _RIDERS.reset(token)
 
 
+def recorded_job(message: Any) -> bool:
+    """Whether ``message`` is one Keel sent for a job it recorded first: the job's record,
+    not an unacked copy in Redis, is what brings it back if the worker dies."""
+    headers = getattr(message, "headers", None)
+    return isinstance(headers, dict) and bool(headers.get(KEEL_HEADER))
+
+
 class QoS(kombu_redis.QoS):
-    """kombu's Redis QoS; an unacked copy it cannot decode is moved aside, not retried forever,
-    and an ack or reject that Redis does not answer still frees its prefetch slot."""
+    """kombu's Redis QoS, with three changes.
+
+    - **No unacked copy of a recorded job's message.** kombu keeps a copy of each delivered
+      message in Redis until it is acknowledged (a ``MULTI``/``EXEC`` on delivery and
+      another on the ack: eight of a no-op job's fifteen Redis commands), so that one whose
+      worker died comes back after the visibility timeout. A recorded job does not need it:
+      once its claim commits the message is spent (a killed run is found by its lock and
+      requeued, ``tasks.jobs.upkeep``), and before that its record is waiting, so the
+      reconciler publishes it again if no message is left (``tasks.jobs.upkeep.reconcile``,
+      within grace + interval: 25 s). The prefetch slot is still held in memory until the
+      ack, and a requeue or a warm shutdown puts the message back from memory. A message
+      sent without Keel (recorded only on arrival) keeps its copy.
+    - An unacked copy it cannot decode is moved aside, not retried forever.
+    - An ack or reject that Redis does not answer still frees its prefetch slot.
+    """
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        if recorded_job(message):  # the prefetch slot only, in memory
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
+    def _copyless(self, delivery_tag: Any) -> Any:
+        """The delivered message of ``delivery_tag`` if it has no copy in Redis, else None."""
+        delivered: dict[Any, Any] = self._delivered  # type: ignore[assignment]
+        message = delivered.get(delivery_tag)
+        return message if message is not None and recorded_job(message) else None
 
     def ack(self, delivery_tag: Any) -> None:
         try:
-            self._remove_from_indices(delivery_tag).execute()
+            if self._copyless(delivery_tag) is None:
+                self._remove_from_indices(delivery_tag).execute()
         finally:
             # Freed whatever Redis said: a slot held for a message this worker is done with
             # never comes back, and with all of them held the consumer stops for good.
@@ -148,17 +183,33 @@ class QoS(kombu_redis.QoS):
         try:
             if requeue:
                 self.restore_by_tag(delivery_tag, leftmost=True)
-            else:
+            elif self._copyless(delivery_tag) is None:
                 self._remove_from_indices(delivery_tag).execute()
         finally:
             virtual.QoS.ack(self, delivery_tag)
 
     def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> None:
+        message = self._copyless(tag)
+        if message is not None:
+            if tag not in (self._dirty or ()):  # acknowledged already: nothing to put back
+                self._restore_from_memory(message, client, leftmost)
+            return
         try:
             super().restore_by_tag(tag, client=client, leftmost=leftmost)
         except (ValueError, TypeError):  # kombu's decode of the entry it kept for ``tag``
             if not self.channel.dead_letter_unacked(tag):
                 raise
+
+    def _restore_from_memory(self, message: Any, client: Any, leftmost: bool) -> None:
+        """Put a copyless message back on its queue, as kombu restores a kept copy."""
+        info = message.delivery_info
+        payload = copy.deepcopy(message._raw)
+        with self.channel.conn_or_acquire(client) as connection:
+            pipe = connection.pipeline()
+            self.channel._do_restore_message(
+                payload, info["exchange"], info["routing_key"], pipe, leftmost
+            )
+            pipe.execute()
 
 
 class Channel(kombu_redis.Channel):

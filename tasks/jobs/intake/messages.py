@@ -37,9 +37,9 @@ from tasks.celery import app
 from tasks.config import get_settings
 from tasks.jobs.intake import tenancy
 from tasks.jobs.model import formats, registry
+from tasks.jobs.model.formats import KEEL_HEADER
 
 log = logging.getLogger(__name__)
-KEEL_HEADER = "keel"
 # The job's tenant, whose keys its key limits are (``tasks.jobs.run.key_limits``), and the
 # concurrency key its call gave (``concurrencyKey``): read when it is delivered, not from its
 # record. Only Keel sets them; a call's ``headers=`` cannot.

@@ -30,9 +30,10 @@ from tasks.jobs.end import abort, cancel, ending, finish
 from tasks.jobs.intake import enqueue, pauses, tenancy
 from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.enqueue import AddedJob
-from tasks.jobs.intake.messages import KEEL_HEADER, KEY_HEADER, TENANT_HEADER
+from tasks.jobs.intake.messages import KEY_HEADER, TENANT_HEADER
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.errors import Defer, RateLimited
+from tasks.jobs.model.formats import KEEL_HEADER
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions

@@ -1,0 +1,124 @@
+"""A recorded job's message leaves no unacked copy in Redis (``tasks.transport.QoS``).
+
+A consumer on Keel's Redis transport holds a recorded job's message in memory only: its
+prefetch slot until the ack, a requeue or a warm shutdown putting it back from there. A
+consumer that dies holding it leaves the record waiting, and the reconciler publishes it
+again. A message sent without Keel keeps kombu's unacked copy. Real Redis and Postgres; no
+worker consumes these queues.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from kombu import Producer
+
+from tasks.broker import redis_client
+from tasks.celery import app
+from tasks.jobs import add
+from tasks.jobs.upkeep.reconcile import republish_lost
+from tests.support.chaos import priority_lists
+from tests.support.client import unique
+
+pytestmark = pytest.mark.usefixtures("stack")
+UNACKED = "unacked"
+
+
+def queued(queue: str) -> list[dict]:
+    lists = [redis_client().lrange(name, 0, -1) for name in priority_lists(queue)]
+    return [json.loads(item) for items in lists for item in items]
+
+
+def keel_job(queue: str) -> str:
+    return add("test.echo", {"n": 1}, queue=queue).job_id
+
+
+def foreign_message(queue: str) -> str:
+    """A task message sent without Keel (another app's ``send_task``): no ``keel`` header."""
+    task_id = str(uuid.uuid4())
+    with app.connection_for_write() as connection:
+        Producer(connection.default_channel).publish(
+            [[], {"n": 1}, {}],
+            routing_key=queue,
+            headers={"id": task_id, "task": "test.echo", "lang": "py"},
+            serializer="json",
+        )
+    return task_id
+
+
+def copies() -> dict[str, str]:
+    """kombu's unacked copies by delivery tag: the task id each carries."""
+    found = {}
+    for tag, raw in redis_client().hgetall(UNACKED).items():
+        payload = json.loads(raw)[0]
+        found[tag.decode()] = payload["headers"]["id"]
+    return found
+
+
+def test_a_recorded_jobs_message_is_held_in_memory_only_and_a_requeue_puts_it_back():
+    queue = unique("copyless")
+    job_id = keel_job(queue)
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        message = channel.basic_get(queue, no_ack=False)
+        assert message is not None and message.headers["id"] == job_id
+        # Then no copy of it is in Redis, and its prefetch slot is held
+        assert job_id not in copies().values()
+        assert queued(queue) == []
+        assert not channel.qos.can_consume() or message.delivery_tag in channel.qos._delivered
+        # When it is requeued (a rejected delivery, a lost pool process)
+        message.reject(requeue=True)
+    # Then it is back on its queue, once, marked redelivered, and still has no copy
+    [back] = queued(queue)
+    assert back["headers"]["id"] == job_id and back["headers"]["redelivered"] is True
+    assert job_id not in copies().values()
+
+
+def test_a_consumer_gone_with_a_recorded_jobs_message_leaves_it_to_the_reconciler():
+    queue = unique("copyless-gone")
+    job_id = keel_job(queue)
+    # Given a consumer that took the message and was never heard of again (killed)
+    connection = app.connection_for_read()
+    message = connection.default_channel.basic_get(queue, no_ack=False)
+    assert message is not None and message.headers["id"] == job_id
+    try:
+        # Then Redis has no trace of it, and its record is still waiting: the reconciler
+        # publishes it again (a later delivery runs only if it claims the record)
+        assert queued(queue) == [] and job_id not in copies().values()
+        assert republish_lost(queue, older_than_s=0) == 1
+        assert [m["headers"]["id"] for m in queued(queue)] == [job_id]
+    finally:
+        connection.default_channel.qos._delivered.clear()  # not restored: it died
+        connection.release()
+
+
+def test_a_message_sent_without_keel_keeps_its_unacked_copy():
+    queue = unique("foreign")
+    task_id = foreign_message(queue)
+    with app.connection_for_read() as connection:
+        message = connection.default_channel.basic_get(queue, no_ack=False)
+        assert message is not None and message.headers["id"] == task_id
+        assert copies().get(message.delivery_tag) == task_id
+        message.ack()
+    assert task_id not in copies().values()
+
+
+def test_a_warm_shutdown_puts_back_what_was_not_acknowledged_once_each():
+    queue = unique("restore")
+    kept, acked = keel_job(queue), keel_job(queue)
+    foreign = foreign_message(queue)
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        taken = [channel.basic_get(queue, no_ack=False) for _ in range(3)]
+        assert sorted(m.headers["id"] for m in taken) == sorted([kept, acked, foreign])
+        done = next(m for m in taken if m.headers["id"] == acked)
+        done.ack()
+        channel.qos.restore_by_tag(done.delivery_tag)  # acknowledged: nothing to put back
+        assert queued(queue) == []
+        # When the consumer stops (kombu restores its unacknowledged messages)
+        channel.qos.restore_unacked_once()
+    # Then the two it had not acknowledged are back, once each; the acknowledged one is not
+    assert sorted(m["headers"]["id"] for m in queued(queue)) == sorted([kept, foreign])
+    assert not {kept, acked, foreign} & set(copies().values())
