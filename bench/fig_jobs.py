@@ -27,7 +27,10 @@ from bench.procs import CeleryWorker, Child
 from bench.stats import Figure, Series, ratio
 
 POLL_S = 0.1
-DRAIN_TARGET = 0.7
+# P1's floors (issue: durability from the record should cost less than Celery's own).
+DRAIN_TARGET = 1.0
+RATE_TARGET = 1.0  # Keel's jobs/s over bare Celery's, and over procrastinate's
+CPU_TARGET = 1.0  # Keel's CPU per job over bare Celery's, at most
 #: Lets a paused worker at what was enqueued; returns when (epoch seconds) it did.
 Release = Callable[[], float]
 DrainBatch = Callable[[int, Release | None], Batch]
@@ -236,6 +239,46 @@ def traced(run: Run, fig: Figure, n: int) -> None:
     )
 
 
+def durability(run: Run) -> dict[str, str]:
+    """What each system's work survives, read from the servers and apps it ran with."""
+    from tasks.celery import app as keel_app
+    from tasks.db import transaction
+
+    with transaction() as session:
+        pg = {
+            name: session.execute(text(f"SHOW {name}")).scalar_one()
+            for name in ("fsync", "synchronous_commit", "full_page_writes")
+        }
+    client = redis.Redis.from_url(run.env.child_env()["KEEL_REDIS_URL"])
+    try:
+        aof = client.config_get("appendonly").get("appendonly", "?")
+        save = client.config_get("save").get("save", "?") or "off"
+        redis_text = f"appendonly {aof}, save {save}"
+    except redis.RedisError:
+        redis_text = "not readable here"
+    finally:
+        client.close()
+    postgres = ", ".join(f"{k} {v}" for k, v in pg.items())
+    bare_conf, keel_conf = bare.app.conf, keel_app.conf
+    return {
+        "postgres": postgres,
+        "redis": redis_text,
+        "bare Celery": (
+            f"acks_late {bare_conf.task_acks_late}, prefetch multiplier "
+            f"{bare_conf.worker_prefetch_multiplier}, kombu's unacked copy of each message, "
+            "results in Redis"
+        ),
+        "Keel": (
+            f"every job recorded in Postgres before its message is sent; acks_late "
+            f"{keel_conf.task_acks_late}, prefetch multiplier "
+            f"{keel_conf.worker_prefetch_multiplier}; a recorded job's message has no "
+            "unacked copy (the record brings it back); results in the record"
+        ),
+        "procrastinate": "jobs and their events in Postgres, one transaction per transition",
+        "pgqueuer": "jobs in Postgres, a log row per transition",
+    }
+
+
 def _pair(
     run: Run,
     fig: Figure,
@@ -278,6 +321,7 @@ def _pair(
     fig.ratio = ratio(keel_s, bare_s)
     fig.ratio_text = "Keel / bare Celery (jobs/s)"
     fig.details = {
+        "durability": durability(run),
         "jobs_per_repetition": n,
         "runs": checks,
         "worker_concurrency": conc,
@@ -295,6 +339,10 @@ def _pair(
         + "; CPU per job (all processes: producer, worker tree, Postgres, Redis) "
         + ", ".join(f"{name} {cpu[name].median:.1f} ms" for name in systems)
         + f"; Keel/bare = {ratio(cpu['Keel'], cpu['bare Celery']):.1f}x"
+    )
+    fig.notes.append(
+        "durability: "
+        + "; ".join(f"{name}: {what}" for name, what in fig.details["durability"].items())
     )
     if found:
         fig.notes.append(
@@ -367,7 +415,8 @@ def p1_noop(run: Run) -> Figure:
     fig = Figure(
         "P1",
         "No-op jobs, enqueue → all finished",
-        target="Keel ≥ 0.5x bare Celery and ≥ 1.2x procrastinate, CPU per job ≤ 2x bare, "
+        target=f"Keel ≥ {RATE_TARGET}x bare Celery (durable: late acks, prefetch 1, results) "
+        f"and ≥ {RATE_TARGET}x procrastinate, CPU per job ≤ {CPU_TARGET}x bare, "
         f"drain ≥ {DRAIN_TARGET}x bare",
     )
     _pair(run, fig, run.sizes.noop_jobs, bare.noop, jobs.NOOP, None, flaky=False)
@@ -376,10 +425,10 @@ def p1_noop(run: Run) -> Figure:
     vs_procrastinate = fig.details["vs_procrastinate"]
     fig.met = (
         fig.ratio is not None
-        and fig.ratio >= 0.5
-        and fig.details["cpu_ratio"] <= 2.0
+        and fig.ratio >= RATE_TARGET
+        and fig.details["cpu_ratio"] <= CPU_TARGET
         and fig.details["drain_ratio"] >= DRAIN_TARGET
-        and (vs_procrastinate is None or vs_procrastinate >= 1.2)
+        and (vs_procrastinate is None or vs_procrastinate >= RATE_TARGET)
     )
     if vs_procrastinate is None:
         fig.notes.append("the target's procrastinate part was not checked (not measured)")

@@ -39,9 +39,11 @@ def redis_broker(settings: Settings) -> dict[str, Any]:
         # busy. Redis answers in well under a millisecond: half a second means hung.
         "broker_connection_timeout": 2,
         # A message reserved by a worker that then died comes back after the visibility
-        # timeout. Keel keeps it short: a redelivery of a job that is still running is
-        # refused by the claim (the record is active and locked), so it costs nothing,
-        # and delayed jobs never sit in the broker, so none is redelivered early.
+        # timeout, if kombu kept a copy of it (a recorded job's has none, tasks.transport:
+        # the reconciler publishes the job again from its record). Keel keeps it short:
+        # a redelivery of a job that is still running is refused by the claim (the
+        # record is active and locked), so it costs nothing, and delayed jobs never
+        # sit in the broker, so none is redelivered early.
         # kombu sweeps for such messages only every ~100 s by default, and a worker
         # killed mid-sweep holds the sweep mutex for 5 minutes: sweep every 2 s, and
         # let a dead sweeper's mutex lapse after 30 s.

@@ -9,7 +9,8 @@ memory (a lock and a few dict updates) and a thread of its own adds them to Redi
 hashes, so a scrape of any process sees every process's counts.
 
 **What is lost.** A process killed loses at most its last ``flush_s`` seconds of counts;
-a graceful exit (``close``: ``atexit``, Celery's ``worker_process_shutdown``) sends them.
+a graceful exit (``close``: ``atexit``, Celery's ``worker_process_shutdown``) sends them,
+if Redis answers then.
 While Redis is away the counts wait in memory (their fields are bounded by the labels:
 queue, event, job name, route), and go with the next flush that arrives.
 
@@ -45,10 +46,12 @@ local ints = tonumber(ARGV[3])
 local n = 0
 for i = 4, #ARGV, 3 do
   local key = KEYS[tonumber(ARGV[i]) + 2]
+  -- pcall: a key of another type fails its entry, not the flush (whose number must be
+  -- recorded, or the entries before it would be added again at every retry)
   if n < ints then
-    redis.call('HINCRBY', key, ARGV[i + 1], ARGV[i + 2])
+    redis.pcall('HINCRBY', key, ARGV[i + 1], ARGV[i + 2])
   else
-    redis.call('HINCRBYFLOAT', key, ARGV[i + 1], ARGV[i + 2])
+    redis.pcall('HINCRBYFLOAT', key, ARGV[i + 1], ARGV[i + 2])
   end
   n = n + 1
 end
@@ -68,6 +71,8 @@ class Tally:
     the flush sent but not known to be applied (``_unsent``: its number and counts)."""
 
     _lock: threading.Lock
+    _sending: threading.Lock  # one flush in flight: a number is never sent twice at once
+    _closed: bool
     _ints: Counts
     _floats: Counts
     _unsent: tuple[int, Counts, Counts] | None
@@ -95,6 +100,10 @@ class Tally:
 
     def flush(self) -> bool:
         """Add the counts to Redis; ``False`` (and kept, under their number) if it failed."""
+        with self._sending:
+            return self._flush()
+
+    def _flush(self) -> bool:
         for _ in range(2):  # the flush that failed before, then what came since
             with self._lock:
                 if self._unsent is None:
@@ -124,17 +133,21 @@ class Tally:
         return [len(keys), *keys, self.process, number, len(ints), *entries]
 
     def close(self) -> None:
-        """At a graceful exit: the last counts, and this process's flush number forgotten."""
-        if self.flush() and self._number:
-            try:
-                redis_client().hdel(self.applied_key, self.process)
-            except Exception:
-                log.debug("%s: flush number not removed", self.name, exc_info=True)
+        """At a graceful exit: the last counts, and this process's flush number forgotten.
+        The thread sends nothing after (a number sent again once forgotten would count
+        twice)."""
+        with self._sending:
+            self._closed = True
+            if self._flush() and self._number:
+                try:
+                    redis_client().hdel(self.applied_key, self.process)
+                except Exception:
+                    log.debug("%s: flush number not removed", self.name, exc_info=True)
 
     def forget(self) -> None:
         """Start afresh; in a forked child: the parent's counts are the parent's, and so is
         its thread."""
-        self._lock = threading.Lock()
+        self._lock, self._sending, self._closed = threading.Lock(), threading.Lock(), False
         self._ints, self._floats, self._unsent = {}, {}, None
         self._number = 0
         self.process = _process_name()
@@ -145,6 +158,8 @@ class Tally:
         self._flusher.start()
 
     def _loop(self) -> None:
-        while True:
+        while not self._closed:
             time.sleep(self.flush_s)
-            self.flush()
+            with self._sending:
+                if not self._closed:
+                    self._flush()

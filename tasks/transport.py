@@ -29,8 +29,9 @@ An acknowledgement that Redis does not answer (a frozen or lost server: the
 command times out) still frees the consumer's prefetch slot (``QoS.ack``).
 kombu frees it only after Redis answered, so three such acks — a worker's
 prefetch — stopped its consumer for good: no BRPOP is sent while every slot
-is held. The message's unacked copy stays in Redis and comes back after the
-visibility timeout, where Keel's claim refuses it (its record has moved on).
+is held. A message sent without Keel has an unacked copy in Redis, which comes
+back after the visibility timeout, where Keel's claim refuses it (its record has
+moved on); a recorded job's ack never goes to Redis (``QoS``).
 
 A publish can also take other Redis commands along in its round trip
 (``riding``): an add's ``waiting`` event goes out in the pipeline of its
@@ -135,10 +136,17 @@ def riding(command: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
 
 
 def recorded_job(message: Any) -> bool:
-    """Whether ``message`` is one Keel sent for a job it recorded first: the job's record,
-    not an unacked copy in Redis, is what brings it back if the worker dies."""
+    """Whether ``message`` is one Keel sent for a job it recorded first, to be run as soon
+    as it arrives: the job's record, not an unacked copy in Redis, is what brings it back
+    if the worker dies. A task with Celery's ``rate_limit`` is not: its messages wait in
+    the worker's memory for a token, where the reconciler would take them for lost."""
     headers = getattr(message, "headers", None)
-    return isinstance(headers, dict) and bool(headers.get(KEEL_HEADER))
+    if not isinstance(headers, dict) or not headers.get(KEEL_HEADER):
+        return False
+    from tasks.celery import app  # loaded by then: kombu builds this transport for the app
+
+    task = app.tasks.get(headers.get("task"))
+    return not getattr(task, "rate_limit", None)
 
 
 class QoS(kombu_redis.QoS):
@@ -153,7 +161,8 @@ class QoS(kombu_redis.QoS):
       reconciler publishes it again if no message is left (``tasks.jobs.upkeep.reconcile``,
       within grace + interval: 25 s). The prefetch slot is still held in memory until the
       ack, and a requeue or a warm shutdown puts the message back from memory. A message
-      sent without Keel (recorded only on arrival) keeps its copy.
+      sent without Keel (recorded only on arrival), or of a task with Celery's
+      ``rate_limit``, keeps its copy.
     - An unacked copy it cannot decode is moved aside, not retried forever.
     - An ack or reject that Redis does not answer still frees its prefetch slot.
     """
@@ -229,7 +238,8 @@ class Channel(kombu_redis.Channel):
         messages through a new pool built from the cleared client, an ``AttributeError``
         that kombu does not ignore, and the worker stopped ("Unrecoverable error") at a
         Redis restart. A connection error there is ignored, and the consumer reconnects
-        (the unacked messages come back after the visibility timeout).
+        (unacked copies come back after the visibility timeout; a recorded job's message,
+        which has none, is published again from its record by the reconciler).
         """
         if self._pool is None and getattr(self.connection, "client", None) is None:
             raise RedisConnectionError("the broker connection is closed")

@@ -9,6 +9,7 @@ worker consumes these queues.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 
@@ -21,6 +22,7 @@ from tasks.jobs import add
 from tasks.jobs.upkeep.reconcile import republish_lost
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
+from tests.support.jobs import rate_limited
 
 pytestmark = pytest.mark.usefixtures("stack")
 UNACKED = "unacked"
@@ -67,7 +69,8 @@ def test_a_recorded_jobs_message_is_held_in_memory_only_and_a_requeue_puts_it_ba
         # Then no copy of it is in Redis, and its prefetch slot is held
         assert job_id not in copies().values()
         assert queued(queue) == []
-        assert not channel.qos.can_consume() or message.delivery_tag in channel.qos._delivered
+        assert message.delivery_tag in channel.qos._delivered
+        assert copies() == {} or message.delivery_tag not in copies()
         # When it is requeued (a rejected delivery, a lost pool process)
         message.reject(requeue=True)
     # Then it is back on its queue, once, marked redelivered, and still has no copy
@@ -105,6 +108,20 @@ def test_a_message_sent_without_keel_keeps_its_unacked_copy():
     assert task_id not in copies().values()
 
 
+def test_a_task_with_celerys_rate_limit_keeps_its_unacked_copy():
+    # Its messages wait in the worker's memory for a token, where the reconciler cannot see
+    # them: the copy keeps the reconciler from publishing them again meanwhile
+    queue = unique("rate-limited")
+    job_id = rate_limited.apply_async(queue=queue).id
+    with app.connection_for_read() as connection:
+        message = connection.default_channel.basic_get(queue, no_ack=False)
+        assert message is not None and message.headers["id"] == job_id
+        assert message.headers.get("keel")
+        assert copies().get(message.delivery_tag) == job_id
+        assert republish_lost(queue, older_than_s=0) == 0
+        message.ack()
+
+
 def test_a_warm_shutdown_puts_back_what_was_not_acknowledged_once_each():
     queue = unique("restore")
     kept, acked = keel_job(queue), keel_job(queue)
@@ -122,3 +139,37 @@ def test_a_warm_shutdown_puts_back_what_was_not_acknowledged_once_each():
     # Then the two it had not acknowledged are back, once each; the acknowledged one is not
     assert sorted(m["headers"]["id"] for m in queued(queue)) == sorted([kept, foreign])
     assert not {kept, acked, foreign} & set(copies().values())
+
+
+def canvas_of(message: dict) -> dict:
+    """The embedded canvas (Celery's protocol 2 body: args, kwargs, embed) of a queued item."""
+    body = message["body"]
+    if message["properties"].get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    return json.loads(body)[2]
+
+
+def test_a_waiting_job_sent_through_a_canvas_keeps_its_canvas_when_its_message_is_lost():
+    # Given a job recorded without a message, then sent with a link (a canvas over
+    # recorded jobs: its wake-up message carries the link)
+    queue = unique("canvas")
+    job_id = add("test.echo", {"n": 1}, queue=queue, publish_now=False).job_id
+    follow_up = app.signature("test.echo", kwargs={"n": 2}, queue=queue)
+    app.signature("test.echo", kwargs={"n": 1}, task_id=job_id, queue=queue).apply_async(
+        link=follow_up
+    )
+    [woken] = queued(queue)
+    assert canvas_of(woken)["callbacks"][0]["task"] == "test.echo"
+    # When a worker takes that message and dies before it claims the job
+    connection = app.connection_for_read()
+    message = connection.default_channel.basic_get(queue, no_ack=False)
+    assert message is not None and message.headers["id"] == job_id
+    try:
+        # Then the message the reconciler publishes from the record still carries the link
+        assert republish_lost(queue, older_than_s=0) == 1
+        [again] = queued(queue)
+        assert again["headers"]["id"] == job_id
+        assert canvas_of(again)["callbacks"] == canvas_of(woken)["callbacks"]
+    finally:
+        connection.default_channel.qos._delivered.clear()  # not restored: it died
+        connection.release()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import redis
 
@@ -75,3 +76,29 @@ def test_an_event_counts_once_even_when_its_pipeline_is_sent_again(stack):
     found = metrics.snapshot([queue])[queue]
     assert found["events"] == {("completed", "t.job"): 1}
     assert found["duration"]["t.job"] == {"0.25": 1.0, "sum": 0.2, "count": 1.0}
+
+
+def test_a_key_of_another_type_fails_its_own_entry_and_the_flush_is_recorded_once(stack):
+    tally = tallies.Tally(f"test:applied:{unique()}", 60, "test-tally")
+    good, wrong = f"test:{unique('good')}", f"test:{unique('wrong')}"
+    redis_client().set(wrong, "a string, not a hash")
+    tally.add(good, "n")
+    tally.add(wrong, "n")
+    assert tally.flush() is True
+    tally.add(good, "n")
+    assert tally.flush() is True
+    # The good entry counted once per flush; the wrong key is left as it was
+    assert hashes(good) == [{b"n": b"2"}]
+    assert redis_client().get(wrong) == b"a string, not a hash"
+
+
+def test_after_close_the_thread_sends_nothing(stack):
+    applied = f"test:applied:{unique()}"
+    tally = tallies.Tally(applied, 0.05, "test-tally")
+    key = f"test:{unique('closed')}"
+    tally.add(key, "n")
+    tally.close()
+    assert hashes(key) == [{b"n": b"1"}] and not redis_client().hexists(applied, tally.process)
+    tally.add(key, "n")  # after the end: nobody sends it
+    time.sleep(0.3)
+    assert hashes(key) == [{b"n": b"1"}]

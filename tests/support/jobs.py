@@ -507,3 +507,9 @@ def await_then_children(job: JobContext) -> dict:
         job.add_child("test.echo", {}, queue=job.queue)
         raise Defer(60_000, "waiting for its child", waiting_children=True)
     return {"runs": job.attempts_started}
+
+
+@shared_task(name="test.rate_limited", rate_limit="600/m")
+def rate_limited() -> str:
+    """A task with Celery's own ``rate_limit``: its messages wait in a worker for a token."""
+    return "ran"

@@ -219,21 +219,23 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     job's party has on its queue, as an add's would (``tasks.jobs.intake.tenancy``):
     a campaign's hundreds of chunks queue behind their tenant's load, and a
     control job (``handler(control=True)``) goes to the front.
+
+    The canvas the call names (its chord, chain, links) is written to the record
+    before the message goes: the record is what publishes the job again if the
+    message is lost before a worker claims it (Keel's transport keeps no copy of a
+    recorded job's message: ``tasks.transport``), or held by a pause or a limit.
     """
     with transaction() as session:
-        job = store.get(session, job_id)
+        job = store.lock(session, job_id)
         if job is None or job.state != State.WAITING:
             return
+        context = {**(job.celery_ctx or {}), **ctx}
+        if context != (job.celery_ctx or {}):
+            job.celery_ctx = context
         ranked = [(job.id, job.tenant_id, job.queue, job.priority)]
         priority = tenancy.priorities(session, ranked)[job.id]
     publish_or_park(
-        job.id,
-        job.name,
-        job.queue,
-        job.data,
-        {**(job.celery_ctx or {}), **ctx},
-        priority=priority,
-        tenant=job.tenant_id,
+        job.id, job.name, job.queue, job.data, context, priority=priority, tenant=job.tenant_id
     )
 
 

@@ -10,9 +10,10 @@ run). Keel's transport frees a slot when the ack itself fails
 (``tasks.transport.QoS``); ``PrefetchWatch`` is the net under that and any
 other path: every ``CHECK_S`` it compares the slots held with the requests
 this worker knows, and a slot orphaned for ``KEEL_PREFETCH_ORPHAN_S`` (30 s;
-0: never) is given back, with an error line naming how many. The message's
-unacked copy stays in Redis and comes back after the visibility timeout,
-where Keel's claim decides.
+0: never) is given back, with an error line naming how many. A message's
+unacked copy, if kombu kept one, stays in Redis and comes back after the
+visibility timeout, where Keel's claim decides; a recorded job's message has
+none, and the reconciler publishes the job again if its record still waits.
 
 ``ConsumerWatch`` says whether the consumer is wedged — consuming nothing
 although it should — for the worker's heartbeat (``tasks.jobs.upkeep.liveness``),
@@ -127,7 +128,8 @@ class SlotWatch:
         if stale:
             log.error(
                 "consumer: %d prefetch slots were held for %.0f s by messages no task has; "
-                "given back (their messages return after the visibility timeout)",
+                "given back (an unacked copy returns after the visibility timeout; a "
+                "recorded job still waiting is published again by the reconciler)",
                 len(stale),
                 self.orphan_s,
             )

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.db import transaction
+from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import publish_or_park
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import TooMany
@@ -41,8 +42,9 @@ def republish_waiting(batch: int = 500) -> int:
     A job published since the broker came back (beat's first fire on a fresh
     ``keel up``, a job added meanwhile) has its message there already: sending
     another would only make a duplicate delivery, refused by the claim but
-    logged. The queue is read before the reserved messages, so a message a
-    worker takes in between is seen in one or the other.
+    logged. A message a worker holds is not in Redis (a recorded job's has no
+    unacked copy: ``tasks.transport``): its job gets a second message, which the
+    claim refuses. Each goes behind its party's load, as an add's would.
     """
     count, last = 0, ""
     while True:
@@ -53,10 +55,18 @@ def republish_waiting(batch: int = 500) -> int:
         held = _held(page)
         with transaction() as session:
             waiting = upkeep.still_waiting(session, [job.id for job in page])
+            ranked = [(j.id, j.tenant_id, j.queue, j.priority) for j in page if j.id in waiting]
+            priority = tenancy.priorities(session, ranked)
         for job in page:
             if job.id in waiting and not held(job.id):
                 publish_or_park(
-                    job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id
+                    job.id,
+                    job.name,
+                    job.queue,
+                    job.data,
+                    job.celery_ctx,
+                    priority=priority.get(job.id, 0),
+                    tenant=job.tenant_id,
                 )
                 count += 1
         last = page[-1].id

@@ -8,7 +8,9 @@ and recording it as reserved. Nothing else would ever wake such a job.
 Every ``KEEL_RECONCILE_INTERVAL_S`` (15 s), one worker looks at the waiting
 jobs whose last publish is more than ``KEEL_RECONCILE_GRACE_S`` (10 s) old,
 queue by queue, and republishes those the broker has no message for: not in
-the queue's priority lists, not among the messages workers hold unacked, and
+the queue's priority lists, not among the unacked copies kombu keeps in Redis
+(a recorded job's message taken by a worker has none: ``tasks.transport``;
+so this is also what runs again a job whose worker died before claiming it), and
 not named by a message or a live job as a task that runs after it (a chord
 callback or a chain's next step, which Celery sends itself). The records are
 read again just before, so a job claimed meanwhile is left alone; a
@@ -52,6 +54,7 @@ from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
+from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import publish_or_park
 from tasks.jobs.model.errors import Refused, Unavailable
 from tasks.jobs.observe import broker_contents
@@ -156,8 +159,20 @@ def _reconcile(queue: str, older_than_s: float, reserved: Contents) -> int:
         return 0
     missing = [j for j in candidates if not queued.holds(j.id) and not reserved.holds(j.id)]
     lost = _confirmed(missing)
+    if lost:  # each behind its party's load, as an add's message would be
+        with transaction() as session:
+            ranked = [(j.id, j.tenant_id, j.queue, j.priority) for j in lost]
+            priority = tenancy.priorities(session, ranked)
     for job in lost:
-        publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id)
+        publish_or_park(
+            job.id,
+            job.name,
+            job.queue,
+            job.data,
+            job.celery_ctx,
+            priority=priority.get(job.id, 0),
+            tenant=job.tenant_id,
+        )
     if lost:
         log.warning(
             "republished %d waiting jobs of queue %s that had no message in the broker",
