@@ -138,12 +138,17 @@ def riding(command: Callable[[Any], None]) -> Iterator[Callable[[], bool]]:
 def recorded_job(message: Any) -> bool:
     """Whether ``message`` is one Keel sent for a job it recorded first, to be run as soon
     as it arrives: the job's record, not an unacked copy in Redis, is what brings it back
-    if the worker dies. A task with Celery's ``rate_limit`` is not: its messages wait in
-    the worker's memory for a token, where the reconciler would take them for lost."""
+    if the worker dies. Not so for a task with Celery's ``rate_limit``, or in a worker
+    that prefetches more than one message per process (``worker_prefetch_multiplier``):
+    their messages wait in the worker's memory (for a token, for a busy process), where
+    the reconciler would take them for lost and publish them again every round."""
     headers = getattr(message, "headers", None)
     if not isinstance(headers, dict) or not headers.get(KEEL_HEADER):
         return False
     from tasks.celery import app  # loaded by then: kombu builds this transport for the app
+
+    if app.conf.worker_prefetch_multiplier != 1:
+        return False
 
     task = app.tasks.get(headers.get("task"))
     return not getattr(task, "rate_limit", None)
@@ -162,7 +167,8 @@ class QoS(kombu_redis.QoS):
       within grace + interval: 25 s). The prefetch slot is still held in memory until the
       ack, and a requeue or a warm shutdown puts the message back from memory. A message
       sent without Keel (recorded only on arrival), or of a task with Celery's
-      ``rate_limit``, keeps its copy.
+      ``rate_limit``, or taken by a worker that prefetches more than one message per
+      process, keeps its copy (``recorded_job``).
     - An unacked copy it cannot decode is moved aside, not retried forever.
     - An ack or reject that Redis does not answer still frees its prefetch slot.
     """

@@ -173,3 +173,20 @@ def test_a_waiting_job_sent_through_a_canvas_keeps_its_canvas_when_its_message_i
     finally:
         connection.default_channel.qos._delivered.clear()  # not restored: it died
         connection.release()
+
+
+def test_a_worker_that_prefetches_more_keeps_copies():
+    # Messages prefetched behind busy processes wait in memory, unseen by the reconciler
+    queue = unique("prefetch")
+    job_id = keel_job(queue)
+    before = app.conf.worker_prefetch_multiplier
+    app.conf.worker_prefetch_multiplier = 4
+    try:
+        with app.connection_for_read() as connection:
+            message = connection.default_channel.basic_get(queue, no_ack=False)
+            assert message is not None and message.headers["id"] == job_id
+            assert copies().get(message.delivery_tag) == job_id
+            message.ack()
+    finally:
+        app.conf.worker_prefetch_multiplier = before
+    assert job_id not in copies().values()
