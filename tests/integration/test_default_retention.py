@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, text
 
+from tasks.broker import redis_client
 from tasks.celery import app as celery_app
 from tasks.config import reload_settings
 from tasks.db import transaction
@@ -102,6 +103,23 @@ def test_a_backlog_goes_in_batches_over_rounds(monkeypatch):
     assert len(present(*old)) == 3
     assert retention.sweep() == 3
     assert present(*old) == set()
+
+
+def test_a_round_that_leaves_records_due_is_followed_at_once_until_none_are(monkeypatch):
+    # Given more records due than a round takes (two batches of four)
+    monkeypatch.setattr(retention, "BATCH", 4)
+    monkeypatch.setattr(retention, "MAX_BATCHES", 2)
+    old = [finished("completed", 2 * DAY) for _ in range(11)]
+    redis_client().delete(retention.ROUND_KEY)
+    monkeypatch.setitem(retention._next_round, "at", 0.0)
+    # When the maintenance loop asks three times in a row (its turns are 0.1 s apart)
+    first = retention.when_due()
+    left = len(present(*old))
+    second = retention.when_due()
+    # Then the round that stopped with records due is followed at once, not an interval
+    # (60 s) later, and the one that found none left waits its interval again
+    assert (first, left) == (8, 3) and second == 3 and present(*old) == set()
+    assert retention.when_due() is None
 
 
 def test_the_ages_follow_result_expires_unless_keel_sets_its_own(monkeypatch):

@@ -17,8 +17,10 @@ than a default age:
 one worker's maintenance thread (a Redis ``SET NX`` gives each round to one worker) deletes
 expired records in batches of ``BATCH``, oldest first, through partial indexes that hold
 only the records this sweep may take, and skips rows another transaction holds. A round
-stops after ``MAX_BATCHES`` batches: a backlog (say, after the ages were lowered) drains
-over the next rounds instead of in one long transaction.
+stops after ``MAX_BATCHES`` batches, each its own transaction; if records are still due,
+the next round follows at once (``when_due``), so a backlog (say, after the ages were
+lowered) or a rate of finished jobs above a round's size per interval drains in short
+transactions, with the maintenance loop's other work between rounds.
 
 **Records from before this default.** The previous release stored ``removeOnComplete:
 false`` on every job that set nothing (and in every scheduler template): those records are
@@ -68,7 +70,13 @@ def default_ages() -> dict[State, int | None]:
 def sweep() -> int:
     """One round: delete the records past their default age, at most ``MAX_BATCHES`` batches
     per end. Returns how many were deleted."""
-    removed = 0
+    return _round()[0]
+
+
+def _round() -> tuple[int, bool]:
+    """A round's deletions, and whether it stopped with records still due (a full last
+    batch after ``MAX_BATCHES``)."""
+    removed, behind = 0, False
     for state, age_s in default_ages().items():
         if age_s is None:
             continue
@@ -78,13 +86,20 @@ def sweep() -> int:
             removed += gone
             if gone < BATCH:
                 break
+        else:
+            behind = True
     if removed:
         log.info("retention: deleted %d finished records past their default age", removed)
-    return removed
+    return removed, behind
 
 
 def when_due() -> int | None:
     """The maintenance loop's call: a round if its time has come and no other worker took it.
+
+    A round that stops with records still due (more finished per interval than a round
+    takes: ``BATCH`` times ``MAX_BATCHES`` per end) is followed at once by the next, on the
+    maintenance loop's next turn, until one ends with none left: retention keeps up with
+    any rate of finished jobs instead of falling behind by the difference every interval.
 
     Returns how many records went, ``None`` when no round ran here. Errors are logged, not
     raised: the rest of maintenance goes on, and the next round tries again.
@@ -95,9 +110,14 @@ def when_due() -> int | None:
     _next_round["at"] = time.monotonic() + interval_s
     try:
         turn_ms = max(1, int(interval_s * 900))  # free again before this worker looks next
-        if not redis_client().set(ROUND_KEY, uuid.uuid4().hex, nx=True, px=turn_ms):
+        token = uuid.uuid4().hex
+        if not redis_client().set(ROUND_KEY, token, nx=True, px=turn_ms):
             return None
-        return sweep()
+        removed, behind = _round()
+        if behind:  # the next round at once, here (another worker's would wait its turn)
+            _next_round["at"] = 0.0
+            redis_client().delete(ROUND_KEY)
+        return removed
     except Exception:  # Redis or Postgres away
         log.warning("the retention sweep failed", exc_info=True)
         return None
