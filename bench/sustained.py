@@ -126,10 +126,12 @@ class Sampler:
         self.last = now
 
 
-def per_minute(samples: list[dict[str, Any]], began: float) -> list[dict[str, Any]]:
+def per_minute(samples: list[dict[str, Any]], sample_s: float) -> list[dict[str, Any]]:
+    """The samples by minute of the run: the i-th (from 0) counts what finished in the
+    ``sample_s`` seconds before it, so it belongs to the minute those seconds are in."""
     minutes: dict[int, list[dict[str, Any]]] = {}
-    for sample in samples:
-        minutes.setdefault(int((sample["at"] - began) // 60), []).append(sample)
+    for i, sample in enumerate(samples):
+        minutes.setdefault(int(i * sample_s // 60), []).append(sample)
     out = []
     for minute, group in sorted(minutes.items()):
         waits = [w for s in group for w in s["waits"]]
@@ -247,7 +249,6 @@ def main(argv: list[str] | None = None) -> int:
             log(f"burst drained {capacity:.0f} jobs/s; adding {rate:.0f} jobs/s")
             sampler = Sampler(pg, jobs.NOOP)
             sampler()
-            began = time.time()
             added = paced(rate, args.minutes * 60, sampler, args.sample_s)
             sampler()
         pg.close()
@@ -265,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         env.stop()
-    rows = [r for r in per_minute(sampler.samples[1:], began) if r["minute"] <= args.minutes]
+    minutes = per_minute(sampler.samples[1:], args.sample_s)
+    rows = [r for r in minutes if r["minute"] <= args.minutes]
     full = [r for r in rows if r["minute"] <= int(args.minutes)]
     first, last = (full[0], full[-1]) if full else (None, None)
     last_jobs = sampler.samples[-1]["tables"].get("jobs", {})

@@ -36,7 +36,6 @@ from tasks.config import get_settings, sqlalchemy_url
 from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import Refused
-from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
 
 log = logging.getLogger(__name__)
@@ -176,5 +175,4 @@ def publish_now(job_ids: list[str]) -> None:
         return
     with transaction() as session:
         ready = upkeep.promote_now(session, job_ids)
-        sent = publish_ready(session, ready)
-    events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
+        publish_ready(session, ready, announce_waiting=True)

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
-from tasks.jobs.observe import events
 from tasks.jobs.store import pauses as store
 from tasks.jobs.store import runs
 from tasks.jobs.store.pauses import ALL_TENANTS, Hold, Pause
@@ -161,11 +160,9 @@ def release_unpaused(
         with transaction() as session:
             ready, taken = store.release(session, batch, queue, tenant_id)
             # What a broker that fails the publish leaves unsent is parked for the promoter.
-            sent = publish_ready(session, ready) if ready else []
+            sent = publish_ready(session, ready, announce_waiting=True) if ready else []
         done += 1
         published += len(sent)
-        if sent:
-            events.emit_many([(j.queue, "waiting", j.id, j.name) for j in sent])
         if taken < batch:
             break
     return published

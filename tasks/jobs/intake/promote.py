@@ -37,12 +37,20 @@ BATCH = 200
 PARK_S = 1.0
 
 
-def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
+def publish_ready(
+    session: Session, jobs: Sequence[ReadyJob], *, announce_waiting: bool = False
+) -> list[ReadyJob]:
     """Publish jobs that just became waiting in ``session``'s transaction; returns those sent.
 
     After the first failed publish the rest are parked again (in the same
     transaction) without trying: each try against a hung broker costs its
     socket timeout, and a batch of them would hold the promoter for long.
+
+    ``announce_waiting``: the jobs' ``waiting`` events go out here, before ``session``
+    commits (the promoter's, a caller transaction's, a lifted pause's): a worker cannot
+    claim a job before that commit, so its ``active`` always follows its ``waiting`` (sent
+    after the commit, a fast worker's came first). A commit that then fails leaves an
+    event for a job still delayed, which the promoter announces again when it sends it.
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs])
     sent: list[ReadyJob] = []
@@ -89,6 +97,8 @@ def publish_ready(session: Session, jobs: Sequence[ReadyJob]) -> list[ReadyJob]:
     if unsent:
         log.warning("broker unavailable; %d jobs parked again", len(unsent))
         upkeep.park(session, unsent, PARK_S)
+    if announce_waiting:
+        events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
     return sent
 
 
@@ -96,6 +106,5 @@ def promote_once() -> int:
     """Promote and publish every job that is due now (one batch); returns how many were due."""
     with transaction() as session:
         due = upkeep.promote_due(session, BATCH)
-        sent = publish_ready(session, due)
-    events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
+        publish_ready(session, due, announce_waiting=True)
     return len(due)
