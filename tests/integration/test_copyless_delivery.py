@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 import uuid
 
 import pytest
 from kombu import Producer
+from sqlalchemy import text
 
 from tasks.broker import redis_client
 from tasks.celery import app
+from tasks.db import engine
 from tasks.jobs import add
 from tasks.jobs.upkeep.reconcile import republish_lost
 from tests.support.chaos import priority_lists
@@ -190,3 +193,26 @@ def test_a_worker_that_prefetches_more_keeps_copies():
     finally:
         app.conf.worker_prefetch_multiplier = before
     assert job_id not in copies().values()
+
+
+def test_waking_a_job_whose_row_another_transaction_holds_does_not_wait_for_it():
+    # Given a waiting job whose row another transaction holds (a caller's open transaction)
+    queue = unique("held-row")
+    job_id = add("test.echo", {"n": 1}, queue=queue, publish_now=False).job_id
+    follow_up = app.signature("test.echo", kwargs={"n": 2}, queue=queue)
+    with engine().connect() as holder:
+        holder.execute(text("SELECT id FROM jobs WHERE id = :id FOR UPDATE"), {"id": job_id})
+        # When it is sent through a canvas meanwhile
+        call = threading.Thread(
+            target=lambda: app.signature(
+                "test.echo", kwargs={"n": 1}, task_id=job_id, queue=queue
+            ).apply_async(link=follow_up),
+            daemon=True,
+        )
+        call.start()
+        call.join(timeout=10)
+        # Then the call returns without waiting for that transaction, its message sent
+        assert not call.is_alive()
+        [woken] = queued(queue)
+        assert canvas_of(woken)["callbacks"][0]["task"] == "test.echo"
+        holder.rollback()

@@ -223,14 +223,19 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     The canvas the call names (its chord, chain, links) is written to the record
     before the message goes: the record is what publishes the job again if the
     message is lost before a worker claims it (Keel's transport keeps no copy of a
-    recorded job's message: ``tasks.transport``), or held by a pause or a limit.
+    recorded job's message: ``tasks.transport``), or held by a pause or a limit. Not
+    when another transaction holds the row (a claim under way, or the caller's own
+    open transaction, which waiting for would never end): the message alone carries it.
     """
     with transaction() as session:
-        job = store.lock(session, job_id)
+        job = store.lock_if_free(session, job_id)
+        held = job is None
+        if held:
+            job = store.get(session, job_id)
         if job is None or job.state != State.WAITING:
             return
         context = {**(job.celery_ctx or {}), **ctx}
-        if context != (job.celery_ctx or {}):
+        if not held and context != (job.celery_ctx or {}):
             job.celery_ctx = context
         ranked = [(job.id, job.tenant_id, job.queue, job.priority)]
         priority = tenancy.priorities(session, ranked)[job.id]

@@ -340,6 +340,13 @@ def lock(session: Session, job_id: str) -> JobRecord | None:
     return session.scalars(query).first()
 
 
+def lock_if_free(session: Session, job_id: str) -> JobRecord | None:
+    """The job with its row locked, or ``None`` if it is absent or another transaction
+    holds its row (``SKIP LOCKED``: never waits)."""
+    query = select(JobRecord).where(JobRecord.id == job_id).with_for_update(skip_locked=True)
+    return session.scalars(query).first()
+
+
 def was_retried(session: Session, job_id: str) -> bool:
     return bool(session.scalar(select(exists().where(RetryAudit.job_id == job_id))))
 
