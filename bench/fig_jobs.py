@@ -252,8 +252,7 @@ def durability(run: Run) -> dict[str, str]:
     client = redis.Redis.from_url(run.env.child_env()["KEEL_REDIS_URL"])
     try:  # INFO, not CONFIG (which the embedded Redis does not offer)
         aof = client.info("persistence").get("aof_enabled")
-        redis_text = f"append-only file {'on' if aof else 'off'} (a write is kept only in memory"
-        redis_text += ")" if not aof else " and the file)"
+        redis_text = f"append-only file {'on' if aof else 'off'}"
     except redis.RedisError:
         redis_text = "not readable here"
     finally:

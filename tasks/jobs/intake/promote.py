@@ -50,7 +50,8 @@ def publish_ready(
     commits (the promoter's, a caller transaction's, a lifted pause's): a worker cannot
     claim a job before that commit, so its ``active`` always follows its ``waiting`` (sent
     after the commit, a fast worker's came first). A commit that then fails leaves an
-    event for a job still delayed, which the promoter announces again when it sends it.
+    event for a job that is not waiting, announced again when it is sent (by the promoter,
+    or by the next release of a pause): a reader may see a job's ``waiting`` twice.
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs])
     sent: list[ReadyJob] = []

@@ -18,9 +18,9 @@ one worker's maintenance thread (a Redis ``SET NX`` gives each round to one work
 expired records in batches of ``BATCH``, oldest first, through partial indexes that hold
 only the records this sweep may take, and skips rows another transaction holds. A round
 stops after ``MAX_BATCHES`` batches, each its own transaction; if records are still due,
-the next round follows at once (``when_due``), so a backlog (say, after the ages were
-lowered) or a rate of finished jobs above a round's size per interval drains in short
-transactions, with the maintenance loop's other work between rounds.
+the next round follows ``CATCH_UP_S`` later (``when_due``), so a backlog (say, after the
+ages were lowered) or a rate of finished jobs above a round's size per interval drains in
+short transactions, with the maintenance loop's other work between rounds.
 
 **Records from before this default.** The previous release stored ``removeOnComplete:
 false`` on every job that set nothing (and in every scheduler template): those records are
@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 ROUND_KEY = "keel:retention:round"
 BATCH = 500
 MAX_BATCHES = 20
+# While records are still due, the next round comes this soon: the maintenance loop's other
+# work (promotion, stalled checks, stopping aborted runs) gets its turns between rounds.
+CATCH_UP_S = 1.0
+# Deletes the round's key only if it is still this round's (another worker may hold it now).
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end"
 
 _next_round = {"at": 0.0}
 
@@ -97,9 +102,10 @@ def when_due() -> int | None:
     """The maintenance loop's call: a round if its time has come and no other worker took it.
 
     A round that stops with records still due (more finished per interval than a round
-    takes: ``BATCH`` times ``MAX_BATCHES`` per end) is followed at once by the next, on the
-    maintenance loop's next turn, until one ends with none left: retention keeps up with
-    any rate of finished jobs instead of falling behind by the difference every interval.
+    takes: ``BATCH`` times ``MAX_BATCHES`` per end) is followed by the next ``CATCH_UP_S``
+    later, not an interval later, until one ends with none left: retention keeps up with
+    rates far above a round per interval (up to what one thread deletes, 10,000 records
+    a round), instead of falling behind by the difference every interval.
 
     Returns how many records went, ``None`` when no round ran here. Errors are logged, not
     raised: the rest of maintenance goes on, and the next round tries again.
@@ -114,9 +120,9 @@ def when_due() -> int | None:
         if not redis_client().set(ROUND_KEY, token, nx=True, px=turn_ms):
             return None
         removed, behind = _round()
-        if behind:  # the next round at once, here (another worker's would wait its turn)
-            _next_round["at"] = 0.0
-            redis_client().delete(ROUND_KEY)
+        if behind:  # the next round soon, here (another worker's would wait its turn)
+            _next_round["at"] = time.monotonic() + min(CATCH_UP_S, interval_s)
+            redis_client().eval(_RELEASE, 1, ROUND_KEY, token)
         return removed
     except Exception:  # Redis or Postgres away
         log.warning("the retention sweep failed", exc_info=True)
