@@ -33,12 +33,10 @@ set (then server CPU is not measured). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -48,7 +46,7 @@ import redis
 from bench.env import BenchEnv
 from bench.meters import CpuMeter, RoundTrips
 from bench.plan import QUICK, Run
-from bench.report import RESULTS_DIR
+from bench.report import log, measured_commit, write_report
 
 CORES = (8, 32, 64)
 _PG_COUNTERS = (
@@ -60,10 +58,6 @@ PG_FIELDS = ("commits", "inserted", "updated", "deleted", "blocks_hit", "blocks_
 WAL_FIELDS = ("wal_records", "wal_fpi", "wal_bytes")
 # A backend reports its counters to the shared statistics at most once a second.
 STATS_FLUSH_S = 1.5
-
-
-def log(message: str) -> None:
-    print(f"{datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
 
 
 class ServerCounters:
@@ -262,14 +256,6 @@ def markdown(costs: dict[str, Any], limits: dict[str, Any], meta: dict[str, Any]
     return "\n".join(lines)
 
 
-def write(report: dict[str, Any], table: str) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"capacity-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    path.with_suffix(".md").write_text(table + "\n")
-    return path
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.capacity",
@@ -290,7 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         # Imported once the servers are up: these modules read Keel's settings.
         from bench import jobs
         from bench.fig_jobs import keel_batch
-        from bench.growth import _commit
         from bench.procs import CeleryWorker
 
         run = Run(env=env, sizes=QUICK, repeat=args.runs, quick=False)
@@ -306,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             statements = statements_per_job(run, min(args.jobs, 1000))
         counters.close()
         meta = {
-            "commit": _commit(),
+            "commit": measured_commit(),
             "started": started.isoformat(timespec="seconds"),
             "jobs": args.jobs,
             "runs": args.runs,
@@ -321,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(costs, limits, meta)
     print(table)
     report = {"meta": meta, "per_job": costs, "ceilings": limits, "samples": samples}
-    log(f"wrote {write(report, table)}")
+    log(f"wrote {write_report('capacity', report, table)}")
     return 0
 
 

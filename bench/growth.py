@@ -67,6 +67,7 @@ from sqlalchemy.orm import Session
 
 # Keel's modules read their settings (the database URL) when first used, not when
 # imported: ``use_database`` points them at one scratch database, then the other.
+from bench.report import log, measured_commit, write_report
 from bench.stats import percentile
 from tasks import db
 from tasks.config import get_settings, reload_settings
@@ -80,7 +81,6 @@ from tasks.jobs.store.listing import JobFilter
 from tasks.jobs.upkeep import retention
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 
 LOAD_CHUNK = 100_000
 QUEUES, TENANTS, USERS = 20, 1_000, 4
@@ -91,10 +91,6 @@ DELAYED_LEAD_S = 2 * 3600  # none due while measuring, as when the promoter keep
 SWEEP_INTERVAL_S = 60  # KEEL_RETENTION_INTERVAL_S: a sweep takes one interval's expired records
 WORKER, LOCK_S = "celery@bench-growth", 30.0
 OWN_RULE = {State.COMPLETED: "removeOnComplete", State.FAILED: "removeOnFail"}
-
-
-def log(message: str) -> None:
-    print(f"{datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
 
 
 # --- scratch databases ------------------------------------------------------------------------
@@ -689,27 +685,7 @@ def markdown(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write(report: dict[str, Any], table: str) -> Path:
-    """The report as JSON, and its table as Markdown beside it; the JSON's path."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"growth-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    path.with_suffix(".md").write_text(table + "\n")
-    return path
-
-
 # --- the command ------------------------------------------------------------------------------
-
-
-def _commit() -> str:
-    """The code measured: its commit, marked ``+changes`` if the tree differs from it."""
-
-    def git(*args: str) -> str:
-        found = subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True)
-        return found.stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -756,7 +732,7 @@ def main(argv: list[str] | None = None) -> int:
     grown = loaded["grown"]
     table = (
         f"## Growth: {args.records:,} finished + {args.delayed:,} delayed records\n\n"
-        f"Commit {_commit()}. grown `jobs`: {grown['rows']:,} rows, heap {grown['heap']},"
+        f"Commit {measured_commit()}. grown `jobs`: {grown['rows']:,} rows, heap {grown['heap']},"
         f" indexes {grown['indexes']}; loaded in {grown['load_s']['total']} s. {args.runs} runs"
         f" per statement, server execution time.\n\n{markdown(results)}"
     )
@@ -770,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
         "loaded": loaded,
         "statements": results,
     }
-    log(f"wrote {write(report, table)}")
+    log(f"wrote {write_report('growth', report, table)}")
     return 0
 
 

@@ -5,12 +5,42 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.stats import Figure, Series
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def log(message: str) -> None:
+    """A progress line of a bench command, on stderr (its report goes to stdout)."""
+    print(f"{datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
+
+
+def measured_commit() -> str:
+    """The code measured: its commit, marked ``+changes`` if the tree differs from it."""
+
+    def git(*args: str) -> str:
+        root = RESULTS_DIR.parents[1]
+        found = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
+        return found.stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def write_report(kind: str, report: dict[str, Any], table: str) -> Path:
+    """``report`` as ``results/<kind>-<UTC timestamp>.json``, its Markdown ``table`` beside
+    it (``.md``); the JSON's path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    path.with_suffix(".md").write_text(table + "\n")
+    return path
 
 
 def _num(value: float) -> str:

@@ -28,19 +28,17 @@ Writes ``bench/results/sustained-<UTC timestamp>.md`` / ``.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
 from bench.env import BenchEnv
 from bench.plan import QUICK, Run
-from bench.report import RESULTS_DIR
+from bench.report import log, measured_commit, write_report
 from bench.stats import percentile
 
 _FINISHED = (
@@ -58,10 +56,6 @@ TABLE_FIELDS = (
     *("total_bytes", "heap_bytes", "live", "dead"),
     *("updates", "hot", "vacuums", "analyzes"),
 )
-
-
-def log(message: str) -> None:
-    print(f"{datetime.now(UTC):%H:%M:%S} {message}", file=sys.stderr, flush=True)
 
 
 def tables(pg: psycopg.Connection) -> dict[str, dict[str, int]]:
@@ -207,14 +201,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write(report: dict[str, Any], table: str) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"sustained-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    path.with_suffix(".md").write_text(table + "\n")
-    return path
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sustained",
@@ -238,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         env.start()
         # Imported once the servers are up: these modules read Keel's settings.
         from bench import jobs
-        from bench.growth import _commit
         from bench.procs import CeleryWorker
 
         run = Run(env=env, sizes=QUICK, repeat=1, quick=False)
@@ -253,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             sampler()
         pg.close()
         meta = {
-            "commit": _commit(),
+            "commit": measured_commit(),
             "started": started.isoformat(timespec="seconds"),
             "minutes": args.minutes,
             "fraction": args.fraction,
@@ -287,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"meta": meta, "minutes": rows, "summary": summary, "samples": sampler.samples}
     table = markdown(report)
     print(table)
-    log(f"wrote {write(report, table)}")
+    log(f"wrote {write_report('sustained', report, table)}")
     return 0
 
 

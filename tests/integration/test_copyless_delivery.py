@@ -13,6 +13,8 @@ import base64
 import json
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from kombu import Producer
@@ -53,6 +55,20 @@ def foreign_message(queue: str) -> str:
     return task_id
 
 
+@contextmanager
+def taken_by_a_dying_consumer(queue: str, job_id: str) -> Iterator[None]:
+    """In the block, ``job_id``'s message is held by a consumer on Keel's transport that then
+    dies: its slot is dropped, nothing restored, as a killed worker leaves it."""
+    connection = app.connection_for_read()
+    message = connection.default_channel.basic_get(queue, no_ack=False)
+    assert message is not None and message.headers["id"] == job_id
+    try:
+        yield
+    finally:
+        connection.default_channel.qos._delivered.clear()  # not restored: it died
+        connection.release()
+
+
 def copies() -> dict[str, str]:
     """kombu's unacked copies by delivery tag: the task id each carries."""
     found = {}
@@ -86,18 +102,12 @@ def test_a_consumer_gone_with_a_recorded_jobs_message_leaves_it_to_the_reconcile
     queue = unique("copyless-gone")
     job_id = keel_job(queue)
     # Given a consumer that took the message and was never heard of again (killed)
-    connection = app.connection_for_read()
-    message = connection.default_channel.basic_get(queue, no_ack=False)
-    assert message is not None and message.headers["id"] == job_id
-    try:
+    with taken_by_a_dying_consumer(queue, job_id):
         # Then Redis has no trace of it, and its record is still waiting: the reconciler
         # publishes it again (a later delivery runs only if it claims the record)
         assert queued(queue) == [] and job_id not in copies().values()
         assert republish_lost(queue, older_than_s=0) == 1
         assert [m["headers"]["id"] for m in queued(queue)] == [job_id]
-    finally:
-        connection.default_channel.qos._delivered.clear()  # not restored: it died
-        connection.release()
 
 
 def test_a_message_sent_without_keel_keeps_its_unacked_copy():
@@ -164,18 +174,12 @@ def test_a_waiting_job_sent_through_a_canvas_keeps_its_canvas_when_its_message_i
     [woken] = queued(queue)
     assert canvas_of(woken)["callbacks"][0]["task"] == "test.echo"
     # When a worker takes that message and dies before it claims the job
-    connection = app.connection_for_read()
-    message = connection.default_channel.basic_get(queue, no_ack=False)
-    assert message is not None and message.headers["id"] == job_id
-    try:
+    with taken_by_a_dying_consumer(queue, job_id):
         # Then the message the reconciler publishes from the record still carries the link
         assert republish_lost(queue, older_than_s=0) == 1
         [again] = queued(queue)
         assert again["headers"]["id"] == job_id
         assert canvas_of(again)["callbacks"] == canvas_of(woken)["callbacks"]
-    finally:
-        connection.default_channel.qos._delivered.clear()  # not restored: it died
-        connection.release()
 
 
 def test_a_worker_that_prefetches_more_keeps_copies():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -40,7 +40,7 @@ from tasks.jobs.observe import events
 from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import dedup, upkeep
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import NewJob
+from tasks.jobs.store.jobs import NewJob, ReadyJob
 from tasks.setting_types import TenantLimits
 from tasks.transport import riding
 
@@ -242,6 +242,26 @@ def _deduplicate(
         dedup.hand_over(session, queue, rule, job_id)
         return None, held.job_id
     return held.job_id, None
+
+
+def republish(jobs: Sequence[ReadyJob]) -> None:
+    """Publish waiting jobs again (their message was lost), each behind its party's load as
+    an add's message would be (``tenancy``); one the broker will not take is parked."""
+    if not jobs:
+        return
+    with transaction() as session:
+        ranked = [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs]
+        priority = tenancy.priorities(session, ranked)
+    for job in jobs:
+        publish_or_park(
+            job.id,
+            job.name,
+            job.queue,
+            job.data,
+            job.celery_ctx,
+            priority=priority.get(job.id, 0),
+            tenant=job.tenant_id,
+        )
 
 
 def publish_or_park(

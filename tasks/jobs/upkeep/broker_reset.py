@@ -24,8 +24,7 @@ from collections.abc import Callable
 from tasks.broker import redis_client
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.enqueue import publish_or_park
+from tasks.jobs.intake.enqueue import republish
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import TooMany
 from tasks.jobs.store import upkeep
@@ -55,20 +54,9 @@ def republish_waiting(batch: int = 500) -> int:
         held = _held(page)
         with transaction() as session:
             waiting = upkeep.still_waiting(session, [job.id for job in page])
-            ranked = [(j.id, j.tenant_id, j.queue, j.priority) for j in page if j.id in waiting]
-            priority = tenancy.priorities(session, ranked)
-        for job in page:
-            if job.id in waiting and not held(job.id):
-                publish_or_park(
-                    job.id,
-                    job.name,
-                    job.queue,
-                    job.data,
-                    job.celery_ctx,
-                    priority=priority.get(job.id, 0),
-                    tenant=job.tenant_id,
-                )
-                count += 1
+        lost = [job for job in page if job.id in waiting and not held(job.id)]
+        republish(lost)
+        count += len(lost)
         last = page[-1].id
 
 

@@ -54,8 +54,7 @@ from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.enqueue import publish_or_park
+from tasks.jobs.intake.enqueue import republish
 from tasks.jobs.model.errors import Refused, Unavailable
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import Contents, TooMany
@@ -159,20 +158,7 @@ def _reconcile(queue: str, older_than_s: float, reserved: Contents) -> int:
         return 0
     missing = [j for j in candidates if not queued.holds(j.id) and not reserved.holds(j.id)]
     lost = _confirmed(missing)
-    if lost:  # each behind its party's load, as an add's message would be
-        with transaction() as session:
-            ranked = [(j.id, j.tenant_id, j.queue, j.priority) for j in lost]
-            priority = tenancy.priorities(session, ranked)
-    for job in lost:
-        publish_or_park(
-            job.id,
-            job.name,
-            job.queue,
-            job.data,
-            job.celery_ctx,
-            priority=priority.get(job.id, 0),
-            tenant=job.tenant_id,
-        )
+    republish(lost)
     if lost:
         log.warning(
             "republished %d waiting jobs of queue %s that had no message in the broker",
