@@ -32,7 +32,7 @@ from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.celery_options import with_options
-from tasks.jobs.intake.messages import Message, publish
+from tasks.jobs.intake.messages import Message, publish, publish_all
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import Deduplication, JobOptions
 from tasks.jobs.model.owner import Owner
@@ -313,11 +313,12 @@ def _publish(
     failed: Exception | None = None
     with riding(event.add_to) if event is not None else nullcontext(_nothing) as rode:
         try:
-            # On Redis, kombu's publish batch sends the message and its task-sent event in
-            # one pipeline, and the job's event rides in it too: one round trip in all.
-            with app.producer_or_acquire() as producer, producer.batch():
+            # On Redis, the message and its task-sent event go in one pipeline, and the
+            # job's event rides in it too: one round trip in all.
+            with app.producer_or_acquire() as producer:
                 message = Message(job_id, name, queue, data, ctx, priority=priority, tenant=tenant)
-                publish(message, producer)
+                if not publish_all(producer, [message]):
+                    publish(message, producer)
         except Exception as exc:  # the record is safe; the promoter publishes it later
             failed = exc
     if failed is not None:  # first: an event sent next is dropped at once if Redis hangs

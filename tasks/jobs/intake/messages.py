@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from celery import signals
@@ -38,6 +40,7 @@ from tasks.config import get_settings
 from tasks.jobs.intake import tenancy
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.formats import KEEL_HEADER
+from tasks.pipelined import Pipelined, pipelined
 
 log = logging.getLogger(__name__)
 # The job's tenant, whose keys its key limits are (``tasks.jobs.run.key_limits``), and the
@@ -100,7 +103,7 @@ class Message:
         settings = _settings()
         argsrepr, kwargsrepr = shown_arguments(name, data)
         hard, soft = ctx.get("timelimit") or (None, None)  # the call's, or its timeout option
-        message = app.amqp.as_task_v2(
+        message = settings.amqp.as_task_v2(
             job_id,
             name,
             (),
@@ -150,19 +153,7 @@ class Message:
         # is a list that its first message creates.
         settings = _settings()
         declare = [app.amqp.queues[self.queue]] if get_settings().broker_on_amqp else None
-        # Published later than added (a delay, a retry, a park): in the trace of the add
-        # (the context kept on the record, ``tasks.tracing``), unless a run sends it.
-        with tracing.restored(self.trace):
-            signals.before_task_publish.send(
-                sender=self.name,
-                body=self.body,
-                exchange="",
-                routing_key=self.queue,
-                declare=declare,
-                headers=self.headers,
-                properties=self.properties,
-                retry_policy=None,
-            )
+        with self._signalled(declare):
             producer.publish(
                 self.body,
                 exchange="",
@@ -176,6 +167,40 @@ class Message:
                 headers=self.headers,
                 **self.properties,
             )
+
+    def push(self, batch: Pipelined) -> None:
+        """Add the message to ``batch`` (Redis), as ``publish`` would send it."""
+        settings = _settings()
+        properties = dict(self.properties)
+        priority = properties.pop("priority", 0)
+        with self._signalled(None):
+            batch.publish(
+                self.body,
+                self.queue,
+                headers=self.headers,
+                properties=properties,
+                serializer=settings.serializer,
+                compression=settings.compression,
+                priority=priority,
+            )
+
+    @contextmanager
+    def _signalled(self, declare: list[Any] | None) -> Iterator[None]:
+        """Celery's ``before_task_publish`` and ``after_task_publish`` around the publish."""
+        # Published later than added (a delay, a retry, a park): in the trace of the add
+        # (the context kept on the record, ``tasks.tracing``), unless a run sends it.
+        with tracing.restored(self.trace):
+            signals.before_task_publish.send(
+                sender=self.name,
+                body=self.body,
+                exchange="",
+                routing_key=self.queue,
+                declare=declare,
+                headers=self.headers,
+                properties=self.properties,
+                retry_policy=None,
+            )
+            yield
             signals.after_task_publish.send(
                 sender=self.name,
                 body=self.body,
@@ -183,6 +208,27 @@ class Message:
                 routing_key=self.queue,
                 headers=self.headers,
             )
+
+
+def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
+    """Send ``messages`` and their ``task-sent`` events in one pipeline (``tasks.pipelined``):
+    all, or, if the send fails, any part of them (the error is raised). False, sending
+    nothing, where the producer's channel cannot take a pipeline (RabbitMQ)."""
+
+    def send() -> bool:
+        with pipelined(producer) as batch:
+            if batch is None:
+                return False
+            for message in messages:
+                message.push(batch)
+            sent = [message.sent for message in messages if message.sent is not None]
+            if sent:
+                _push_events(producer, batch, sent)
+        return True
+
+    # Under kombu's ensure, as a producer's publish is: no retry, no reconnect loop.
+    sent: bool = producer.connection.ensure(producer, send, **PUBLISH_RETRY)()
+    return sent
 
 
 def _bounded(value: Any, limit: int) -> str:
@@ -197,12 +243,13 @@ def shown_arguments(name: str, data: dict[str, Any]) -> tuple[str, str]:
     task's style; a Celery-style task's data is ``{"args": [...], "kwargs": {...}}``, and
     shown as the call it was (``add.delay(2, 3)`` → ``(2, 3)`` and ``{}``).
     """
-    limit = app.amqp.argsrepr_maxsize
-    task = app.tasks.get(name)
+    settings = _settings()
+    amqp = settings.amqp
+    task = settings.tasks.get(name)
     if getattr(task, "job_style", None) == "celery" and set(data) == {"args", "kwargs"}:
         args, kwargs = tuple(data["args"] or ()), dict(data["kwargs"] or {})
-        return _bounded(args, limit), _bounded(kwargs, app.amqp.kwargsrepr_maxsize)
-    return "()", _bounded(data, app.amqp.kwargsrepr_maxsize)
+        return _bounded(args, amqp.argsrepr_maxsize), _bounded(kwargs, amqp.kwargsrepr_maxsize)
+    return "()", _bounded(data, amqp.kwargsrepr_maxsize)
 
 
 def publish(message: Message, producer: Any = None) -> None:
@@ -228,6 +275,40 @@ def announce(producer: Any, sent: list[dict[str, Any]]) -> None:
 def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
     """Publish ``task-sent`` events for Flower through ``producer``: one message for all."""
     dispatcher = _settings().dispatcher
+    made, routing_key = _sent_events(dispatcher, sent)
+    exchange = _events_exchange(producer, dispatcher.exchange.name)
+    producer.publish(
+        made,
+        exchange=exchange.name,
+        routing_key=routing_key,
+        declare=[exchange],
+        serializer=dispatcher.serializer,
+        headers=dispatcher.headers,
+        delivery_mode=dispatcher.delivery_mode,
+        retry=False,
+    )
+
+
+def _push_events(producer: Any, batch: Pipelined, sent: list[dict[str, Any]]) -> None:
+    """``send_events``, into ``batch``."""
+    dispatcher = _settings().dispatcher
+    made, routing_key = _sent_events(dispatcher, sent)
+    exchange = _events_exchange(producer, dispatcher.exchange.name)
+    producer.maybe_declare(exchange)  # once per channel, as the producer's publish does
+    batch.publish(
+        made,
+        routing_key,
+        exchange=exchange.name,
+        headers=dict(dispatcher.headers),
+        properties={},
+        serializer=dispatcher.serializer,
+        delivery_mode=dispatcher.delivery_mode,
+    )
+
+
+def _sent_events(dispatcher: EventDispatcher, sent: list[dict[str, Any]]) -> tuple[Any, str]:
+    """The body and routing key of one event message for ``sent`` (Celery's ``task.multi``
+    for several, which its event receiver unpacks)."""
     made = [
         Event(
             SENT,
@@ -239,17 +320,9 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
         )
         for fields in sent
     ]
-    exchange = _events_exchange(producer, dispatcher.exchange.name)
-    producer.publish(
-        made[0] if len(made) == 1 else made,
-        exchange=exchange.name,
-        routing_key="task.sent" if len(made) == 1 else "task.multi",
-        declare=[exchange],
-        serializer=dispatcher.serializer,
-        headers=dispatcher.headers,
-        delivery_mode=dispatcher.delivery_mode,
-        retry=False,
-    )
+    if len(made) == 1:
+        return made[0], "task.sent"
+    return made, "task.multi"
 
 
 def _events_exchange(producer: Any, name: str) -> Any:
@@ -274,6 +347,8 @@ class _Settings(NamedTuple):
     serializer: str
     compression: str | None
     send_sent_event: bool
+    amqp: Any  # ``app.amqp`` and ``app.tasks``: each lookup of these takes a lock
+    tasks: Any
 
 
 _process_settings: _Settings | None = None
@@ -290,6 +365,8 @@ def _settings() -> _Settings:
             conf.task_serializer,
             conf.task_compression,
             bool(conf.task_send_sent_event),
+            app.amqp,
+            app.tasks,
         )
     return _process_settings
 
@@ -304,5 +381,5 @@ os.register_at_fork(after_in_child=_forget_settings)
 
 def _sends_events(name: str, settings: _Settings) -> bool:
     """Celery's ``task_send_sent_event``, unless the task declares ``send_events = False``."""
-    task = app.tasks.get(name)
+    task = settings.tasks.get(name)
     return settings.send_sent_event and not (task is not None and task.send_events is False)

@@ -27,7 +27,7 @@ from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.messages import Message, announce
+from tasks.jobs.intake.messages import Message, announce, publish_all
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import ReadyJob
@@ -55,23 +55,17 @@ def publish_ready(
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs])
     sent: list[ReadyJob] = []
-    events_due: list[dict[str, Any]] = []
     started = time.monotonic()
-    batched = False
+    batched = True
     try:
-        # One producer (one pooled connection) for the batch, not one acquired per job; on
-        # Redis, kombu's publish batch sends the messages in pipelines (up to 1,000 commands
-        # a round trip), and their task-sent events as one message. RabbitMQ publishes each
-        # at once.
         parent = app.current_worker_task  # the same for every message of the batch
+        # One producer (one pooled connection) for the batch, not one acquired per job.
         with app.producer_or_acquire() as producer:
-            batched = producer.supports_batch_publish
-            with producer.batch():
-                for job in jobs:
-                    if broker.publish_unreachable():
-                        break
-                    started = time.monotonic()
-                    message = Message(
+            if broker.publish_unreachable():
+                messages = []
+            else:
+                messages = [
+                    Message(
                         job.id,
                         job.name,
                         job.queue,
@@ -81,12 +75,14 @@ def publish_ready(
                         parent=parent,
                         tenant=job.tenant_id,
                     )
-                    broker.publish(message.publish, producer)
-                    sent.append(job)
-                    if message.sent is not None:
-                        events_due.append(message.sent)
-                if events_due:
-                    announce(producer, events_due)
+                    for job in jobs
+                ]
+            started = time.monotonic()
+            if messages and publish_all(producer, messages):  # Redis: one pipeline for all
+                sent = list(jobs)
+            elif messages:  # RabbitMQ: each at once
+                batched = producer.supports_batch_publish
+                _publish_each(producer, jobs, messages, sent)
     except Exception as exc:
         broker.publish_failed(exc, started)
         if batched:
@@ -101,6 +97,25 @@ def publish_ready(
     if announce_waiting:
         events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
     return sent
+
+
+def _publish_each(
+    producer: Any, jobs: Sequence[ReadyJob], messages: Sequence[Message], sent: list[ReadyJob]
+) -> None:
+    """Publish through kombu's producer, one message after another (in its publish batch
+    where the transport has one), then their task-sent events; each job sent is added to
+    ``sent`` as it goes (a failure raises, and those before it count)."""
+    events_due: list[dict[str, Any]] = []
+    with producer.batch():
+        for job, message in zip(jobs, messages, strict=True):
+            if broker.publish_unreachable():
+                break
+            broker.publish(message.publish, producer)
+            sent.append(job)
+            if message.sent is not None:
+                events_due.append(message.sent)
+        if events_due:
+            announce(producer, events_due)
 
 
 def promote_once() -> int:

@@ -1,0 +1,152 @@
+"""Messages written in one Redis pipeline (``tasks.pipelined``) read as kombu's producer's do.
+
+A batch of Keel's messages (a bulk add, a promotion, an add's message with its events)
+goes to Redis in one pipeline instead of through kombu's ``Producer.publish`` each. Real
+Redis and Postgres; no worker consumes these queues.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import uuid
+
+import pytest
+from sqlalchemy import text
+
+from tasks.broker import redis_client
+from tasks.celery import app
+from tasks.db import transaction
+from tasks.jobs import BulkJob, add_bulk
+from tasks.jobs.intake.messages import Message, announce, publish, publish_all
+from tasks.pipelined import FLUSH_AT, LPUSH_MAX
+from tasks.transport import riding
+from tests.support.chaos import priority_lists
+from tests.support.client import unique
+
+pytestmark = pytest.mark.usefixtures("stack")
+
+
+def message(queue: str, job_id: str, **extra) -> Message:
+    ctx = {
+        "headers": {"x-trace": "abc"},
+        "group": "g-1",
+        "group_index": 2,
+        "chord": {"task": "test.echo", "args": [], "kwargs": {}, "options": {}},
+        "timelimit": [30, 20],
+    }
+    return Message(
+        job_id, "test.echo", queue, {"n": 1, "s": "é"}, ctx, parent=None, tenant="t-1", **extra
+    )
+
+
+def items(queue: str) -> list[dict]:
+    """The queue's messages, oldest first (the order a worker takes them in)."""
+    found = []
+    for name in priority_lists(queue):
+        found += [json.loads(item) for item in reversed(redis_client().lrange(name, 0, -1))]
+    return found
+
+
+def without_tag(envelope: dict) -> dict:
+    envelope = json.loads(json.dumps(envelope))
+    assert envelope["properties"].pop("delivery_tag")
+    return envelope
+
+
+def test_a_pipelined_message_reads_as_one_the_producer_sent():
+    queue = unique("pipelined")
+    with app.producer_or_acquire() as producer:
+        with producer.batch():
+            publish(message(queue, "same-id", priority=3), producer)
+        assert publish_all(producer, [message(queue, "same-id", priority=3)])
+    by_producer, by_pipeline = items(queue)
+    assert without_tag(by_pipeline) == without_tag(by_producer)
+    assert by_pipeline["properties"]["delivery_tag"] != by_producer["properties"]["delivery_tag"]
+    assert by_pipeline["properties"]["priority"] == 3
+    assert by_pipeline["headers"]["keel_tenant"] == "t-1"
+
+
+def test_task_sent_events_in_a_pipeline_read_as_the_producers():
+    """One job's event as ``task.sent``, several as one ``task.multi``, either way."""
+    queue = unique("pipelined")
+    listener = redis_client().pubsub(ignore_subscribe_messages=True)
+    listener.psubscribe("*celeryev/task.*")
+    listener.get_message(timeout=1)
+    with app.producer_or_acquire() as producer:
+        for ids in (["one"], ["a", "b"]):
+            with producer.batch():
+                made = [message(queue, job_id) for job_id in ids]
+                for each in made:
+                    each.publish(producer)
+                announce(producer, [each.sent for each in made])
+            assert publish_all(producer, [message(queue, job_id) for job_id in ids])
+    heard = []
+    deadline = time.monotonic() + 5
+    while len(heard) < 4 and time.monotonic() < deadline:
+        got = listener.get_message(timeout=0.5)
+        if got:
+            heard.append((got["channel"], json.loads(got["data"])))
+    listener.close()
+    assert [channel.rsplit(b"/", 1)[-1] for channel, _ in heard] == [
+        b"task.sent",
+        b"task.sent",
+        b"task.multi",
+        b"task.multi",
+    ]
+    for (_, by_producer), (_, by_pipeline) in (heard[:2], heard[2:]):
+        bodies = [json.loads(base64.b64decode(m.pop("body"))) for m in (by_producer, by_pipeline)]
+        assert without_tag(by_pipeline) == without_tag(by_producer)
+        ids = [[e["uuid"] for e in (b if isinstance(b, list) else [b])] for b in bodies]
+        assert ids[0] == ids[1] and ids[0] in (["one"], ["a", "b"])
+        assert {e["type"] for b in bodies for e in (b if isinstance(b, list) else [b])} == {
+            "task-sent"
+        }
+
+
+def test_a_batch_past_one_lpush_and_one_round_trip_comes_out_in_order_once_each():
+    queue = unique("pipelined")
+    count = FLUSH_AT + LPUSH_MAX + 7
+    ids = [f"job-{i:05d}" for i in range(count)]
+    with app.producer_or_acquire() as producer:
+        assert publish_all(producer, [Message(i, "test.echo", queue, {}, parent=None) for i in ids])
+    assert [item["headers"]["id"] for item in items(queue)] == ids
+
+
+def test_a_command_riding_along_goes_before_the_message():
+    queue = unique("pipelined")
+    key = priority_lists(queue)[0]  # priority 0's list
+    with riding(lambda pipe: pipe.lpush(key, json.dumps({"rider": True}))) as rode:
+        with app.producer_or_acquire() as producer:
+            assert publish_all(producer, [Message("m-1", "test.echo", queue, {}, parent=None)])
+        assert rode()
+    first, second = items(queue)
+    assert first == {"rider": True} and second["headers"]["id"] == "m-1"
+
+
+def test_a_bulk_add_whose_pipeline_fails_parks_every_job():
+    queue = unique("pipelined")
+    key = priority_lists(queue)[0]
+    redis_client().set(key, "not a list")  # every LPUSH to the queue fails (WRONGTYPE)
+    try:
+        added = add_bulk([BulkJob("test.echo", {"i": i}, queue) for i in range(30)])
+        with transaction() as session:
+            rows = session.execute(
+                text("SELECT state, run_at IS NOT NULL FROM jobs WHERE queue = :q"), {"q": queue}
+            ).all()
+        assert redis_client().get(key) == b"not a list"
+    finally:
+        redis_client().delete(key)
+    assert len(added) == 30 and all(a.created for a in added)
+    assert len(rows) == 30 and set(rows) == {("delayed", True)}  # the promoter sends them later
+
+
+def test_every_message_gets_its_own_delivery_tag():
+    queue = unique("pipelined")
+    with app.producer_or_acquire() as producer:
+        assert publish_all(
+            producer, [Message(str(uuid.uuid4()), "test.echo", queue, {}) for _ in range(50)]
+        )
+    tags = [item["properties"]["delivery_tag"] for item in items(queue)]
+    assert len(tags) == 50 == len(set(tags))
