@@ -16,7 +16,10 @@ list go as one multi-value LPUSH (Redis pushes the values in order: the list
 reads as after one LPUSH each).
 
 Commands that ride along with the next publish (``tasks.transport.riding``)
-go first in the pipeline, as they do in kombu's publish batch.
+go first in the pipeline, as they do in kombu's publish batch; a rider's error is
+its own (logged), as in ``tasks.transport.Channel._put``. A round trip that fails,
+or in which a message's command fails, raises ``RoundTripFailed``: any part of the
+batch may have been written.
 
 What it does not do: RabbitMQ (``pipelined`` yields ``None``, and the caller
 publishes through kombu), nor a channel whose client retries
@@ -25,6 +28,8 @@ publishes through kombu), nor a channel whose client retries
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -35,20 +40,35 @@ from kombu.serialization import dumps
 
 from tasks.transport import _RIDERS, Channel
 
+log = logging.getLogger(__name__)
 #: Values per LPUSH command (a bigger list goes in several).
 LPUSH_MAX = 500
 #: Messages per round trip: the pipeline is sent each time it holds this many.
 FLUSH_AT = 1000
 
 
-class Pipelined:
-    """One pipeline's messages: kombu's publish-batch interface (``add``) for the channel."""
+class RoundTripFailed(Exception):
+    """A pipeline's round trip failed (raised from its error): any part of it may have been
+    written. ``started``: when the round trip began (``time.monotonic``), which tells a hung
+    server from one that refused at once (``tasks.broker.failed``)."""
 
-    def __init__(self, channel: Channel, pipeline: Any) -> None:
+    def __init__(self, started: float) -> None:
+        super().__init__("a Redis pipeline of messages failed; any part of it may have gone out")
+        self.started = started
+
+
+class Pipelined:
+    """One pipeline's messages: kombu's publish-batch interface (``add``) for the channel.
+
+    ``riders``: how many commands the pipeline starts with that ride along
+    (``tasks.transport.riding``); their errors are theirs (logged), not the messages'."""
+
+    def __init__(self, channel: Channel, pipeline: Any, riders: int = 0) -> None:
         self.channel, self.pipeline = channel, pipeline
         self._key: Any = None
         self._values: list[Any] = []
         self._buffered = 0
+        self._riders = riders
 
     def publish(
         self,
@@ -97,11 +117,24 @@ class Pipelined:
             self._values = []
 
     def execute(self) -> None:
-        """Send what is buffered (one round trip); the first failed command raises."""
+        """Send what is buffered (one round trip); ``RoundTripFailed`` if it failed or a
+        message's command did."""
         self._push()
         self._buffered = 0
-        if len(self.pipeline):
-            self.pipeline.execute()
+        if not len(self.pipeline):
+            return
+        riders, self._riders = self._riders, 0
+        started = time.monotonic()
+        try:
+            replies = self.pipeline.execute(raise_on_error=False)
+        except Exception as exc:
+            raise RoundTripFailed(started) from exc
+        for reply in replies[:riders]:
+            if isinstance(reply, Exception):
+                log.warning("a command riding with a publish failed: %r", reply)
+        failed = next((r for r in replies[riders:] if isinstance(r, Exception)), None)
+        if failed is not None:
+            raise RoundTripFailed(started) from failed
 
 
 @contextmanager
@@ -121,6 +154,6 @@ def pipelined(producer: Any) -> Iterator[Pipelined | None]:
             for ride in riders:
                 ride(pipe)
             riders.clear()
-        batch = Pipelined(channel, pipe)
+        batch = Pipelined(channel, pipe, riders=len(pipe))
         yield batch
         batch.execute()

@@ -53,18 +53,38 @@ def test_a_big_batch_writes_what_one_by_one_writes_in_the_same_order():
 
 def test_an_ending_event_in_a_big_batch_tells_its_result_channel_once():
     queue = unique("events")
+    made = batch(queue, events.MANY * 2)
+    for event in made:
+        event.job_id = f"{queue}-{event.job_id}"  # channels no other test listens on
+        event.entry["jobId"] = event.job_id
+    ending, running = made[2], made[1]  # completed, active
     listener = redis_client().pubsub(ignore_subscribe_messages=True)
-    listener.subscribe(events.result_channel("job-2"), events.result_channel("job-1"))
+    listener.subscribe(events.result_channel(ending.job_id), events.result_channel(running.job_id))
     listener.get_message(timeout=1)
-    events._send(batch(queue, events.MANY * 2))  # job-2 completed, job-1 active
+    events._send(made)
     heard = []
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and len(heard) < 1:
         got = listener.get_message(timeout=0.2)
         if got:
             heard.append((got["channel"].decode(), json.loads(got["data"])))
+    while got := listener.get_message(timeout=0.3):  # and nothing after it
+        heard.append((got["channel"].decode(), json.loads(got["data"])))
     listener.close()
-    assert heard == [(events.result_channel("job-2"), {"task_id": "job-2", "status": events.ENDED})]
+    assert heard == [
+        (events.result_channel(ending.job_id), {"task_id": ending.job_id, "status": events.ENDED})
+    ]
+
+
+def test_a_failing_command_in_a_big_batch_costs_only_its_own_event():
+    queue, broken = unique("events"), unique("events")
+    redis_client().set(events.stream_key(broken), "not a stream")
+    try:
+        made = batch(queue, 10) + batch(broken, 1) + batch(queue, events.MANY + 10)[10:]
+        events._send(made)
+    finally:
+        redis_client().delete(events.stream_key(broken))
+    assert [e["jobId"] for e in entries(queue)] == [f"job-{i}" for i in range(events.MANY + 10)]
 
 
 def test_a_big_batch_counts_each_event_once():

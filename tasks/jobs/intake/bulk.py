@@ -6,9 +6,10 @@ in one pipeline. The waiting ones are published once that transaction has
 committed, as a single ``add`` does (``tasks.jobs.intake.enqueue``): published
 inside it, a message could reach a worker before its record was visible
 there (the claim finds no row, the delivery is dropped, and the job waited
-for the reconciler, up to ~25 s). Their messages go out in kombu's publish
-batches (``tasks.jobs.intake.promote.publish_ready``); a broker that fails parks
-the rest for the promoter, and a producer killed between the commit and the
+for the reconciler, up to ~25 s). Their messages go out in one Redis pipeline
+(``tasks.jobs.intake.promote.publish_ready``, ``tasks.pipelined``); a pipeline
+that fails parks every job of it for the promoter, and a producer killed
+between the commit and the
 publish leaves waiting jobs without messages, which the reconciler
 republishes (``tasks.jobs.upkeep.reconcile``). Jobs with a deduplication rule are
 added one by one (``add``), since each takes its own claim.

@@ -322,7 +322,7 @@ def _publish(
         except Exception as exc:  # the record is safe; the promoter publishes it later
             failed = exc
     if failed is not None:  # first: an event sent next is dropped at once if Redis hangs
-        broker.publish_failed(failed, started)
+        broker.publish_failed(failed, getattr(failed, "started", started))
     if event is not None and (failed is not None or not rode()):
         event.send()  # its pipeline failed, or never went out
     return failed

@@ -7,7 +7,10 @@ producer directly rather than ``app.send_task``: a Keel job names its queue
 (no router to consult), its publish retry policy is Keel's (``tasks.broker``),
 and ``send_task``'s per-call routing, option merging and queue declaration
 cost several times what building and writing the message does (a batch of
-10,000: ~2,500 messages/s through ``send_task``, ~15,000/s this way). What a
+10,000: ~2,500 messages/s through ``send_task``, ~15,000/s this way). On Redis,
+a batch skips the producer's per-message ``publish`` too: its messages and
+their ``task-sent`` events go in one pipeline, each written by the channel as
+the producer would write it (``publish_all``, ``tasks.pipelined``). What a
 Celery user hooks into still happens: ``before_task_publish`` and
 ``after_task_publish`` fire for each message, and Flower gets a ``task-sent``
 event for each (one ``task.multi`` message per batch, which Celery's event
@@ -171,9 +174,9 @@ class Message:
     def push(self, batch: Pipelined) -> None:
         """Add the message to ``batch`` (Redis), as ``publish`` would send it."""
         settings = _settings()
-        properties = dict(self.properties)
-        priority = properties.pop("priority", 0)
-        with self._signalled(None):
+        with self._signalled(None):  # what a receiver changes in them goes out
+            properties = dict(self.properties)
+            priority = properties.pop("priority", 0)
             batch.publish(
                 self.body,
                 self.queue,
@@ -214,6 +217,8 @@ def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
     """Send ``messages`` and their ``task-sent`` events in one pipeline (``tasks.pipelined``):
     all, or, if the send fails, any part of them (the error is raised). False, sending
     nothing, where the producer's channel cannot take a pipeline (RabbitMQ)."""
+    if get_settings().broker_on_amqp:  # decided before the channel: ``broker.publish`` opens it
+        return False
 
     def send() -> bool:
         with pipelined(producer) as batch:
@@ -290,11 +295,16 @@ def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:
 
 
 def _push_events(producer: Any, batch: Pipelined, sent: list[dict[str, Any]]) -> None:
-    """``send_events``, into ``batch``."""
+    """``send_events``, into ``batch``: what fails before the round trip loses Flower's
+    events (logged, as ``announce`` does), not the jobs."""
     dispatcher = _settings().dispatcher
-    made, routing_key = _sent_events(dispatcher, sent)
-    exchange = _events_exchange(producer, dispatcher.exchange.name)
-    producer.maybe_declare(exchange)  # once per channel, as the producer's publish does
+    try:
+        made, routing_key = _sent_events(dispatcher, sent)
+        exchange = _events_exchange(producer, dispatcher.exchange.name)
+        producer.maybe_declare(exchange)  # once per channel, as the producer's publish does
+    except Exception as exc:
+        log.warning("task-sent events of %d jobs not sent: %r", len(sent), exc)
+        return
     batch.publish(
         made,
         routing_key,

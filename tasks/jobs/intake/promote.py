@@ -84,7 +84,9 @@ def publish_ready(
                 batched = producer.supports_batch_publish
                 _publish_each(producer, jobs, messages, sent)
     except Exception as exc:
-        broker.publish_failed(exc, started)
+        # A pipeline's failure says when its round trip began: building a big batch's
+        # messages before it is no sign of a hung broker.
+        broker.publish_failed(exc, getattr(exc, "started", started))
         if batched:
             # A failed batch may have sent any part of itself: every job of it is parked.
             # A message that did go out finds its record delayed and is ignored (the

@@ -155,13 +155,17 @@ MANY_MAX = 1000
 # KEYS: the streams. ARGV[1]: their MAXLEN; ARGV[2]: a JSON list of events, each
 # [stream's index in KEYS, channel of the news of its end or "", that news, field, value,
 # ...]: what ``Event.add_to`` sends, in the order given.
+# Each command on its own (``pcall``), as in a pipeline: one that fails (a key of another
+# type) costs its own event, not those after it. Returns how many failed.
 _ADD_MANY = """
 local events = cjson.decode(ARGV[2])
+local failed = 0
 for _, e in ipairs(events) do
-  redis.call('XADD', KEYS[e[1]], 'MAXLEN', '~', ARGV[1], '*', unpack(e, 4))
-  if e[2] ~= '' then redis.call('PUBLISH', e[2], e[3]) end
+  local added = redis.pcall('XADD', KEYS[e[1]], 'MAXLEN', '~', ARGV[1], '*', unpack(e, 4))
+  if type(added) == 'table' and added.err then failed = failed + 1 end
+  if e[2] ~= '' then redis.pcall('PUBLISH', e[2], e[3]) end
 end
-return #events
+return failed
 """
 
 
@@ -169,7 +173,6 @@ def _add_many(pipe: Any, batch: list[Event]) -> None:
     """``Event.add_to`` for each of ``batch``, as one script call; their counts summed."""
     streams: dict[str, int] = {}
     rows: list[list[Any]] = []
-    counts: dict[tuple[str, str, str | None], int] = {}
     for event in batch:
         key = stream_key(event.queue)
         index = streams.setdefault(key, len(streams) + 1)
@@ -182,13 +185,15 @@ def _add_many(pipe: Any, batch: list[Event]) -> None:
         for field, value in event.entry.items():
             row += (field, value)
         rows.append(row)
+    pipe.eval(_ADD_MANY, len(streams), *streams, STREAM_MAXLEN, json.dumps(rows))
+    counts: dict[tuple[str, str, str | None], int] = {}  # once in the pipeline: as ``count``
+    for event in batch:
         if not event.counted:
             event.counted = True
             counted = (event.queue, event.event, event.name)
             counts[counted] = counts.get(counted, 0) + 1
             if event.observed is not None:
                 metrics.observe(event.queue, *event.observed, job_name=event.name)
-    pipe.eval(_ADD_MANY, len(streams), *streams, STREAM_MAXLEN, json.dumps(rows))
     for (queue, name, job_name), n in counts.items():
         metrics.count_event(queue, name, n, job_name=job_name)
 
