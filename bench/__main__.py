@@ -35,9 +35,10 @@ TITLES = {
     "P7": "no-op jobs on 1 and 2 worker hosts",
     "P8": "bulk add vs single adds",
     "P9": "callers waiting on AsyncResult.get()",
+    "P10": "no-op jobs on grown tables",
 }
 # Figures with workers first; the API figures leave queued messages nobody consumes.
-ORDER = ("P6", "P8", "P1", "P2", "P9", "P7", "P4", "P5", "P3")
+ORDER = ("P6", "P8", "P1", "P2", "P9", "P7", "P4", "P5", "P3", "P10")
 # Figures that start servers of their own (on separate hosts): they need no BenchEnv.
 OWN_SERVERS = {"P7"}
 
@@ -52,6 +53,7 @@ RUNNERS = {
     "P7": "fig_hosts:p7_hosts",
     "P8": "fig_bulk:p8_bulk",
     "P9": "fig_results:p9_waiting",
+    "P10": "fig_grown:p10_grown",
 }
 
 

@@ -107,7 +107,7 @@ def remove_records(run: Run) -> None:
         pass
 
 
-def _timed(call: object, times: int) -> list[float]:
+def timed_ms(call: object, times: int) -> list[float]:
     out = []
     for _ in range(times):
         began = time.perf_counter()
@@ -155,11 +155,11 @@ def p5_health(run: Run) -> Figure:
         for rep in range(run.repeat):
             dead = delta_tuples()
             run.log(f"P5 rep {rep + 1}/{run.repeat}: counts(), HTTP, full scan ({dead})")
-            direct = _timed(lambda: counts(QUEUE), sizes.health_calls)
-            over_http = _timed(
+            direct = timed_ms(lambda: counts(QUEUE), sizes.health_calls)
+            over_http = timed_ms(
                 lambda: http.get(url, timeout=10).raise_for_status(), sizes.health_calls
             )
-            scan = _timed(naive, sizes.naive_calls)
+            scan = timed_ms(naive, sizes.naive_calls)
             for name, values in (("counts()", direct), ("HTTP", over_http)):
                 series[f"{name} p50"].samples.append(percentile(values, 50))
                 series[f"{name} p99"].samples.append(percentile(values, 99))
@@ -177,7 +177,7 @@ def p5_health(run: Run) -> Figure:
         run.log("P5: VACUUM job_count_deltas, then counts() again")
         vacuum_deltas()
         for _ in range(run.repeat):
-            clean = _timed(lambda: counts(QUEUE), sizes.health_calls)
+            clean = timed_ms(lambda: counts(QUEUE), sizes.health_calls)
             series["counts() p50 after VACUUM"].samples.append(percentile(clean, 50))
             series["counts() p99 after VACUUM"].samples.append(percentile(clean, 99))
         shown = http.get(url, timeout=10).json()
