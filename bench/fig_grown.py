@@ -25,7 +25,7 @@ import os
 
 from bench import growth, jobs
 from bench.fig_health import timed_ms
-from bench.fig_jobs import _measured, keel_batch
+from bench.fig_jobs import keel_batch, measured
 from bench.plan import Run
 from bench.procs import CeleryWorker
 from bench.stats import Figure, Series, percentile, ratio
@@ -81,7 +81,7 @@ def p10_grown(run: Run) -> Figure:
                     ["-I", "bench.jobs"],
                     extra_env={"KEEL_DATABASE_URL": url, **KEPT},
                 )
-                result = _measured(run, worker, n, lambda k: keel_batch(run, jobs.NOOP, k, None))
+                result = measured(run, worker, n, lambda k: keel_batch(run, jobs.NOOP, k, None))
                 rates[which].samples.append(result["rate"])
                 cpu[which].samples.append(result["cpu_ms_per_job_total"])
                 calls = timed_ms(lambda: counts(growth.queue_name(0)), run.sizes.health_calls)

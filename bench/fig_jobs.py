@@ -118,7 +118,7 @@ def keel_batch(
     }, cleanup
 
 
-def _measured(run: Run, worker: Child, n: int, batch: Callable[[int], Batch]) -> dict:
+def measured(run: Run, worker: Child, n: int, batch: Callable[[int], Batch]) -> dict:
     """Warm the fresh worker up, then one measured batch with the CPU it cost per job."""
     with worker:
         batch(run.sizes.warmup_jobs)[1]()
@@ -220,7 +220,7 @@ def traced(run: Run, fig: Figure, n: int) -> None:
         for rep in range(run.repeat):
             for name, worker in systems.items():
                 run.log(f"{fig.key} tracing rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
-                result = _measured(run, worker, n, lambda k: keel_batch(run, jobs.NOOP, k, None))
+                result = measured(run, worker, n, lambda k: keel_batch(run, jobs.NOOP, k, None))
                 rates[name].samples.append(result["rate"])
                 cpu[name].samples.append(result["cpu_ms_per_job_total"])
                 run.log(f"  {name}: {result['rate']:.0f} jobs/s")
@@ -307,7 +307,7 @@ def _pair(
     for rep in range(run.repeat):
         for name, (worker, batch) in systems.items():  # A, B, C, D, A, B, C, D, ...
             run.log(f"{fig.key} rep {rep + 1}/{run.repeat}: {name}, {n} jobs")
-            result = _measured(run, worker(), n, batch)
+            result = measured(run, worker(), n, batch)
             rates[name].samples.append(result["rate"])
             cpu[name].samples.append(result["cpu_ms_per_job_total"])
             checks.append({"system": name, "rep": rep, **result})

@@ -21,7 +21,7 @@ from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs import BulkJob, add_bulk
 from tasks.jobs.intake.messages import Message, announce, publish, publish_all
-from tasks.pipelined import FLUSH_AT, LPUSH_MAX
+from tasks.pipelined import FLUSH_AT, LPUSH_MAX, pipelined
 from tasks.transport import riding
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
@@ -174,3 +174,32 @@ def test_every_message_gets_its_own_delivery_tag():
         )
     tags = [item["properties"]["delivery_tag"] for item in items(queue)]
     assert len(tags) == 50 == len(set(tags))
+
+
+def test_a_compressed_pipelined_message_reads_as_the_producers():
+    """``task_compression`` (a Celery user's setting): the body compressed, as kombu does."""
+    queue = unique("pipelined")
+    body = [[], {"text": "x" * 2000}, {}]
+    with app.producer_or_acquire() as producer:
+        producer.publish(
+            body,
+            routing_key=queue,
+            serializer="json",
+            compression="zlib",
+            headers={"id": "c-1"},
+            delivery_mode=2,
+            correlation_id="c-1",
+        )
+        with pipelined(producer) as batch:
+            assert batch is not None
+            batch.publish(
+                body,
+                queue,
+                headers={"id": "c-1"},
+                properties={"correlation_id": "c-1"},
+                serializer="json",
+                compression="zlib",
+            )
+    by_producer, by_pipeline = items(queue)
+    assert by_pipeline["headers"]["compression"] == "application/x-gzip"
+    assert without_tag(by_pipeline) == without_tag(by_producer)
