@@ -31,7 +31,16 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = create_engine(get_settings().sqlalchemy_url, poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata, compare_type=True)
+        # Each migration commits on its own: a run of several never holds one table's locks
+        # (an earlier step's) while a later step waits for another's, which a running beat
+        # or worker holding that one and wanting the first would deadlock with
+        # (tests/migration/test_migration_locks.py).
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            compare_type=True,
+            transaction_per_migration=True,
+        )
         with context.begin_transaction():
             context.run_migrations()
 

@@ -34,11 +34,13 @@ def browser(stack):
 
 @pytest.fixture
 def fresh_browser(browser, served):
-    """The session's Chromium signed out (no cookie of the app's), at desktop size."""
+    """The session's Chromium signed out (no cookie of the app's), at desktop size; left on
+    a blank page after the test, so a page that refreshes itself stops asking the app."""
     browser.set_window_size(*DESKTOP)
     browser.get(f"{served.url}/ui/signin")
     browser.delete_all_cookies()
-    return browser
+    yield browser
+    browser.get("about:blank")
 
 
 @pytest.fixture(scope="session")

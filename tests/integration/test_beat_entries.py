@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import uuid
 from contextlib import contextmanager
 
 import pytest
@@ -121,6 +122,66 @@ def test_a_plain_entry_sends_one_celery_message_per_fire():
     with transaction() as session:
         assert session.execute(text("SELECT count(*) FROM jobs")).scalar() == 0
     record = schedulers.get(Scope(), "beat:plain")
+    assert record.iteration_count == 1 and record.next_run_at > at
+    with beat_schedule({}):
+        beat_entries.sync(app)
+
+
+@contextmanager
+def inserts_failing_once(id_prefix: str, sqlstate: str):
+    """The next insert of a job whose id starts with ``id_prefix`` fails with ``sqlstate``,
+    as Postgres reports a deadlock or a timeout (a trigger; its count is a sequence, which
+    the failed insert's rollback does not undo)."""
+    name = f"fail_once_{uuid.uuid4().hex[:10]}"
+    escaped = id_prefix.replace(":", r"\:")  # text() reads ":name" as a parameter
+    with transaction() as session:
+        session.execute(text(f"CREATE SEQUENCE {name}"))
+        session.execute(
+            text(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"IF nextval('{name}') = 1 THEN "
+                f"RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END IF; "
+                "RETURN NEW; END $$"
+            )
+        )
+        session.execute(
+            text(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON jobs FOR EACH ROW "
+                f"WHEN (NEW.id LIKE '{escaped}%') EXECUTE FUNCTION {name}()"
+            )
+        )
+    try:
+        yield
+    finally:
+        with transaction() as session:
+            session.execute(text(f"DROP TRIGGER {name} ON jobs"))
+            session.execute(text(f"DROP FUNCTION {name}()"))
+            session.execute(text(f"DROP SEQUENCE {name}"))
+
+
+@pytest.mark.parametrize("sqlstate", ["40P01", "55P03", "57014"])  # deadlock, lock, statement
+def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlstate, caplog):
+    # Given a job scheduler that is due, and the database failing its fire's insert once
+    entry = f"flaky-{sqlstate}"
+    scheduler = f"beat:{entry}"
+    with beat_schedule({entry: {"task": "test.echo", "schedule": 3600.0}}):
+        beat_entries.sync(app)
+    make_due(scheduler)
+    at = schedulers.get(Scope(), scheduler).next_run_at
+    with inserts_failing_once(schedulers.fire_prefix("", scheduler), sqlstate):
+        # When a round of firing meets the error
+        with caplog.at_level(logging.WARNING, logger="tasks.jobs.schedule.schedulers"):
+            first = schedulers.fire_due()
+        # Then nothing fired, the scheduler is not parked, its fire is still due, and the
+        # round says a fire is left for the next one
+        assert first.job_ids == [] and first.unsent == 1
+        record = schedulers.get(Scope(), scheduler)
+        assert record.next_run_at == at and record.iteration_count == 0
+        assert any(f"{scheduler} did not fire; retrying" in r.getMessage() for r in caplog.records)
+        # And the next round fires that same time, once
+        second = schedulers.fire_due()
+    assert second.job_ids == [fire_job_id("", scheduler, at)]
+    record = schedulers.get(Scope(), scheduler)
     assert record.iteration_count == 1 and record.next_run_at > at
     with beat_schedule({}):
         beat_entries.sync(app)

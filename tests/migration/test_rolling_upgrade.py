@@ -46,6 +46,7 @@ from sqlalchemy import text
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.jobs.schedule.schedulers import SYSTEM, fire_prefix
+from tests.support import kept_logs
 from tests.support.chaos import completed_runs, job_rows, settle, stragglers
 from tests.support.databases import _admin, _named, using
 from tests.support.releases import PREVIOUS, previous_tree
@@ -191,6 +192,18 @@ def fires() -> dict[str, dict]:
     return {row.id: {"state": row.state, "runs": row.runs, "at": row.created_at} for row in rows}
 
 
+def scheduler_row() -> dict | None:
+    with transaction() as session:
+        row = session.execute(
+            text(
+                "SELECT next_run_at, iteration_count, last_run_at FROM job_schedulers "
+                "WHERE id = :id"
+            ),
+            {"id": SCHEDULER},
+        ).first()
+    return dict(row._mapping) if row is not None else None
+
+
 def clock() -> datetime:
     with transaction() as session:
         now: datetime = session.execute(text("SELECT clock_timestamp()")).scalar_one()
@@ -289,9 +302,14 @@ def test_a_rolling_upgrade_from_the_previous_release_finishes_every_job_once(upg
             old_recorded = job_rows([*put_old["reports"], *put_old["delayed"]])
             assert any(ran_on(row, "new") for row in old_recorded.values())
             # and the scheduler fired under both beats, each fire completed once
-            wait_for(
-                lambda: sum(f["at"] > old_beat_stopped for f in fires().values()) >= 2, timeout=15
-            )
+            fired_since = lambda: sum(f["at"] > old_beat_stopped for f in fires().values())  # noqa: E731
+            try:
+                wait_for(lambda: fired_since() >= 2, timeout=15)
+            except AssertionError:
+                raise AssertionError(
+                    f"{fired_since()} fires since the old beat stopped; scheduler: "
+                    f"{scheduler_row()}; new beat running: {new.processes[-1].poll() is None}"
+                ) from None
             fired = fires()
             assert any(f["at"] < old_beat_stopped for f in fired.values())
             unfinished = {
@@ -308,6 +326,7 @@ def test_a_rolling_upgrade_from_the_previous_release_finishes_every_job_once(upg
     finally:
         new.stop_all()
         old.stop_all()
+        kept_logs.keep(logs, "rolling-upgrade")  # both releases' worker and beat logs
         shutil.rmtree(tmp_path / "previous", ignore_errors=True)
 
 

@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from tasks import broker
 from tasks.celery import app
-from tasks.db import transaction
+from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.messages import PUBLISH_RETRY
@@ -294,7 +294,8 @@ def _send(record: JobSchedulerRecord, name: str, message: CeleryMessage, at: dat
 
 @dataclass
 class FireRound:
-    """What one round of firing did: the jobs it added, and fires left due (unsent)."""
+    """What one round of firing did: the jobs it added, and fires left due (unsent: the
+    broker or the store failed them for now, and the next round tries them again)."""
 
     job_ids: list[str]
     unsent: int = 0
@@ -319,6 +320,14 @@ def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRo
                     job_id = _fire(session, record, now, job_limits)
             except PublishFailed as exc:
                 log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
+                fired.unsent += 1
+                continue
+            except STORE_UNAVAILABLE as exc:  # a deadlock, a lock or statement timeout, ...
+                # The savepoint rolled the fire back and it stays due: the next tick fires it.
+                # Parking is for a scheduler whose fire can never work, not a passing error.
+                log.warning(
+                    "scheduler %s/%s did not fire; retrying: %s", record.tenant_id, record.id, exc
+                )
                 fired.unsent += 1
                 continue
             except Exception:
