@@ -156,7 +156,7 @@ def up(includes: tuple[str, ...]) -> None:
     from keel.stack import Stack, unimportable
     from tasks import tracing
     from tasks.catalog import user_job_modules
-    from web.auth import check_secret
+    from web.tokens import check_secret
 
     shadowing = shadowing_tasks_module(Path.cwd())
     if shadowing is not None:
@@ -199,7 +199,7 @@ def up(includes: tuple[str, ...]) -> None:
 )
 def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
     """Print a signed bearer token."""
-    from web.auth import ID_RULE, check_secret, is_id, issue_token
+    from web.tokens import ID_RULE, check_secret, is_id, issue_token
 
     settings = get_settings()
     if ttl > settings.token_max_ttl_s:
@@ -226,7 +226,7 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
 @click.option("--url", "base_url", help="where the web app answers (default: KEEL_WEB_URL)")
 def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: str | None) -> None:
     """Print a one-time sign-in link to the dashboard at /ui."""
-    from web.auth import ID_RULE, check_secret, is_id
+    from web.tokens import ID_RULE, check_secret, is_id
     from web.ui.session import issue_link
 
     settings = get_settings()
@@ -248,7 +248,7 @@ def ui_signout(tenant: str, user: str) -> None:
     """End every dashboard session of a user, in every browser, at once."""
     from flask import Flask
 
-    from web.auth import ID_RULE, is_id
+    from web.tokens import ID_RULE, is_id
     from web.ui.session import sign_out_everywhere
 
     for name, value in (("--tenant", tenant), ("--user", user)):
@@ -329,7 +329,7 @@ def schedulers_upsert(
     from tasks.jobs.model.errors import KeelError
     from tasks.jobs.schedule import schedulers
     from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
-    from web.auth import ID_RULE, is_id
+    from web.tokens import ID_RULE, is_id
 
     if bool(tenant) != bool(user):
         raise click.UsageError("--tenant and --user go together (a tenant's jobs need a user)")

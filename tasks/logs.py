@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
@@ -202,8 +203,6 @@ def formatter(kind: str | None = None, stream: TextIO | None = None) -> logging.
 
 def _remember_secrets() -> None:
     """The configured secrets and the servers' passwords, as written and as JSON escapes them."""
-    from sqlalchemy.engine import make_url
-
     from tasks.config import get_settings
 
     settings = get_settings()
@@ -211,8 +210,10 @@ def _remember_secrets() -> None:
     found.append(settings.metrics_token)
     for url in (settings.database_url, settings.redis_url, settings.broker_url):
         if url:
-            with contextlib.suppress(Exception):  # not a URL: nothing to take from it
-                found.append(make_url(url).password)
+            with contextlib.suppress(ValueError):  # not a URL: nothing to take from it
+                written = urlsplit(url).password
+                if written:  # as the URL writes it, and as its client sends it (decoded)
+                    found += [written, unquote(written)]
     variants = {v for s in found if s and len(s) >= 8 for v in (s, json.dumps(s)[1:-1])}
     _secrets[:] = sorted(variants, key=len, reverse=True)
 

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
-
-from flask import Flask
+from typing import TYPE_CHECKING, Any
 
 from tasks.config import get_settings
+
+if TYPE_CHECKING:
+    from flask import Flask
 
 MAX_BODY_BYTES = 1024 * 1024
 
 
 def create_app(test_config: dict[str, Any] | None = None) -> Flask:
+    from flask import Flask  # here: ``keel token`` imports this package and must stay fast
+
     app = Flask(__name__)
     settings = get_settings()
     app.config.from_mapping(
@@ -46,7 +49,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         system,
         ui,
     )
-    from web.auth import check_secret
+    from web.tokens import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
     quotas.current()  # and with a malformed KEEL_TENANT_QUOTAS

@@ -13,12 +13,11 @@ the token, before any of them could reach a path or a key.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, wraps
-from typing import Any, TypeGuard
+from typing import Any
 
 import jwt
 from flask import current_app, g, request
@@ -26,31 +25,13 @@ from flask import current_app, g, request
 from tasks.jobs import Owner
 from web import access, ratelimit
 from web.errors import ApiError
+from web.tokens import ALGORITHMS, ID_RULE, MAX_TOKEN_BYTES, is_id
+from web.tokens import ID_PATTERN as ID_PATTERN
+from web.tokens import MIN_SECRET_BYTES as MIN_SECRET_BYTES
+from web.tokens import check_secret as check_secret
+from web.tokens import issue_token as issue_token
 
 OPERATOR = "operator"
-ALGORITHMS = ["HS256"]
-MAX_TOKEN_BYTES = 8192
-MIN_SECRET_BYTES = 32
-# Letters, digits, ".", "_", "-"; 1..64 characters; never "." or ".." nor any "..".
-# (An empty tenant is the system scope of job schedulers: no token may claim it.)
-ID_PATTERN = re.compile(r"(?!.*\.\.)(?!\.$)[A-Za-z0-9._-]{1,64}")
-ID_RULE = "1..64 of A-Z a-z 0-9 . _ - without '..' (and not '.')"
-
-
-def is_id(value: object) -> TypeGuard[str]:
-    return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
-
-
-def check_secret(secret: str | None) -> str:
-    """The signing key, or a ``RuntimeError`` saying why it cannot be used."""
-    if not secret:
-        raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
-    if len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
-        raise RuntimeError(
-            f"KEEL_SECRET_KEY is {len(secret.encode('utf-8'))} bytes; HS256 needs at least "
-            f"{MIN_SECRET_BYTES}: use a random one, e.g. secrets.token_urlsafe(48)"
-        )
-    return secret
 
 
 @dataclass(frozen=True)
@@ -69,12 +50,6 @@ class Principal:
     def operator(self) -> bool:
         """Operators act on every object of their tenant; other users on their own."""
         return OPERATOR in self.roles
-
-
-def issue_token(secret: str, tenant: str, user: str, roles: list[str], ttl_s: int = 3600) -> str:
-    now = int(time.time())
-    claims = {"sub": user, "tenant": tenant, "roles": roles, "iat": now, "exp": now + ttl_s}
-    return jwt.encode(claims, secret, algorithm="HS256")
 
 
 def _lifetime_problem(claims: dict[str, Any], max_ttl_s: int) -> str | None:

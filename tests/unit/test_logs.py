@@ -137,14 +137,18 @@ def test_a_servers_password_and_a_secret_json_escapes_are_masked_too(lines, monk
     odd = 'flower"pass\\word-1234'  # a quote and a backslash: JSON writes them escaped
     monkeypatch.setenv("KEEL_FLOWER_PASSWORD", odd)
     monkeypatch.setenv("KEEL_REDIS_URL", "redis://:s3cret-redis-pw@127.0.0.1:6379/0")
+    # a password with an "@", percent-encoded in the URL: masked as written and as sent
+    monkeypatch.setenv("KEEL_DATABASE_URL", "postgresql://keel:pg%40secret-99@db:5432/keel")
     reload_settings()
     try:
         log, buffer = lines("json")
         log.info("connecting to redis://:s3cret-redis-pw@127.0.0.1:6379/0")
         log.info("the password is %s", odd)
         log.info("again, without the URL: s3cret-redis-pw")
+        log.info("db at postgresql://keel:pg%%40secret-99@db:5432/keel, password pg@secret-99")
         text = buffer.getvalue()
         assert "s3cret-redis-pw" not in text
+        assert "pg%40secret-99" not in text and "pg@secret-99" not in text
         assert json.dumps(odd)[1:-1] not in text and odd not in text
         assert "redis://:***@127.0.0.1" in text
     finally:
