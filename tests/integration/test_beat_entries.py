@@ -20,8 +20,9 @@ from sqlalchemy import text
 from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.db import transaction
+from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule import beat_entries, schedulers
-from tasks.jobs.schedule.schedulers import Scope, fire_job_id
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 
@@ -183,5 +184,33 @@ def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlsta
     assert second.job_ids == [fire_job_id("", scheduler, at)]
     record = schedulers.get(Scope(), scheduler)
     assert record.iteration_count == 1 and record.next_run_at > at
+    with beat_schedule({}):
+        beat_entries.sync(app)
+
+
+def test_saving_a_parked_scheduler_again_gives_it_a_next_fire_unless_its_limit_is_reached():
+    # Given a beat entry's scheduler and a scheduler whose limit of one fire is reached,
+    # both with no next fire (parked, and done)
+    with beat_schedule({"revived": {"task": "test.echo", "schedule": 60.0}}):
+        beat_entries.sync(app)
+    done = SchedulerSpec(every=60_000, limit=1, template=JobTemplate(name="test.echo"))
+    schedulers.upsert(Scope(), "done-once", done)
+    with transaction() as session:
+        session.execute(
+            text(
+                "UPDATE job_schedulers SET next_run_at = NULL, "
+                "iteration_count = CASE WHEN id = 'done-once' THEN 1 ELSE 0 END "
+                "WHERE tenant_id = '' AND id IN ('beat:revived', 'done-once')"
+            )
+        )
+    # When beat starts again (the same entry), and the done one is saved again unchanged
+    with beat_schedule({"revived": {"task": "test.echo", "schedule": 60.0}}):
+        beat_entries.sync(app)
+    schedulers.upsert(Scope(), "done-once", done)
+    # Then the parked one fires again, and the done one stays done
+    revived = schedulers.get(Scope(), "beat:revived")
+    assert revived.next_run_at is not None and revived.iteration_count == 0
+    assert schedulers.get(Scope(), "done-once").next_run_at is None
+    schedulers.remove(Scope(), "done-once")
     with beat_schedule({}):
         beat_entries.sync(app)

@@ -110,7 +110,8 @@ def upsert(
     queue: str | None = None,
     quota: Quota | None = None,
 ) -> JobSchedulerRecord:
-    """Create or update; an unchanged rule keeps its next fire time (safe to call at boot).
+    """Create or update; an unchanged rule keeps its next fire time (safe to call at boot),
+    and a parked scheduler (``next`` null before its limit) gets one again.
 
     The template is checked first (``TemplateRefused``); a tenant's new scheduler
     beyond ``quota.schedulers`` is refused (``QuotaExceeded``).
@@ -151,12 +152,17 @@ def _save(
             )
             session.add(record)
         rule_changed = new or _rule_of(record.spec) != _rule_of(stored) or spec.immediately
+        # A parked scheduler (no next fire, its limit not reached) starts again when saved:
+        # its template may be fixed now, and what parked it may have passed.
+        parked = record.next_run_at is None and (
+            spec.limit is None or record.iteration_count < spec.limit
+        )
         record.queue = queue
         record.spec = stored
         record.extra_opts = extra_opts
         record.created_by = scope.actor
         record.updated_at = now
-        if rule_changed:
+        if rule_changed or parked:
             record.next_run_at = first_fire(spec, now, new=new)
         session.flush()
         return record
