@@ -268,6 +268,37 @@ def settle() -> None:
         connection.exec_driver_sql("VACUUM (ANALYZE) jobs, job_count_deltas, job_counts")
 
 
+def quiet(url: str, limit_s: float = 600.0, still_s: float = 5.0) -> dict[str, Any]:
+    """Let the server finish what a load left it (before measuring on it): a ``CHECKPOINT``
+    writes out the loaded pages now, then wait until no autovacuum worker has run for
+    ``still_s`` (at most ``limit_s``). What it took, and whether it went quiet."""
+    began = time.perf_counter()
+    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+        checkpoint: str = "done"
+        try:
+            connection.execute("CHECKPOINT")
+        except psycopg.Error as error:  # not a superuser (or pg_checkpoint) on this server
+            checkpoint = f"not run: {error}".strip()
+        checkpoint_s = time.perf_counter() - began
+        still_since = time.perf_counter()
+        while time.perf_counter() - began < limit_s:
+            row = connection.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()
+            if row and row[0]:
+                still_since = time.perf_counter()
+            elif time.perf_counter() - still_since >= still_s:
+                break
+            time.sleep(0.5)
+        quiet_now = time.perf_counter() - still_since >= still_s
+    return {
+        "checkpoint": checkpoint,
+        "checkpoint_s": round(checkpoint_s, 1),
+        "waited_s": round(time.perf_counter() - began, 1),
+        "quiet": quiet_now,
+    }
+
+
 def timed(call: Callable[[], object]) -> float:
     began = time.perf_counter()
     call()
