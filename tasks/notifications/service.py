@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from tasks.config import get_settings
 from tasks.db import transaction
-from tasks.jobs import JobOptions, Owner, add
+from tasks.jobs import JobOptions, Owner, add, in_transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import new_job_id
 from tasks.jobs.intake.manual_retry import RetryRequest, retry_failed
@@ -92,7 +92,8 @@ def _check_recipients(session: Session, who: Owner, count: int, limit: int) -> N
 
 
 def create(who: Owner, spec: NewCampaign, quota: TenantQuotas | None = None) -> Campaign:
-    """Store the campaign and its recipients, then enqueue its plan job.
+    """Store the campaign, its recipients and its plan job in one transaction (the plan is
+    published once it commits): a campaign is never stored without its plan.
 
     ``quota`` (the API passes the tenant's) refuses a campaign whose messages the
     provider would refuse, chunks that are too small, or recipients past the quota.
@@ -142,13 +143,16 @@ def create(who: Owner, spec: NewCampaign, quota: TenantQuotas | None = None) -> 
             ),
             {"c": campaign.id},
         )
-    add(
-        jobs.PLAN,
-        {"campaignId": campaign.id},
-        queue=jobs.QUEUE,
-        owner=who,
-        opts=JobOptions(job_id=f"{jobs.PLAN}:{campaign.id}", attempts=5),
-    )
+        # Its plan job is recorded in the same transaction, so a campaign is never stored
+        # without one (a store error there fails the whole request, which may be retried).
+        with in_transaction(session):
+            add(
+                jobs.PLAN,
+                {"campaignId": campaign.id},
+                queue=jobs.QUEUE,
+                owner=who,
+                opts=JobOptions(job_id=f"{jobs.PLAN}:{campaign.id}", attempts=5),
+            )
     return campaign
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import uuid
 from contextlib import contextmanager
 
 import pytest
@@ -25,6 +24,7 @@ from tasks.jobs.schedule import beat_entries, schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
+from tests.support.databases import inserts_failing_once
 
 pytestmark = pytest.mark.usefixtures("stack")
 
@@ -126,38 +126,6 @@ def test_a_plain_entry_sends_one_celery_message_per_fire():
     assert record.iteration_count == 1 and record.next_run_at > at
     with beat_schedule({}):
         beat_entries.sync(app)
-
-
-@contextmanager
-def inserts_failing_once(id_prefix: str, sqlstate: str):
-    """The next insert of a job whose id starts with ``id_prefix`` fails with ``sqlstate``,
-    as Postgres reports a deadlock or a timeout (a trigger; its count is a sequence, which
-    the failed insert's rollback does not undo)."""
-    name = f"fail_once_{uuid.uuid4().hex[:10]}"
-    escaped = id_prefix.replace(":", r"\:")  # text() reads ":name" as a parameter
-    with transaction() as session:
-        session.execute(text(f"CREATE SEQUENCE {name}"))
-        session.execute(
-            text(
-                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                f"IF nextval('{name}') = 1 THEN "
-                f"RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END IF; "
-                "RETURN NEW; END $$"
-            )
-        )
-        session.execute(
-            text(
-                f"CREATE TRIGGER {name} BEFORE INSERT ON jobs FOR EACH ROW "
-                f"WHEN (NEW.id LIKE '{escaped}%') EXECUTE FUNCTION {name}()"
-            )
-        )
-    try:
-        yield
-    finally:
-        with transaction() as session:
-            session.execute(text(f"DROP TRIGGER {name} ON jobs"))
-            session.execute(text(f"DROP FUNCTION {name}()"))
-            session.execute(text(f"DROP SEQUENCE {name}"))
 
 
 @pytest.mark.parametrize("sqlstate", ["40P01", "55P03", "57014"])  # deadlock, lock, statement

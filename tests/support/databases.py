@@ -18,6 +18,7 @@ from sqlalchemy.engine import make_url
 
 from tasks import db
 from tasks.config import get_settings, reload_settings, sqlalchemy_url
+from tasks.db import transaction
 from tasks.migrate import migrate
 
 TEMPLATE = "keel_template"
@@ -81,3 +82,35 @@ def fresh_database() -> Iterator[str]:
             yield name
     finally:
         _admin(session_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@contextmanager
+def inserts_failing_once(id_prefix: str, sqlstate: str):
+    """The next insert of a job whose id starts with ``id_prefix`` fails with ``sqlstate``,
+    as Postgres reports a deadlock or a timeout (a trigger; its count is a sequence, which
+    the failed insert's rollback does not undo)."""
+    name = f"fail_once_{uuid.uuid4().hex[:10]}"
+    escaped = id_prefix.replace(":", r"\:")  # text() reads ":name" as a parameter
+    with transaction() as session:
+        session.execute(text(f"CREATE SEQUENCE {name}"))
+        session.execute(
+            text(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                f"IF nextval('{name}') = 1 THEN "
+                f"RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END IF; "
+                "RETURN NEW; END $$"
+            )
+        )
+        session.execute(
+            text(
+                f"CREATE TRIGGER {name} BEFORE INSERT ON jobs FOR EACH ROW "
+                f"WHEN (NEW.id LIKE '{escaped}%') EXECUTE FUNCTION {name}()"
+            )
+        )
+    try:
+        yield
+    finally:
+        with transaction() as session:
+            session.execute(text(f"DROP TRIGGER {name} ON jobs"))
+            session.execute(text(f"DROP FUNCTION {name}()"))
+            session.execute(text(f"DROP SEQUENCE {name}"))
