@@ -1,21 +1,18 @@
-"""The campaign monitor's scheduler, upserted whenever beat starts."""
+"""The campaign monitor's scheduler, kept in place whenever beat runs (``standing``)."""
 
 from __future__ import annotations
-
-import logging
-
-from celery.signals import beat_init
 
 from tasks.catalog import CAMPAIGN_MONITOR_ID as MONITOR_ID
 from tasks.jobs import JobOptions
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
+from tasks.jobs.schedule.standing import standing
 from tasks.notifications.jobs import MONITOR, QUEUE
 
-log = logging.getLogger(__name__)
 MONITOR_EVERY_MS = 10_000
 
 
+@standing(MONITOR_ID)
 def ensure_monitor() -> None:
     spec = SchedulerSpec(
         every=MONITOR_EVERY_MS,
@@ -24,11 +21,3 @@ def ensure_monitor() -> None:
         ),
     )
     upsert(Scope(), MONITOR_ID, spec, queue=QUEUE)
-
-
-@beat_init.connect
-def _on_beat_start(**kwargs) -> None:
-    try:
-        ensure_monitor()
-    except Exception:
-        log.exception("could not upsert %s; beat goes on", MONITOR_ID)

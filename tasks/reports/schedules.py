@@ -1,18 +1,13 @@
-"""The reports module's standing schedulers, upserted whenever beat starts."""
+"""The reports module's standing scheduler, kept in place whenever beat runs (``standing``)."""
 
 from __future__ import annotations
-
-import logging
-
-from celery.signals import beat_init
 
 from tasks.catalog import DAILY_CLEANUP_ID
 from tasks.jobs import Backoff, JobOptions
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
+from tasks.jobs.schedule.standing import standing
 from tasks.reports.jobs import CLEANUP, QUEUE
-
-log = logging.getLogger(__name__)
 
 DAILY_CLEANUP = SchedulerSpec(
     pattern="0 0 3 * * *",
@@ -30,14 +25,7 @@ DAILY_CLEANUP = SchedulerSpec(
 )
 
 
+@standing(DAILY_CLEANUP_ID)
 def ensure_daily_cleanup() -> None:
     """Idempotent: an unchanged scheduler keeps its next fire time (no ``immediately``)."""
     upsert(Scope(), DAILY_CLEANUP_ID, DAILY_CLEANUP, queue=QUEUE)
-
-
-@beat_init.connect
-def _on_beat_start(**kwargs) -> None:
-    try:
-        ensure_daily_cleanup()
-    except Exception:
-        log.exception("could not upsert %s; beat goes on", DAILY_CLEANUP_ID)

@@ -15,12 +15,14 @@ from contextlib import contextmanager
 import pytest
 from celery.schedules import crontab
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.model.schedule_rules import JobTemplate
-from tasks.jobs.schedule import beat_entries, schedulers
+from tasks.jobs.schedule import beat_entries, schedulers, standing
+from tasks.jobs.schedule.beat import KeelScheduler
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
@@ -182,3 +184,29 @@ def test_saving_a_parked_scheduler_again_gives_it_a_next_fire_unless_its_limit_i
     schedulers.remove(Scope(), "done-once")
     with beat_schedule({}):
         beat_entries.sync(app)
+
+
+def test_a_standing_scheduler_that_fails_at_beat_start_is_set_up_at_a_later_tick(monkeypatch):
+    # Given an app's standing scheduler whose first set-up meets a database that is away
+    calls: list[int] = []
+    spec = SchedulerSpec(every=3_600_000, template=JobTemplate(name="test.echo"))
+
+    def ensure() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("INSERT", {}, Exception("the database is away"))
+        schedulers.upsert(Scope(), "standing-test", spec)
+
+    monkeypatch.setitem(standing._declared, "standing-test", ensure)
+    # When beat starts
+    beat = KeelScheduler(app=app)
+    # Then the set-up was tried, and beat went on without the scheduler
+    assert len(calls) == 1
+    assert "standing-test" not in {r.id for r in schedulers.list_all(Scope())}
+    # And the next tick sets it up, and no tick after that tries again
+    beat.tick()
+    assert len(calls) == 2
+    assert schedulers.get(Scope(), "standing-test").next_run_at is not None
+    beat.tick()
+    assert len(calls) == 2
+    schedulers.remove(Scope(), "standing-test")

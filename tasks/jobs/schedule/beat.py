@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -28,7 +29,7 @@ from tasks.catalog import disabled_apps
 from tasks.celery import load_job_modules
 from tasks.jobs.model.errors import JobNotFound
 from tasks.jobs.observe import quiet
-from tasks.jobs.schedule import beat_entries, schedulers
+from tasks.jobs.schedule import beat_entries, schedulers, standing
 from tasks.jobs.upkeep import liveness
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,28 @@ class KeelScheduler(Scheduler):
     _alive: redis.Redis | None = None
     _redis_ok_at: float | None = None
     _synced = False
+    _setup: dict[str, Callable[[], None]] = {}
 
     def setup_schedule(self) -> None:
         quotas.current()  # a malformed KEEL_TENANT_QUOTAS stops beat at start, loudly
         load_job_modules()  # every job type (KEEL_JOB_MODULES too) declared before any fire
-        retire_disabled_apps()
+        # Set up once, each tried again at every tick until it has worked: the database
+        # may be away at start, or a migration or another beat in the way for a moment.
+        self._setup: dict[str, Callable[[], None]] = {
+            "retiring disabled apps' schedulers": retire_disabled_apps,
+            **{f"standing scheduler {i}": ensure for i, ensure in standing.declared().items()},
+        }
+        self._set_up()
         self._sync_entries()
+
+    def _set_up(self) -> None:
+        for what, step in list(self._setup.items()):
+            try:
+                step()
+            except Exception:
+                log.warning("%s not done yet; retrying", what, exc_info=True)
+                continue
+            del self._setup[what]
 
     def _sync_entries(self) -> None:
         try:
@@ -59,6 +76,8 @@ class KeelScheduler(Scheduler):
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         self._heartbeat()
+        if self._setup:
+            self._set_up()
         if not self._synced:
             self._sync_entries()
         try:
@@ -106,9 +125,6 @@ def retire_disabled_apps() -> None:
             try:
                 schedulers.remove(schedulers.Scope(), scheduler_id)
             except JobNotFound:
-                continue
-            except Exception:
-                log.exception("could not remove %s; beat goes on", scheduler_id)
                 continue
             log.info(
                 "removed system scheduler %s: its app is off (KEEL_BUILTIN_JOBS)", scheduler_id
