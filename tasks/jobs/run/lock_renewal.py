@@ -2,8 +2,11 @@
 
 A claimed job holds a lock for ``KEEL_LOCK_DURATION_S``; while its handler
 runs, one daemon thread per process pushes every held lock further out
-every third of that time. A worker that dies stops renewing, its locks run
-out, and the job becomes claimable again (stalled).
+every third of that time, and every second after a renewal failed (the
+database away) until one works. A worker that dies stops renewing, its locks
+run out, and the job becomes claimable again (stalled). So does a run whose
+lock ran out while the database was away longer than the lock: its record no
+longer says anyone holds it, as a BullMQ job's lock lapses while Redis is down.
 """
 
 from __future__ import annotations
@@ -48,10 +51,15 @@ def renewed(now: float) -> list[str]:
         return [token for token, until in _tokens.items() if until is None or until > now]
 
 
+RETRY_S = 1.0  # after a failed renewal: the next try, well inside what is left of the lock
+
+
 def _renew_forever() -> None:
     lock_s = get_settings().lock_duration_s
     stop = threading.Event()
-    while not stop.wait(lock_s / 3):
+    wait_s = lock_s / 3
+    while not stop.wait(wait_s):
+        wait_s = lock_s / 3
         tokens = renewed(time.monotonic())
         if not tokens:
             continue
@@ -59,4 +67,8 @@ def _renew_forever() -> None:
             with transaction() as session:
                 runs.extend_locks(session, tokens, lock_s)
         except Exception:
-            log.warning("could not renew job locks", exc_info=True)
+            # The database is away (or hung): try again in a second, not a third of the
+            # lock later, so that a run whose lock has not run out yet when it is back is
+            # renewed before another worker's stall check finds it lapsed.
+            log.warning("could not renew job locks; retrying in %.0f s", RETRY_S, exc_info=True)
+            wait_s = min(RETRY_S, lock_s / 3)
