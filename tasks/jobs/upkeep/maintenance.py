@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -63,23 +64,23 @@ class Maintenance(bootsteps.StartStopStep):
         next_stalled_check = next_abort_check = next_bulk_check = time.monotonic()
         bulk_busy = False
         while not self._stop.wait(settings.promote_interval_s):
-            try:
-                revocations.cancel_revoked()  # before promotion: a revoked job is never published
-                while promote.promote_once() >= promote.BATCH:
-                    pass
-                broker_reset.check_epoch()
-                reconcile.when_due()
-                retention.when_due()
-                if time.monotonic() >= next_stalled_check:
-                    next_stalled_check = time.monotonic() + settings.stalled_interval_s
-                    stalls.requeue_stalled_once()
-                    canvas.count_bound_parts()
-                    counts.compact()
+            # Each step apart: one that keeps failing must not hold back the others.
+            _each(
+                ("promoting due jobs", _cancel_then_promote),
+                ("checking the broker's epoch", broker_reset.check_epoch),
+                ("reconciling records and messages", reconcile.when_due),
+                ("trimming finished jobs", retention.when_due),
+            )
+            if time.monotonic() >= next_stalled_check:
+                next_stalled_check = time.monotonic() + settings.stalled_interval_s
+                _each(
+                    ("requeueing stalled jobs", stalls.requeue_stalled_once),
+                    ("counting bound chord parts", canvas.count_bound_parts),
+                    ("compacting state counts", counts.compact),
                     # What a resume left to publish (a big backlog, or it died midway), a
                     # few batches a tick: the rest of this loop's upkeep does not wait on it.
-                    pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
-            except Exception:  # a database blip must not stop maintenance
-                log.warning("job maintenance failed; retrying", exc_info=True)
+                    ("releasing resumed queues", _release_unpaused),
+                )
             # A batch a tick while bulk actions run; else a look about every second.
             if bulk_busy or time.monotonic() >= next_bulk_check:
                 next_bulk_check = time.monotonic() + BULK_IDLE_CHECK_S
@@ -94,3 +95,24 @@ class Maintenance(bootsteps.StartStopStep):
                     termination.stop_overdue(self._worker.hostname, self._worker.pool)
                 except Exception:
                     log.warning("could not look for aborted runs; retrying", exc_info=True)
+
+
+def _each(*steps: tuple[str, Callable[[], object]]) -> None:
+    """Run each step; one that fails is logged and tried again at the next tick."""
+    for what, step in steps:
+        try:
+            step()
+        except Exception:  # a database blip must not stop maintenance
+            log.warning("job maintenance: %s failed; retrying", what, exc_info=True)
+
+
+def _cancel_then_promote() -> None:
+    # Revoked jobs are cancelled first, and promotion waits while that fails: a revoked
+    # job is never published (a worker started since the revoke would not know it).
+    revocations.cancel_revoked()
+    while promote.promote_once() >= promote.BATCH:
+        pass
+
+
+def _release_unpaused() -> None:
+    pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
