@@ -46,6 +46,24 @@ NAMING_CONVENTION = {
 # The records cannot be reached: database down, hung (our deadline), restarting,
 # or out of connections. Workers give the delivery back; the API answers 503.
 STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
+# Of those, the SQLSTATEs that pass: the connection (08), a deadlock or serialization
+# failure (40), a lock or statement timeout (55P03, 57014), the server shutting down or
+# restarting (57P01-57P03), out of connections (53300). Others of OperationalError's
+# classes (a program limit exceeded, say) fail the same statement every time.
+PASSING_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+
+
+def passing(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store error that trying again later may not meet: the
+    database away, hung or busy, rather than refusing what it was asked."""
+    if isinstance(exc, PoolTimeout | InterfaceError | deadline.StoreTimeout):
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(PASSING_SQLSTATES)  # None: no answer at all
+
+
 # Postgres ends a session left idle inside a transaction this long. Its client
 # has given up on it (no Keel client waits between two statements longer than
 # its own round-trip deadline), or cannot say so: a host cut off the network

@@ -201,6 +201,22 @@ def formatter(kind: str | None = None, stream: TextIO | None = None) -> logging.
     return TextLines() if kind == "text" else JsonLines()
 
 
+# SQLAlchemy's reading of a URL's password (``make_url``): up to the first "@", so "/",
+# "?" and "#" may be in it; redis-py and kombu read it as urllib does (up to the last "@").
+_SQLALCHEMY_PASSWORD = re.compile(r"[\w+]+://[^:/]*:([^@]*)@")
+
+
+def _url_passwords(url: str) -> set[str]:
+    """A URL's password as each client that may read it finds it, as written."""
+    found = set()
+    with contextlib.suppress(ValueError):  # urllib refuses it: SQLAlchemy's reading stays
+        found.add(urlsplit(url).password or "")
+    matched = _SQLALCHEMY_PASSWORD.match(url)
+    if matched:
+        found.add(matched.group(1))
+    return found - {""}
+
+
 def _remember_secrets() -> None:
     """The configured secrets and the servers' passwords, as written and as JSON escapes them."""
     from tasks.config import get_settings
@@ -210,10 +226,7 @@ def _remember_secrets() -> None:
     found.append(settings.metrics_token)
     for url in (settings.database_url, settings.redis_url, settings.broker_url):
         if url:
-            with contextlib.suppress(ValueError):  # not a URL: nothing to take from it
-                written = urlsplit(url).password
-                if written:  # as the URL writes it, and as its client sends it (decoded)
-                    found += [written, unquote(written)]
+            found += [p for w in _url_passwords(url) for p in (w, unquote(w))]
     variants = {v for s in found if s and len(s) >= 8 for v in (s, json.dumps(s)[1:-1])}
     _secrets[:] = sorted(variants, key=len, reverse=True)
 

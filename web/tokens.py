@@ -1,7 +1,7 @@
 """Issuing bearer tokens, and the rules for their ids and signing key (``web.auth`` checks them).
 
-Kept apart from ``web.auth`` so that ``keel token`` and ``keel ui-link`` import only
-PyJWT and these rules, not Flask, the rate limiter or the job store.
+Kept apart from ``web.auth`` so that ``keel token`` imports only PyJWT and these rules,
+not Flask, the rate limiter or the job store.
 """
 
 from __future__ import annotations

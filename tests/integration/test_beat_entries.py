@@ -158,6 +158,27 @@ def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlsta
         beat_entries.sync(app)
 
 
+def test_a_fire_the_database_refuses_every_time_parks_its_scheduler(caplog):
+    # Given a due scheduler whose fire meets an error that is no passing one (54000:
+    # a program limit exceeded, one of OperationalError's classes all the same)
+    scheduler = "beat:refused"
+    with beat_schedule({"refused": {"task": "test.echo", "schedule": 3600.0}}):
+        beat_entries.sync(app)
+    make_due(scheduler)
+    # When a round of firing meets it
+    with (
+        inserts_failing_once(schedulers.fire_prefix("", scheduler), "54000"),
+        caplog.at_level(logging.ERROR, logger="tasks.jobs.schedule.schedulers"),
+    ):
+        first = schedulers.fire_due()
+    # Then the scheduler is parked, not tried again at every tick for ever
+    assert first.job_ids == [] and first.unsent == 0
+    assert schedulers.get(Scope(), scheduler).next_run_at is None
+    assert any(f"{scheduler} could not fire; parked" in r.getMessage() for r in caplog.records)
+    with beat_schedule({}):
+        beat_entries.sync(app)
+
+
 def test_saving_a_parked_scheduler_again_gives_it_a_next_fire_unless_its_limit_is_reached():
     # Given a beat entry's scheduler and a scheduler whose limit of one fire is reached,
     # both with no next fire (parked, and done)
@@ -197,7 +218,8 @@ def test_a_standing_scheduler_that_fails_at_beat_start_is_set_up_at_a_later_tick
             raise OperationalError("INSERT", {}, Exception("the database is away"))
         schedulers.upsert(Scope(), "standing-test", spec)
 
-    monkeypatch.setitem(standing._declared, "standing-test", ensure)
+    # (the only one: the apps' own would add schedulers that the ticks below fire)
+    monkeypatch.setattr(standing, "_declared", {"standing-test": ensure})
     # When beat starts
     beat = KeelScheduler(app=app)
     # Then the set-up was tried, and beat went on without the scheduler

@@ -1,14 +1,16 @@
-"""``keel db upgrade`` beside running processes never deadlocks with them.
+"""``keel db upgrade`` beside running processes never waits on them holding another lock.
 
 A rolling upgrade migrates while the previous release's beat and workers run
 (``docs/operations/upgrading.md``). A beat's fire locks its scheduler's row
 (``job_schedulers``), then inserts the fired job (``jobs``). A run of several
 migrations in one transaction would hold ``jobs`` (an earlier step altered it)
 while a later step waits for ``job_schedulers``: with a fire in between, each
-waits for the other, and Postgres ends one of them. Ending the migration fails
-the upgrade; ending the beat's fire made the previous release park that
-scheduler for good. Each migration therefore commits on its own, and a step
-only ever waits holding the locks of its own table.
+waits for the other. The beat's two steps run on two connections, so nothing
+ends that wait but Keel's 30 s deadline on the insert, and the previous release
+then parked the scheduler for good. Each migration therefore commits on its own,
+and a step only ever waits holding its own table's locks. The test takes the
+fire's two locks on one connection, where Postgres sees the cycle and ends one
+side at once: an upgrade in one transaction fails it.
 """
 
 from __future__ import annotations

@@ -137,18 +137,22 @@ def test_a_servers_password_and_a_secret_json_escapes_are_masked_too(lines, monk
     odd = 'flower"pass\\word-1234'  # a quote and a backslash: JSON writes them escaped
     monkeypatch.setenv("KEEL_FLOWER_PASSWORD", odd)
     monkeypatch.setenv("KEEL_REDIS_URL", "redis://:s3cret-redis-pw@127.0.0.1:6379/0")
-    # a password with an "@", percent-encoded in the URL: masked as written and as sent
+    # a password with an "@", percent-encoded in the URL: masked as written and as sent; and
+    # one with "/" and "?" (SQLAlchemy reads it up to the "@", urllib finds none)
     monkeypatch.setenv("KEEL_DATABASE_URL", "postgresql://keel:pg%40secret-99@db:5432/keel")
+    monkeypatch.setenv("KEEL_BROKER_URL", "amqp://keel:ab/cd?ef-secret@mq:5672//")
     reload_settings()
     try:
         log, buffer = lines("json")
         log.info("connecting to redis://:s3cret-redis-pw@127.0.0.1:6379/0")
         log.info("the password is %s", odd)
         log.info("again, without the URL: s3cret-redis-pw")
-        log.info("db at postgresql://keel:pg%%40secret-99@db:5432/keel, password pg@secret-99")
+        log.info("as written: %s, as sent: %s", "pg%40secret-99", "pg@secret-99")
+        log.info("the broker's: %s", "ab/cd?ef-secret")
         text = buffer.getvalue()
         assert "s3cret-redis-pw" not in text
         assert "pg%40secret-99" not in text and "pg@secret-99" not in text
+        assert "ab/cd?ef-secret" not in text
         assert json.dumps(odd)[1:-1] not in text and odd not in text
         assert "redis://:***@127.0.0.1" in text
     finally:

@@ -27,6 +27,7 @@ from celery.beat import Scheduler
 from tasks import quotas
 from tasks.catalog import disabled_apps
 from tasks.celery import load_job_modules
+from tasks.db import passing
 from tasks.jobs.model.errors import JobNotFound
 from tasks.jobs.observe import quiet
 from tasks.jobs.schedule import beat_entries, schedulers, standing
@@ -61,8 +62,10 @@ class KeelScheduler(Scheduler):
         for what, step in list(self._setup.items()):
             try:
                 step()
-            except Exception:
+            except Exception as exc:
                 log.warning("%s not done yet; retrying", what, exc_info=True)
+                if passing(exc):  # the database away: the others would fail the same way
+                    return
                 continue
             del self._setup[what]
 

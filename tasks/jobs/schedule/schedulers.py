@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from tasks import broker
 from tasks.celery import app
-from tasks.db import STORE_UNAVAILABLE, transaction
+from tasks.db import passing, transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.messages import PUBLISH_RETRY
@@ -328,17 +328,21 @@ def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRo
                 log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
                 fired.unsent += 1
                 continue
-            except STORE_UNAVAILABLE as exc:  # a deadlock, a lock or statement timeout, ...
-                # The savepoint rolled the fire back and it stays due: the next tick fires it.
-                # Parking is for a scheduler whose fire can never work, not a passing error.
+            except Exception as exc:
+                if not passing(exc):
+                    log.exception(
+                        "scheduler %s/%s could not fire; parked", record.tenant_id, record.id
+                    )
+                    _park(session, record)
+                    continue
+                # A deadlock, a lock or statement timeout, the database away: the fire stays
+                # due and the next tick tries it again (a job it did insert, on its own
+                # connection, is found by its id then). Parking is for a fire that can never
+                # work, not a passing error.
                 log.warning(
                     "scheduler %s/%s did not fire; retrying: %s", record.tenant_id, record.id, exc
                 )
                 fired.unsent += 1
-                continue
-            except Exception:
-                log.exception("scheduler %s/%s could not fire; parked", record.tenant_id, record.id)
-                _park(session, record)
                 continue
             if job_id:
                 fired.job_ids.append(job_id)

@@ -24,6 +24,7 @@ from typing import Any
 from celery import bootsteps
 
 from tasks.config import get_settings
+from tasks.db import passing
 from tasks.jobs.end import canvas, revocations, stalls
 from tasks.jobs.intake import pauses, promote
 from tasks.jobs.run import termination
@@ -64,23 +65,16 @@ class Maintenance(bootsteps.StartStopStep):
         next_stalled_check = next_abort_check = next_bulk_check = time.monotonic()
         bulk_busy = False
         while not self._stop.wait(settings.promote_interval_s):
-            # Each step apart: one that keeps failing must not hold back the others.
-            _each(
-                ("promoting due jobs", _cancel_then_promote),
-                ("checking the broker's epoch", broker_reset.check_epoch),
-                ("reconciling records and messages", reconcile.when_due),
-                ("trimming finished jobs", retention.when_due),
-            )
-            if time.monotonic() >= next_stalled_check:
-                next_stalled_check = time.monotonic() + settings.stalled_interval_s
-                _each(
-                    ("requeueing stalled jobs", stalls.requeue_stalled_once),
-                    ("counting bound chord parts", canvas.count_bound_parts),
-                    ("compacting state counts", counts.compact),
-                    # What a resume left to publish (a big backlog, or it died midway), a
-                    # few batches a tick: the rest of this loop's upkeep does not wait on it.
-                    ("releasing resumed queues", _release_unpaused),
-                )
+            # Revoked jobs are cancelled first, and nothing that publishes runs while that
+            # fails: a revoked job is never published (a worker started since the revoke
+            # would not know it). The rest run apart: one that keeps failing must not hold
+            # back the others; the database away stops the round at its first step.
+            if _each(("cancelling revoked jobs", revocations.cancel_revoked)):
+                steps = list(EVERY_TICK)
+                if time.monotonic() >= next_stalled_check:
+                    next_stalled_check = time.monotonic() + settings.stalled_interval_s
+                    steps += EVERY_STALLED_CHECK
+                _each(*steps)
             # A batch a tick while bulk actions run; else a look about every second.
             if bulk_busy or time.monotonic() >= next_bulk_check:
                 next_bulk_check = time.monotonic() + BULK_IDLE_CHECK_S
@@ -97,22 +91,42 @@ class Maintenance(bootsteps.StartStopStep):
                     log.warning("could not look for aborted runs; retrying", exc_info=True)
 
 
-def _each(*steps: tuple[str, Callable[[], object]]) -> None:
-    """Run each step; one that fails is logged and tried again at the next tick."""
+def _each(*steps: tuple[str, Callable[[], object]]) -> bool:
+    """Run each step; one that fails is logged and tried again at the next tick. The
+    database away (or hung) ends the round there: every step needs it. Whether all worked."""
+    worked = True
     for what, step in steps:
         try:
             step()
-        except Exception:  # a database blip must not stop maintenance
+        except Exception as exc:  # a database blip must not stop maintenance
             log.warning("job maintenance: %s failed; retrying", what, exc_info=True)
+            worked = False
+            if passing(exc):
+                break
+    return worked
 
 
-def _cancel_then_promote() -> None:
-    # Revoked jobs are cancelled first, and promotion waits while that fails: a revoked
-    # job is never published (a worker started since the revoke would not know it).
-    revocations.cancel_revoked()
+def _promote_all() -> None:
     while promote.promote_once() >= promote.BATCH:
         pass
 
 
 def _release_unpaused() -> None:
     pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
+
+
+Step = tuple[str, Callable[[], object]]
+EVERY_TICK: tuple[Step, ...] = (
+    ("promoting due jobs", _promote_all),
+    ("checking the broker's epoch", broker_reset.check_epoch),
+    ("reconciling records and messages", reconcile.when_due),
+    ("trimming finished jobs", retention.when_due),
+)
+EVERY_STALLED_CHECK: tuple[Step, ...] = (
+    ("requeueing stalled jobs", stalls.requeue_stalled_once),
+    ("counting bound chord parts", canvas.count_bound_parts),
+    ("compacting state counts", counts.compact),
+    # What a resume left to publish (a big backlog, or it died midway), a few batches a
+    # tick: the rest of this loop's upkeep does not wait on it.
+    ("releasing resumed queues", _release_unpaused),
+)
