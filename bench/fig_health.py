@@ -119,7 +119,7 @@ def timed_ms(call: object, times: int) -> list[float]:
 def p5_health(run: Run) -> Figure:
     from tasks.db import transaction
     from tasks.jobs.store.counts import counts
-    from web.auth import issue_token
+    from web.tokens import issue_token
 
     sizes = run.sizes
     fig = Figure(

@@ -29,7 +29,7 @@ TENANTS = 32
 
 
 def _token(tenant: str, roles: list[str]) -> str:
-    from web.auth import issue_token
+    from web.tokens import issue_token
 
     return issue_token(os.environ["KEEL_SECRET_KEY"], tenant, "bench-user", roles, 24 * 3600)
 

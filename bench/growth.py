@@ -273,7 +273,7 @@ def quiet(url: str, limit_s: float = 600.0, still_s: float = 5.0) -> dict[str, A
     writes out the loaded pages now, then wait until no autovacuum worker has run for
     ``still_s`` (at most ``limit_s``). What it took, and whether it went quiet."""
     began = time.perf_counter()
-    with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as connection:
+    with psycopg.connect(url, autocommit=True) as connection:  # a Scratch URL: libpq's form
         checkpoint: str = "done"
         try:
             connection.execute("CHECKPOINT")

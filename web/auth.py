@@ -6,7 +6,7 @@ and ``exp`` are required, and a token may live at most ``KEEL_TOKEN_MAX_TTL_S``
 with a key of at least 32 bytes. Nothing about the caller's identity is ever
 read from a request body.
 
-Tenant and user ids are plain names (``ID_PATTERN``): they appear in object
+Tenant and user ids are plain names (``web.tokens.ID_PATTERN``): they appear in object
 keys and derived ids, so ``/``, ``..`` and other separators are refused with
 the token, before any of them could reach a path or a key.
 """
@@ -26,10 +26,6 @@ from tasks.jobs import Owner
 from web import access, ratelimit
 from web.errors import ApiError
 from web.tokens import ALGORITHMS, ID_RULE, MAX_TOKEN_BYTES, is_id
-from web.tokens import ID_PATTERN as ID_PATTERN
-from web.tokens import MIN_SECRET_BYTES as MIN_SECRET_BYTES
-from web.tokens import check_secret as check_secret
-from web.tokens import issue_token as issue_token
 
 OPERATOR = "operator"
 

@@ -16,7 +16,6 @@ side at once: an upgrade in one transaction fails it.
 from __future__ import annotations
 
 import threading
-import uuid
 
 import psycopg
 from alembic import command
@@ -26,52 +25,44 @@ from sqlalchemy import text
 from tasks.config import get_settings
 from tasks.db import transaction
 from tasks.migrate import alembic_config
-from tests.support.databases import _admin, _named, using
+from tests.support.databases import fresh_database
 from tests.support.stack import wait_for
 
 BEFORE = "0019"  # 0020 alters jobs, then 0021 alters job_schedulers
 
 
 def test_an_upgrade_through_jobs_then_job_schedulers_never_deadlocks_with_a_fire(stack):
-    session_url = get_settings().database_url
-    assert session_url
-    name = f"keel_locks_{uuid.uuid4().hex[:10]}"
-    _admin(session_url, f"CREATE DATABASE {name}")
-    url = _named(session_url, name)
-    try:
-        with using(url):
-            command.upgrade(alembic_config(), BEFORE)
-            conninfo = get_settings().database_url
-            assert conninfo
-            # Given a beat's fire in progress: its scheduler row locked (FOR UPDATE takes this
-            # table lock), its job not inserted yet
-            with psycopg.connect(conninfo.replace("+psycopg", "")) as fire:
-                fire.execute("SET lock_timeout = '20s'")
-                fire.execute("LOCK TABLE job_schedulers IN ROW SHARE MODE")
-                # When the upgrade runs past jobs' migration to job_schedulers'
-                failed: list[BaseException] = []
+    with fresh_database(template=None):
+        command.upgrade(alembic_config(), BEFORE)
+        conninfo = get_settings().database_url
+        assert conninfo
+        # Given a beat's fire in progress: its scheduler row locked (FOR UPDATE takes this
+        # table lock), its job not inserted yet
+        with psycopg.connect(conninfo.replace("+psycopg", "")) as fire:
+            fire.execute("SET lock_timeout = '20s'")
+            fire.execute("LOCK TABLE job_schedulers IN ROW SHARE MODE")
+            # When the upgrade runs past jobs' migration to job_schedulers'
+            failed: list[BaseException] = []
 
-                def upgrade() -> None:
-                    try:
-                        command.upgrade(alembic_config(), "head")
-                    except BaseException as exc:  # reported by the test
-                        failed.append(exc)
+            def upgrade() -> None:
+                try:
+                    command.upgrade(alembic_config(), "head")
+                except BaseException as exc:  # reported by the test
+                    failed.append(exc)
 
-                migrating = threading.Thread(target=upgrade)
-                migrating.start()
-                wait_for(lambda: waiting_for(fire, "job_schedulers"), timeout=60)
-                # and the fire then inserts its job (the lock an INSERT takes)
-                fire.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
-                fire.commit()
-                # Then the fire went through and the upgrade finished: neither was ended
-                migrating.join(timeout=60)
-            assert not migrating.is_alive()
-            assert failed == []
-            with transaction() as session:
-                head = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
-            assert head == ScriptDirectory.from_config(alembic_config()).get_current_head()
-    finally:
-        _admin(session_url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            migrating = threading.Thread(target=upgrade)
+            migrating.start()
+            wait_for(lambda: waiting_for(fire, "job_schedulers"), timeout=60)
+            # and the fire then inserts its job (the lock an INSERT takes)
+            fire.execute("LOCK TABLE jobs IN ROW EXCLUSIVE MODE")
+            fire.commit()
+            # Then the fire went through and the upgrade finished: neither was ended
+            migrating.join(timeout=60)
+        assert not migrating.is_alive()
+        assert failed == []
+        with transaction() as session:
+            head = session.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        assert head == ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def waiting_for(observer: psycopg.Connection, table: str) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 from tasks.jobs.observe.queries import describe, get
 from tests.support.stack import wait_for
-from web.auth import issue_token
+from web.tokens import issue_token
 
 
 def token(

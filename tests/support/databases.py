@@ -71,12 +71,13 @@ def make_template() -> None:
 
 
 @contextmanager
-def fresh_database() -> Iterator[str]:
-    """A new database copied from the template, used by this process inside the block."""
+def fresh_database(template: str | None = TEMPLATE) -> Iterator[str]:
+    """A new database copied from the template (``None``: an empty one, no migration run),
+    used by this process inside the block."""
     session_url = get_settings().database_url
     assert session_url
     name = f"keel_module_{uuid.uuid4().hex[:12]}"
-    _admin(session_url, f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    _admin(session_url, f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
     try:
         with using(_named(session_url, name)):
             yield name

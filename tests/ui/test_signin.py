@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from keel.cli import main
 from tests.support.client import bearer, unique
 from tests.support.ui import PAGE, csrf_token, signed_in
-from web.auth import issue_token
+from web.tokens import issue_token
 from web.ui.session import issue_link
 
 pytestmark = pytest.mark.usefixtures("stack")

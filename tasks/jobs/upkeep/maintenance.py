@@ -32,6 +32,7 @@ from tasks.jobs.store import counts
 from tasks.jobs.upkeep import broker_reset, bulk_actions, reconcile, retention
 
 log = logging.getLogger(__name__)
+Step = tuple[str, Callable[[], object]]  # what it does (for the log), and the call
 
 BULK_IDLE_CHECK_S = 1.0  # how often an idle worker looks for a running bulk action
 
@@ -91,7 +92,7 @@ class Maintenance(bootsteps.StartStopStep):
                     log.warning("could not look for aborted runs; retrying", exc_info=True)
 
 
-def _each(*steps: tuple[str, Callable[[], object]]) -> bool:
+def _each(*steps: Step) -> bool:
     """Run each step; one that fails is logged and tried again at the next tick. The
     database away (or hung) ends the round there: every step needs it. Whether all worked."""
     worked = True
@@ -115,7 +116,6 @@ def _release_unpaused() -> None:
     pauses.release_unpaused(batches=pauses.MAINTENANCE_BATCHES)
 
 
-Step = tuple[str, Callable[[], object]]
 EVERY_TICK: tuple[Step, ...] = (
     ("promoting due jobs", _promote_all),
     ("checking the broker's epoch", broker_reset.check_epoch),
