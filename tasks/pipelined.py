@@ -36,7 +36,9 @@ from typing import Any
 
 from kombu.compression import compress
 from kombu.entity import maybe_delivery_mode
-from kombu.serialization import dumps
+from kombu.exceptions import EncodeError
+from kombu.serialization import dumps, registry
+from kombu.utils import json
 
 from tasks.transport import _RIDERS, Channel
 
@@ -87,14 +89,20 @@ class Pipelined:
 
         ``properties`` is the message's own from here on (the channel adds its delivery
         details to it)."""
-        content_type, content_encoding, data = dumps(body, serializer=serializer)
+        content_type, content_encoding, data = _serialized(body, serializer)
         if compression:
             data, headers["compression"] = compress(data, compression)
         properties["delivery_mode"] = maybe_delivery_mode(delivery_mode)
-        message = self.channel.prepare_message(
+        channel = self.channel
+        message = channel.prepare_message(
             data, priority, content_type, content_encoding, headers, properties
         )
-        self.channel.basic_publish(message, exchange, routing_key, _publish_batch=self)
+        if exchange or routing_key in channel._expires or _RIDERS.get():
+            channel.basic_publish(message, exchange, routing_key, _publish_batch=self)
+        else:  # a queue's list: what kombu's ``basic_publish`` and ``_put`` would add, at once
+            channel._inplace_augment_message(message, exchange, routing_key)
+            key = channel._q_for_pri(routing_key, channel._get_message_priority(message))
+            self.add("lpush", key, _JSON.encode(message))
         self._buffered += 1
         if self._buffered >= FLUSH_AT:
             self.execute()
@@ -135,6 +143,23 @@ class Pipelined:
         failed = next((r for r in replies[riders:] if isinstance(r, Exception)), None)
         if failed is not None:
             raise RoundTripFailed(started) from failed
+
+
+# kombu's JSON encoder (``kombu.utils.json.dumps`` builds one per call), for the message as
+# the channel writes it and for a body where ``json`` is still kombu's serializer.
+_JSON = json.JSONEncoder()
+_KOMBU_JSON = ("application/json", "utf-8", json.dumps)  # the registry's entry, as kombu sets it
+
+
+def _serialized(body: Any, serializer: str) -> tuple[str, str, str]:
+    """``kombu.serialization.dumps(body, serializer)``, a third of its cost for kombu's json."""
+    if serializer == "json" and registry._encoders.get("json") == _KOMBU_JSON:
+        try:
+            return "application/json", "utf-8", _JSON.encode(body)
+        except Exception as exc:  # as the registry reports it
+            raise EncodeError(exc) from exc
+    content_type, content_encoding, data = dumps(body, serializer=serializer)
+    return content_type, content_encoding, data
 
 
 @contextmanager

@@ -33,6 +33,10 @@ is held. A message sent without Keel has an unacked copy in Redis, which comes
 back after the visibility timeout, where Keel's claim refuses it (its record has
 moved on); a recorded job's ack never goes to Redis (``QoS``).
 
+A message's delivery tag (the key of kombu's unacked copy) is this process's
+random prefix and a count: unique as kombu's UUID per message is, at a tenth
+of its cost, which a bulk add pays for every message.
+
 A publish can also take other Redis commands along in its round trip
 (``riding``): an add's ``waiting`` event goes out in the pipeline of its
 message's LPUSH.
@@ -43,7 +47,10 @@ Wired in ``tasks.celeryconfig`` (``broker_transport``).
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -227,12 +234,37 @@ class QoS(kombu_redis.QoS):
             pipe.execute()
 
 
+class _Tags:
+    """Delivery tags: a random prefix per process (a forked child draws its own) and a count."""
+
+    def __init__(self) -> None:
+        self.prefix = uuid.uuid4().hex
+        self.count = itertools.count()  # next() on it is atomic under the GIL
+
+    def next(self) -> str:
+        return f"{self.prefix}.{next(self.count)}"
+
+
+_tags = _Tags()
+
+
+def _new_tags() -> None:
+    global _tags
+    _tags = _Tags()
+
+
+os.register_at_fork(after_in_child=_new_tags)
+
+
 class Channel(kombu_redis.Channel):
     """kombu's Redis channel with every popped item screened first."""
 
     QoS = QoS
 
     _shared: Any = None
+
+    def _next_delivery_tag(self) -> str:
+        return _tags.next()
 
     @property
     def pool(self) -> Any:

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import text
 
 from tasks.db import engine
-from tasks.jobs import Backoff, JobOptions, add
+from tasks.jobs import Backoff, BulkJob, JobOptions, add, add_bulk
+from tasks.jobs.model.owner import Owner
 from tasks.jobs.store.counts import counts
 from tests.support.client import bearer, metrics_headers, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
@@ -86,6 +87,41 @@ def test_health_counts_equal_the_records_throughout_a_mixed_run(stack):
     assert mismatches == []
     exact, fast = both_views(queue)
     assert exact == fast and sum(fast.values()) == 100
+
+
+def test_counts_follow_bulk_adds_and_deletes_per_tenant(stack):
+    """A bulk add and a delete of many rows are counted once per statement
+    (``jobs_count_added``/``removed``): every queue, tenant and state of the batch, a job
+    whose id was already recorded not again."""
+    queue = unique("bulkcount")
+    tenants = [unique("tenant"), unique("tenant")]
+    ids = [unique("job") for _ in range(30)]
+    for tenant, mine in zip(tenants, (ids[:20], ids[20:]), strict=True):
+        batch = [
+            BulkJob("test.echo", {}, queue, JobOptions(jobId=i, delay=60_000 if n % 3 else 0))
+            for n, i in enumerate(mine)
+        ]
+        add_bulk(batch, owner=Owner(tenant, "u"))
+    again = add_bulk(
+        [BulkJob("test.echo", {}, queue, JobOptions(jobId=i)) for i in ids[:5]]
+        + [BulkJob("test.echo", {}, queue, JobOptions(jobId=unique("job")))],
+        owner=Owner(tenants[0], "u"),
+    )
+    assert [a.created for a in again] == [False] * 5 + [True]
+    exact, fast = both_views(queue)
+    assert exact == fast and exact["delayed"] == 19 and exact["waiting"] == 12
+    # Per tenant: the first holds 20 + 1 jobs (7 + 1 waiting), the second 10 (4 waiting)
+    assert counts(queue, tenants[0])["waiting"] == 8 and counts(queue, tenants[0])["delayed"] == 13
+    assert counts(queue, tenants[1])["waiting"] == 4 and counts(queue, tenants[1])["delayed"] == 6
+    with engine().begin() as conn:  # one statement over both tenants and both states
+        gone = conn.execute(
+            text("DELETE FROM jobs WHERE queue = :q AND id = ANY(:ids)"),
+            {"q": queue, "ids": ids[:3] + ids[20:24]},
+        ).rowcount
+    assert gone == 7
+    exact, fast = both_views(queue)
+    assert exact == fast and sum(exact.values()) == 24
+    assert sum(counts(queue, tenants[1]).values()) == 6
 
 
 def test_health_endpoint_is_for_operators(client):

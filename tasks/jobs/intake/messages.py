@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from celery import signals
-from celery.events import Event
 from celery.events.dispatcher import EventDispatcher
 from celery.events.event import get_exchange
 from celery.utils.nodenames import anon_nodename
@@ -323,17 +323,21 @@ def _push_events(producer: Any, batch: Pipelined, sent: list[dict[str, Any]]) ->
 def _sent_events(dispatcher: EventDispatcher, sent: list[dict[str, Any]]) -> tuple[Any, str]:
     """The body and routing key of one event message for ``sent`` (Celery's ``task.multi``
     for several, which its event receiver unpacks)."""
-    made = [
-        Event(
-            SENT,
-            hostname=dispatcher.hostname,
-            utcoffset=utcoffset(),
-            pid=dispatcher.pid,
-            clock=dispatcher.clock.forward(),
-            **fields,
-        )
-        for fields in sent
-    ]
+    # Celery's ``Event(SENT, hostname=, utcoffset=, pid=, clock=, **fields)`` for each, with
+    # what the batch shares looked up once (the UTC offset reads the local time).
+    hostname, offset, pid, forward = (
+        dispatcher.hostname,
+        utcoffset(),
+        dispatcher.pid,
+        dispatcher.clock.forward,
+    )
+    made = []
+    for fields in sent:
+        event = {"hostname": hostname, "utcoffset": offset, "pid": pid, "clock": forward()}
+        event.update(fields)
+        event.setdefault("timestamp", time.time())
+        event["type"] = SENT
+        made.append(event)
     if len(made) == 1:
         return made[0], "task.sent"
     return made, "task.multi"

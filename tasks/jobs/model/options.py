@@ -96,6 +96,11 @@ class JobOptions(_Options):
         it does not know, so a key it lacks there would fail the job on that worker during a
         rolling upgrade; it never reads ``jobs.extra_opts``.
         """
+        if not self.model_fields_set:  # every option left as it is (most bulk adds' jobs)
+            return dict(_DEFAULT_STORED), None
+        return self._columns()
+
+    def _columns(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
         stored = self.stored()
         extra = {key: stored.pop(key) for key in list(stored) if key not in RECORD_KEYS}
         return stored, extra or None
@@ -138,6 +143,8 @@ RECORD_KEYS = frozenset(
     }
 )
 _ALIASES = frozenset(field.alias or name for name, field in JobOptions.model_fields.items())
+# ``jobs.opts`` of a job given no options (the defaults hold no key for ``jobs.extra_opts``).
+_DEFAULT_STORED = JobOptions()._columns()[0]
 
 
 @dataclass(frozen=True)
