@@ -8,10 +8,13 @@ goes to one Redis channel and needs none of that per message. ``pipelined``
 yields a ``Pipelined`` over one redis-py pipeline of Keel's Redis channel
 (``tasks.transport.Channel``); its ``publish`` serializes and compresses a body
 as the producer would (kombu's serializer registry), then hands the message to
-the channel's own ``prepare_message`` and ``basic_publish``: the channel
-encodes the body, gives it its delivery tag, routes it (a queue's priority
-list, or a fanout exchange's pub/sub channel) and adds its command, so a
-message reads exactly as one the producer sent. Consecutive LPUSHes to one
+the channel's own ``prepare_message`` and ``_inplace_augment_message`` (which
+encode the body and give it its delivery tag) and pushes it to the queue's
+priority list the channel names, encoded by kombu's JSON encoder, as the
+channel's ``basic_publish`` would; a message for an exchange (a fanout's
+pub/sub channel), for a queue with an expiry, or with commands riding along
+goes through ``basic_publish`` itself. Either way a message reads exactly as
+one the producer sent (``tests/integration/test_pipelined.py``). Consecutive LPUSHes to one
 list go as one multi-value LPUSH (Redis pushes the values in order: the list
 reads as after one LPUSH each).
 
