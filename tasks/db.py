@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -35,6 +37,7 @@ from tasks import deadline
 from tasks.config import get_settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -51,6 +54,36 @@ STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.Sto
 # restarting (57P01-57P03), out of connections (53300). Others of OperationalError's
 # classes (a program limit exceeded, say) fail the same statement every time.
 PASSING_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+
+
+# Of those, the ones after which Postgres surely did nothing of the transaction: a
+# serialization failure or a deadlock (it rolls the transaction back; the client got the
+# answer). Trying the same transaction again at once is safe; a lost connection is not
+# (a commit may have happened without its answer).
+ROLLED_BACK_SQLSTATES = ("40001", "40P01")
+ROLLED_BACK_TRIES = 3
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """Whether ``exc`` says Postgres rolled the whole transaction back (see above)."""
+    return isinstance(exc, OperationalError) and (
+        getattr(exc.orig, "sqlstate", None) in ROLLED_BACK_SQLSTATES
+    )
+
+
+def tried_again_if_rolled_back(write: Callable[[], T], tries: int = ROLLED_BACK_TRIES) -> T:
+    """``write()`` (a whole transaction, or one statement alone), again after a short random
+    wait when Postgres rolled it back as a deadlock's victim or a serialization failure, up
+    to ``tries`` times; any other error, or the last one, is raised."""
+    for tried in range(1, tries + 1):
+        try:
+            return write()
+        except OperationalError as exc:
+            if tried == tries or not rolled_back(exc):
+                raise
+            log.info("rolled back (%s); trying again", getattr(exc.orig, "sqlstate", None))
+            time.sleep(random.uniform(0.005, 0.05) * tried)
+    raise AssertionError("unreachable")
 
 
 def passing(exc: BaseException) -> bool:

@@ -26,7 +26,7 @@ from tasks.jobs.schedule.beat import KeelScheduler
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
-from tests.support.databases import inserts_failing_once
+from tests.support.databases import jobs_failing_once
 
 pytestmark = pytest.mark.usefixtures("stack")
 
@@ -139,7 +139,7 @@ def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlsta
         beat_entries.sync(app)
     make_due(scheduler)
     at = schedulers.get(Scope(), scheduler).next_run_at
-    with inserts_failing_once(schedulers.fire_prefix("", scheduler), sqlstate):
+    with jobs_failing_once(schedulers.fire_prefix("", scheduler), sqlstate):
         # When a round of firing meets the error
         with caplog.at_level(logging.WARNING, logger="tasks.jobs.schedule.schedulers"):
             first = schedulers.fire_due()
@@ -167,7 +167,7 @@ def test_a_fire_the_database_refuses_every_time_parks_its_scheduler(caplog):
     make_due(scheduler)
     # When a round of firing meets it
     with (
-        inserts_failing_once(schedulers.fire_prefix("", scheduler), "54000"),
+        jobs_failing_once(schedulers.fire_prefix("", scheduler), "54000"),
         caplog.at_level(logging.ERROR, logger="tasks.jobs.schedule.schedulers"),
     ):
         first = schedulers.fire_due()

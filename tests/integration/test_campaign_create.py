@@ -10,7 +10,7 @@ from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.notifications import jobs, service
 from tests.support.client import record, unique
-from tests.support.databases import inserts_failing_once
+from tests.support.databases import jobs_failing_once
 
 pytestmark = pytest.mark.usefixtures("stack")
 
@@ -37,7 +37,7 @@ def test_a_plan_job_the_store_refuses_leaves_no_campaign_and_a_retry_makes_one()
     name = unique("campaign")
     # Given the database failing the insert of a campaign's plan job once (a deadlock),
     # when a campaign is created
-    with inserts_failing_once(f"{jobs.PLAN}:", "40P01"), pytest.raises(OperationalError):
+    with jobs_failing_once(f"{jobs.PLAN}:", "40P01"), pytest.raises(OperationalError):
         service.create(who, spec(name))
     # Then nothing of it was stored: no campaign without a plan, none counting on a quota
     assert campaigns_named(name) == 0

@@ -86,10 +86,11 @@ def fresh_database(template: str | None = TEMPLATE) -> Iterator[str]:
 
 
 @contextmanager
-def inserts_failing_once(id_prefix: str, sqlstate: str):
-    """The next insert of a job whose id starts with ``id_prefix`` fails with ``sqlstate``,
-    as Postgres reports a deadlock or a timeout (a trigger; its count is a sequence, which
-    the failed insert's rollback does not undo)."""
+def jobs_failing_once(id_prefix: str, sqlstate: str, on: str = "INSERT"):
+    """The next insert (``on``: or ``UPDATE``, ``DELETE``) of a job whose id starts with
+    ``id_prefix`` fails with ``sqlstate``, as Postgres reports a deadlock or a timeout (a
+    trigger; its count is a sequence, which the failed statement's rollback does not undo)."""
+    row = "OLD" if on == "DELETE" else "NEW"
     name = f"fail_once_{uuid.uuid4().hex[:10]}"
     escaped = id_prefix.replace(":", r"\:")  # text() reads ":name" as a parameter
     with transaction() as session:
@@ -99,13 +100,13 @@ def inserts_failing_once(id_prefix: str, sqlstate: str):
                 f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
                 f"IF nextval('{name}') = 1 THEN "
                 f"RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END IF; "
-                "RETURN NEW; END $$"
+                f"RETURN {row}; END $$"
             )
         )
         session.execute(
             text(
-                f"CREATE TRIGGER {name} BEFORE INSERT ON jobs FOR EACH ROW "
-                f"WHEN (NEW.id LIKE '{escaped}%') EXECUTE FUNCTION {name}()"
+                f"CREATE TRIGGER {name} BEFORE {on} ON jobs FOR EACH ROW "
+                f"WHEN ({row}.id LIKE '{escaped}%') EXECUTE FUNCTION {name}()"
             )
         )
     try:

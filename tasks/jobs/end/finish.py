@@ -31,7 +31,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
+from tasks.db import transaction, tried_again_if_rolled_back
 from tasks.jobs.end import abort, canvas
 from tasks.jobs.end.ending import (
     ended,
@@ -105,19 +105,30 @@ def _complete(claimed: ClaimedJob, result: Any) -> bool:
     return done is not None
 
 
-def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
-    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics."""
-    try:
-        if _one_statement(claimed):  # nothing else in its transaction: the statement alone
-            # Refused: no longer ours, or another job waits for it (then recorded below).
-            if runs.complete_alone(claimed, result):
-                trim = retention(claimed, State.COMPLETED)
-                if trim is not None:
-                    trim()
-            elif not _complete(claimed, result):
-                _refused(claimed)
-        elif not _complete(claimed, result):
+def _record_completed(claimed: ClaimedJob, result: Any) -> bool:
+    """Record success; whether it was the statement alone (its retention trims after it)."""
+    if _one_statement(claimed):  # nothing else in its transaction: the statement alone
+        # Refused: no longer ours, or another job waits for it (then recorded below).
+        if runs.complete_alone(claimed, result):
+            return True
+        if not _complete(claimed, result):
             _refused(claimed)
+    elif not _complete(claimed, result):
+        _refused(claimed)
+    return False
+
+
+def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
+    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics.
+
+    A write that Postgres rolled back (a deadlock's victim) is tried again
+    (``tried_again_if_rolled_back``), before the trim that follows it: left to the lock's
+    expiry, the job would run again."""
+    try:
+        if tried_again_if_rolled_back(lambda: _record_completed(claimed, result)):
+            trim = retention(claimed, State.COMPLETED)
+            if trim is not None:
+                trim()
     except BaseException:
         if duration_s is not None:  # the run happened: its duration counts all the same
             metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
@@ -147,15 +158,20 @@ def failed(
     reason = failures.reason(exc)
     stack, kind = failures.stack(exc), failures.kind(exc)
     alone = _one_statement(claimed)
-    with transaction(one_statement=alone) as session:
-        outcome = runs.fail(session, claimed, reason, stack, delay, data, kind, alone=alone)
-        if outcome.final:  # announced below, with its attempts
-            ended(session, claimed, State.FAILED, reason, announce=False, awaited=not alone)
-    if alone and not outcome.ours:  # no longer ours, or another job waits for it
-        with transaction() as session:
-            outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
-            if outcome.final:
-                ended(session, claimed, State.FAILED, reason, announce=False)
+
+    def record() -> runs.FailedRun:
+        with transaction(one_statement=alone) as session:
+            outcome = runs.fail(session, claimed, reason, stack, delay, data, kind, alone=alone)
+            if outcome.final:  # announced below, with its attempts
+                ended(session, claimed, State.FAILED, reason, announce=False, awaited=not alone)
+        if alone and not outcome.ours:  # no longer ours, or another job waits for it
+            with transaction() as session:
+                outcome = runs.fail(session, claimed, reason, stack, delay, data, kind)
+                if outcome.final:
+                    ended(session, claimed, State.FAILED, reason, announce=False)
+        return outcome
+
+    outcome = tried_again_if_rolled_back(record)  # as ``completed``'s
     if not outcome.ours:
         _refused(claimed)
     made = claimed.attempts_made + 1
