@@ -55,6 +55,18 @@ def test_a_completion_rolled_back_is_written_again(sqlstate, opts):
     assert found["lock_token"] is None
 
 
+def test_a_write_rolled_back_every_time_is_tried_three_times_in_all():
+    twice, thrice = claimed_job(), claimed_job()
+    with jobs_failing_once(twice.id, "40P01", on="UPDATE", times=2):
+        finish.completed(twice, "ok")
+    with (
+        jobs_failing_once(thrice.id, "40P01", on="UPDATE", times=3),
+        pytest.raises(OperationalError),
+    ):
+        finish.completed(thrice, "ok")
+    assert (record(twice.id)["state"], record(thrice.id)["state"]) == ("completed", "active")
+
+
 def test_a_failure_rolled_back_is_written_again():
     final, again = claimed_job(), claimed_job(attempts=2)
     with jobs_failing_once(final.id, "40P01", on="UPDATE"):

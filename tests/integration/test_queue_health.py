@@ -122,6 +122,28 @@ def test_counts_follow_bulk_adds_and_deletes_per_tenant(stack):
     exact, fast = both_views(queue)
     assert exact == fast and sum(exact.values()) == 24
     assert sum(counts(queue, tenants[1]).values()) == 6
+    # One delta row per queue, tenant and state a statement touched (seen before its commit,
+    # which no compaction can fold yet)
+    with engine().begin() as conn:
+        before = deltas(conn, queue)
+        conn.execute(
+            text(
+                "INSERT INTO jobs (id, queue, name, data, opts, state, tenant_id) "
+                "SELECT :p || n, :q, 'test.echo', '{}', '{}', "
+                "CASE WHEN n % 2 = 0 THEN 'waiting' ELSE 'delayed' END, :t "
+                "FROM generate_series(1, 10) AS n"
+            ),
+            {"p": unique("raw"), "q": queue, "t": tenants[0]},
+        )
+        assert deltas(conn, queue) == before + 2
+        conn.execute(text("DELETE FROM jobs WHERE queue = :q"), {"q": queue})
+        assert deltas(conn, queue) == before + 2 + 4  # 2 tenants x 2 states
+        conn.rollback()
+
+
+def deltas(conn, queue: str) -> int:
+    query = text("SELECT count(*) FROM job_count_deltas WHERE queue = :q")
+    return int(conn.execute(query, {"q": queue}).scalar_one())
 
 
 def test_health_endpoint_is_for_operators(client):

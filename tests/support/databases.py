@@ -86,10 +86,11 @@ def fresh_database(template: str | None = TEMPLATE) -> Iterator[str]:
 
 
 @contextmanager
-def jobs_failing_once(id_prefix: str, sqlstate: str, on: str = "INSERT"):
+def jobs_failing_once(id_prefix: str, sqlstate: str, on: str = "INSERT", times: int = 1):
     """The next insert (``on``: or ``UPDATE``, ``DELETE``) of a job whose id starts with
-    ``id_prefix`` fails with ``sqlstate``, as Postgres reports a deadlock or a timeout (a
-    trigger; its count is a sequence, which the failed statement's rollback does not undo)."""
+    ``id_prefix`` fails with ``sqlstate`` (the next ``times`` of them), as Postgres reports a
+    deadlock or a timeout (a trigger; its count is a sequence, which the failed statement's
+    rollback does not undo)."""
     row = "OLD" if on == "DELETE" else "NEW"
     name = f"fail_once_{uuid.uuid4().hex[:10]}"
     escaped = id_prefix.replace(":", r"\:")  # text() reads ":name" as a parameter
@@ -98,7 +99,7 @@ def jobs_failing_once(id_prefix: str, sqlstate: str, on: str = "INSERT"):
         session.execute(
             text(
                 f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                f"IF nextval('{name}') = 1 THEN "
+                f"IF nextval('{name}') <= {int(times)} THEN "
                 f"RAISE EXCEPTION 'injected' USING ERRCODE = '{sqlstate}'; END IF; "
                 f"RETURN {row}; END $$"
             )

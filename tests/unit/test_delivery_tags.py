@@ -33,12 +33,15 @@ def test_a_forked_child_draws_its_own_prefix():
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its first tag, then out without running the parent's cleanup
-        os.write(write, transport._tags.next().encode())
-        os._exit(0)
+        try:
+            os.write(write, transport._tags.next().encode())
+        finally:
+            os._exit(0)
     os.close(write)
     child = os.read(read, 200).decode()
     os.close(read)
-    os.waitpid(pid, 0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert child.count(".") == 1 and child.rsplit(".", 1)[1] == "0"  # its count starts anew
     after = transport._tags.next()
     assert child.rsplit(".", 1)[0] != parent.rsplit(".", 1)[0]
     assert after.rsplit(".", 1)[0] == parent.rsplit(".", 1)[0]

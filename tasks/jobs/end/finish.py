@@ -105,17 +105,14 @@ def _complete(claimed: ClaimedJob, result: Any) -> bool:
     return done is not None
 
 
-def _record_completed(claimed: ClaimedJob, result: Any) -> bool:
-    """Record success; whether it was the statement alone (its retention trims after it)."""
-    if _one_statement(claimed):  # nothing else in its transaction: the statement alone
-        # Refused: no longer ours, or another job waits for it (then recorded below).
-        if runs.complete_alone(claimed, result):
-            return True
-        if not _complete(claimed, result):
-            _refused(claimed)
-    elif not _complete(claimed, result):
-        _refused(claimed)
-    return False
+def _record_completed(claimed: ClaimedJob, result: Any) -> bool | None:
+    """Record success: ``True`` as the statement alone (its retention trims after it),
+    ``False`` in a transaction with what follows it, ``None`` refused."""
+    # The statement alone when nothing else goes in its transaction; refused there when no
+    # longer ours, or when another job waits for it (then recorded in a transaction).
+    if _one_statement(claimed) and runs.complete_alone(claimed, result):
+        return True
+    return False if _complete(claimed, result) else None
 
 
 def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
@@ -125,7 +122,10 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
     (``tried_again_if_rolled_back``), before the trim that follows it: left to the lock's
     expiry, the job would run again."""
     try:
-        if tried_again_if_rolled_back(lambda: _record_completed(claimed, result)):
+        recorded = tried_again_if_rolled_back(lambda: _record_completed(claimed, result))
+        if recorded is None:
+            _refused(claimed)
+        if recorded:
             trim = retention(claimed, State.COMPLETED)
             if trim is not None:
                 trim()

@@ -14,17 +14,20 @@ publish leaves waiting jobs without messages, which the reconciler
 republishes (``tasks.jobs.upkeep.reconcile``). Jobs with a deduplication rule are
 added one by one (``add``), since each takes its own claim.
 
-Python's cyclic garbage collector is paused while a batch is built and sent
-(``_collector_paused``): a batch of 10,000 keeps some 300,000 small objects
-alive at once (records, messages, events), enough to set off full collections
-that walk every object of the process, a fifth of a bulk add's CPU. Nothing
-a bulk add builds needs the collector to be freed; the collector runs as usual
-once the add returns.
+Python's cyclic garbage collector is paused while a batch is built, recorded
+and sent (``_collector_paused``): a batch of 10,000 keeps some 300,000 small
+objects alive at once (records, messages, events), enough to set off full
+collections that walk every object of the process, a fifth of a bulk add's
+CPU. Refcounting frees the batch's objects, and the collector takes whatever
+cycles are left once it runs again, as usual, when the batch is sent (the jobs with a
+deduplication rule are added after it, one by one, with it on).
 """
 
 from __future__ import annotations
 
 import gc
+import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,49 +63,15 @@ def add_bulk(
     jobs: Sequence[BulkJob], *, owner: Owner | None = None, limits: TenantLimits | None = None
 ) -> list[AddedJob]:
     """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order."""
-    with _collector_paused():
-        return _add_bulk(jobs, owner, limits)
-
-
-def _add_bulk(
-    jobs: Sequence[BulkJob], owner: Owner | None, limits: TenantLimits | None
-) -> list[AddedJob]:
     if caller_transaction.current() is not None:  # they would commit whatever the caller did
         raise caller_transaction.NotInCallersTransaction(
             "a bulk add (add_bulk, recorded_together) keeps its own transaction: call it "
             "outside in_transaction, or add the jobs one by one inside it"
         )
     single = {i for i, job in enumerate(jobs) if job.opts.deduplication is not None}
-    records = [
-        NewJob(
-            id=job.opts.job_id or new_job_id(),
-            name=job.name,
-            queue=job.queue,
-            data=job.data,
-            tenant_id=owner.tenant_id if owner else None,
-            user_id=owner.user_id if owner else None,
-            opts=job.opts,
-            celery_ctx=tracing.carried(with_options(job.ctx, job.opts)),
-            priority=tenancy.rank((job.ctx or {}).get("priority")),
-        )
-        for i, job in enumerate(jobs)
-        if i not in single
-    ]
-    created: set[str] = set()
-    if records:
-        with transaction() as session:
-            _admit(session, owner, records, limits)
-            created = store.insert_many(session, records)
-        waiting = [
-            ready_job(job, state=job.state)
-            for job in records
-            if job.id in created and job.state == State.WAITING
-        ]
-        if waiting:  # after the commit: a worker that takes a message finds its record
-            with transaction() as session:
-                publish_ready(session, waiting)
-        events.emit_many(
-            [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
+    with _collector_paused():
+        records, created = _add_batch(
+            [job for i, job in enumerate(jobs) if i not in single], owner, limits
         )
     added = iter(records)
     results: list[AddedJob] = []
@@ -126,20 +95,85 @@ def _add_bulk(
     return results
 
 
+def _add_batch(
+    jobs: Sequence[BulkJob], owner: Owner | None, limits: TenantLimits | None
+) -> tuple[list[NewJob], set[str]]:
+    """Record ``jobs`` in one statement, then publish the waiting ones and send the events;
+    the records and the ids of those that were new."""
+    records = [
+        NewJob(
+            id=job.opts.job_id or new_job_id(),
+            name=job.name,
+            queue=job.queue,
+            data=job.data,
+            tenant_id=owner.tenant_id if owner else None,
+            user_id=owner.user_id if owner else None,
+            opts=job.opts,
+            celery_ctx=tracing.carried(with_options(job.ctx, job.opts)),
+            priority=tenancy.rank((job.ctx or {}).get("priority")),
+        )
+        for job in jobs
+    ]
+    if not records:
+        return records, set()
+    with transaction() as session:
+        _admit(session, owner, records, limits)
+        created = store.insert_many(session, records)
+    waiting = [
+        ready_job(job, state=job.state)
+        for job in records
+        if job.id in created and job.state == State.WAITING
+    ]
+    if waiting:  # after the commit: a worker that takes a message finds its record
+        with transaction() as session:
+            publish_ready(session, waiting)
+    events.emit_many(
+        [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
+    )
+    return records, created
+
+
+# Bulk adds of this process under way with the collector paused (``_collector_paused``).
+_pausing = 0
+_pausing_lock = threading.Lock()
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic collector off for the block, if it was on (see the module's doc).
 
-    Another thread's bulk add that starts meanwhile finds it off and leaves it to this one
-    to turn back on; a caller that turned it off keeps it off."""
-    paused = gc.isenabled()
-    if paused:
-        gc.disable()
+    Bulk adds in several threads at once: the last to end turns it back on. One that starts
+    while a caller has turned it off leaves it off; a caller that turns it off while a bulk
+    add is under way sees it back on when the add ends. A process forked meanwhile gets it
+    back on at once (``_forked``)."""
+    global _pausing
+    with _pausing_lock:
+        if _pausing == 0 and not gc.isenabled():
+            paused = False
+        else:
+            paused = True
+            _pausing += 1
+            gc.disable()
     try:
         yield
     finally:
         if paused:
-            gc.enable()
+            with _pausing_lock:
+                _pausing -= 1
+                if _pausing == 0:
+                    gc.enable()
+
+
+def _forked() -> None:
+    """In a child forked during a bulk add: no add is under way here, the collector runs."""
+    global _pausing, _pausing_lock
+    _pausing_lock = threading.Lock()
+    if _pausing:
+        _pausing = 0
+        gc.enable()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _admit(

@@ -96,8 +96,8 @@ class JobOptions(_Options):
         it does not know, so a key it lacks there would fail the job on that worker during a
         rolling upgrade; it never reads ``jobs.extra_opts``.
         """
-        if not self.model_fields_set:  # every option left as it is (most bulk adds' jobs)
-            return dict(_DEFAULT_STORED), None
+        if not self.model_fields_set and type(self) is JobOptions:  # all left as they are
+            return dict(_DEFAULT_STORED), None  # (most bulk adds' jobs)
         return self._columns()
 
     def _columns(self) -> tuple[dict[str, Any], dict[str, Any] | None]:

@@ -1,6 +1,8 @@
 """Jobs per state without scanning the jobs table.
 
-A trigger appends ``±1`` deltas on every state change; ``compact`` folds
+Triggers append deltas to ``job_count_deltas``: ``±1`` for each state change,
+and one ``±n`` row per queue, tenant and state for each statement that
+inserts or deletes jobs (a bulk add of 10,000 writes one or two); ``compact`` folds
 them into ``job_counts`` (one compactor at a time, by advisory lock), and
 readers add the compacted counts to whatever deltas are still pending. The
 cost of a read stays flat however many records the queue holds. Counts are
