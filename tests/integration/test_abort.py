@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import uuid
 from dataclasses import dataclass
 
 import pytest
@@ -31,7 +30,7 @@ from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.run import termination
 from tasks.jobs.store import runs
-from tests.support.client import bearer, record, unique, wait_state
+from tests.support.client import bearer, claimed_job, record, unique, wait_state
 from tests.support.ui import PAGE, csrf_token, signed_in
 
 pytestmark = pytest.mark.usefixtures("inline_worker")
@@ -204,15 +203,6 @@ def test_the_dashboard_offers_abort_on_an_active_job_s_page_and_says_what_it_did
 
 
 # --- the end statements' guards (no worker runs these jobs: a queue nobody consumes) -------
-
-
-def claimed_job(**opts) -> runs.ClaimedJob:
-    """A job on a queue no worker consumes, claimed here as a worker would claim it."""
-    job_id = add("test.echo", {}, queue=unique("quiet"), opts=JobOptions(**opts)).job_id
-    with transaction() as session:
-        claimed = runs.claim(session, job_id, uuid.uuid4().hex, 30, "tester@host")
-    assert claimed is not None
-    return claimed
 
 
 def test_is_aborted_says_whether_the_run_should_stop():

@@ -4,29 +4,17 @@ worker would claim it)."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from tasks.db import transaction
-from tasks.jobs import JobOptions, add
 from tasks.jobs.end import finish
 from tasks.jobs.model.options import Deduplication
-from tasks.jobs.store import runs
-from tests.support.client import unique
+from tests.support.client import claimed_job, unique
 from tests.support.databases import jobs_failing_once
 
 pytestmark = pytest.mark.usefixtures("stack")
-
-
-def claimed_job(**opts) -> runs.ClaimedJob:
-    job_id = add("test.echo", {}, queue=unique("quiet"), opts=JobOptions(**opts)).job_id
-    with transaction() as session:
-        claimed = runs.claim(session, job_id, uuid.uuid4().hex, 30, "tester@host")
-    assert claimed is not None
-    return claimed
 
 
 def record(job_id: str) -> dict:

@@ -37,6 +37,20 @@ def record(job_id: str) -> dict[str, Any] | None:
     return describe(job) if job is not None else None
 
 
+def claimed_job(**opts: Any) -> Any:
+    """A job on a queue no worker consumes, claimed here as a worker would claim it (a
+    ``tasks.jobs.store.runs.ClaimedJob``)."""
+    from tasks.db import transaction
+    from tasks.jobs import JobOptions, add
+    from tasks.jobs.store import runs
+
+    job_id = add("test.echo", {}, queue=unique("quiet"), opts=JobOptions(**opts)).job_id
+    with transaction() as session:
+        claimed = runs.claim(session, job_id, uuid.uuid4().hex, 30, "tester@host")
+    assert claimed is not None
+    return claimed
+
+
 def wait_state(job_id: str, *states: str, timeout: float = 30) -> dict[str, Any]:
     def reached() -> dict[str, Any] | None:
         current = record(job_id)
