@@ -55,8 +55,12 @@ def test_a_write_rolled_back_every_time_is_tried_three_times_in_all():
     assert (record(twice.id)["state"], record(thrice.id)["state"]) == ("completed", "active")
 
 
-def test_a_failure_rolled_back_is_written_again():
-    final, again = claimed_job(), claimed_job(attempts=2)
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["statement alone", "transaction"])
+def test_a_failure_rolled_back_is_written_again(in_transaction):
+    def opts() -> dict:
+        return {"deduplication": Deduplication(id=unique("dedup"))} if in_transaction else {}
+
+    final, again = claimed_job(**opts()), claimed_job(attempts=2, **opts())
     with jobs_failing_once(final.id, "40P01", on="UPDATE"):
         assert finish.failed(final, ValueError("boom")) is None
     with jobs_failing_once(again.id, "40P01", on="UPDATE"):

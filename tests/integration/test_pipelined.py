@@ -176,16 +176,24 @@ def test_every_message_gets_its_own_delivery_tag():
     assert len(tags) == 50 == len(set(tags))
 
 
-def test_a_compressed_pipelined_message_reads_as_the_producers():
-    """``task_compression`` (a Celery user's setting): the body compressed, as kombu does."""
+@pytest.mark.parametrize(
+    ("serializer", "compression"),
+    [("json", "zlib"), ("pickle", None), ("pickle", "zlib")],
+    ids=["json compressed", "pickle", "pickle compressed"],
+)
+def test_a_pipelined_message_serialized_or_compressed_reads_as_the_producers(
+    serializer, compression
+):
+    """A Celery user's ``task_serializer`` and ``task_compression``: the body serialized
+    (kombu's registry, past the pipeline's own json encoder) and compressed as kombu does."""
     queue = unique("pipelined")
     body = [[], {"text": "x" * 2000}, {}]
     with app.producer_or_acquire() as producer:
         producer.publish(
             body,
             routing_key=queue,
-            serializer="json",
-            compression="zlib",
+            serializer=serializer,
+            compression=compression,
             headers={"id": "c-1"},
             delivery_mode=2,
             correlation_id="c-1",
@@ -197,9 +205,12 @@ def test_a_compressed_pipelined_message_reads_as_the_producers():
                 queue,
                 headers={"id": "c-1"},
                 properties={"correlation_id": "c-1"},
-                serializer="json",
-                compression="zlib",
+                serializer=serializer,
+                compression=compression,
             )
     by_producer, by_pipeline = items(queue)
-    assert by_pipeline["headers"]["compression"] == "application/x-gzip"
+    assert by_pipeline["content-type"] == by_producer["content-type"]
+    assert by_pipeline["headers"].get("compression") == (
+        "application/x-gzip" if compression else None
+    )
     assert without_tag(by_pipeline) == without_tag(by_producer)
