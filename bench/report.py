@@ -33,11 +33,13 @@ def measured_commit() -> str:
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-def write_report(kind: str, report: dict[str, Any], table: str) -> Path:
-    """``report`` as ``results/<kind>-<UTC timestamp>.json``, its Markdown ``table`` beside
-    it (``.md``); the JSON's path."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+def write_report(
+    kind: str, report: dict[str, Any], table: str, directory: Path = RESULTS_DIR
+) -> Path:
+    """``report`` as ``<directory>/<kind>-<UTC timestamp>.json`` (``bench/results`` by
+    default), its Markdown ``table`` beside it (``.md``); the JSON's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")
     path.with_suffix(".md").write_text(table + "\n")
     return path

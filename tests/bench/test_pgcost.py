@@ -1,0 +1,109 @@
+"""``python -m bench.pgcost``: its variants are what they say, and its parts are their
+differences. The figures themselves are never checked (a shared host's CPU says nothing);
+the WAL is, for every index entry and counter row is WAL whatever the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import pgcost
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _sample(insert: float, claim: float, completion: float) -> dict:
+    return {
+        kind: {"cpu_us": cpu, "wal_bytes": 10 * cpu}
+        for kind, cpu in (("insert", insert), ("claim", claim), ("completion", completion))
+    }
+
+
+def test_parts_are_differences_of_the_variants_medians() -> None:
+    rounds = {
+        pgcost.SHIPPED: [_sample(200, 250, 250), _sample(210, 240, 250), _sample(900, 900, 900)],
+        pgcost.NO_TRIGGERS: [_sample(180, 220, 200)] * 3,
+        pgcost.BARE: [_sample(150, 180, 150)] * 3,
+        pgcost.ASYNC: [_sample(150, 200, 170)] * 3,
+    }
+    costs = pgcost.summary(rounds)
+    shipped = costs["variants"][pgcost.SHIPPED]
+    assert shipped["job"]["cpu_us"] == 700  # the median job, not the sum of the medians
+    assert shipped["insert"]["cpu_us"] == 210
+    parts = costs["parts"]
+    assert parts["counter triggers"]["cpu_us"] == 700 - 600
+    assert parts["secondary indexes"]["cpu_us"] == 600 - 480
+    assert parts["waiting for the commit's flush"]["cpu_us"] == 700 - 520
+    assert parts["counter triggers"]["share"] == pytest.approx(100 / 700)
+    table = pgcost.markdown(
+        costs,
+        {
+            "jobs": 3,
+            "runs": 3,
+            "commit": "c",
+            "started": "s",
+            "cpus": 2,
+            "loadavg": "0",
+            "server": "x",
+            "databases": {pgcost.SHIPPED: {"indexes": 15}},
+        },
+    )
+    assert "; 15 indexes on `jobs` as shipped." in table
+    assert "| as shipped | 210 µs | 250 µs | 250 µs | 700 µs | 7,000 B |" in table
+    assert "- counter triggers: 100 µs a job (14% of the server's CPU per job)" in table
+
+
+@pytest.mark.timeout(150)
+def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) -> None:
+    # The suite's conftest points KEEL_* at its own servers: the run starts its own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    env["TMPDIR"] = str(tmp_path)
+    out = tmp_path / "results"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.pgcost",
+            "--jobs",
+            "300",
+            "--runs",
+            "1",
+            "--results-dir",
+            str(out),
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [report] = out.glob("pgcost-*.json")
+    body = json.loads(report.read_text())
+    assert (out / report.name.replace(".json", ".md")).read_text().startswith("## Postgres")
+    databases = body["meta"]["databases"]
+    indexes = databases[pgcost.SHIPPED]["indexes"]
+    triggers = len(pgcost.COUNT_TRIGGERS)
+    assert indexes > 1 and triggers == 3
+    assert databases == {
+        pgcost.SHIPPED: {"indexes": indexes, "count_triggers": 3, "synchronous_commit": "on"},
+        pgcost.NO_TRIGGERS: {"indexes": indexes, "count_triggers": 0, "synchronous_commit": "on"},
+        pgcost.BARE: {"indexes": 1, "count_triggers": 0, "synchronous_commit": "on"},
+        pgcost.ASYNC: {"indexes": indexes, "count_triggers": 3, "synchronous_commit": "off"},
+    }
+    variants = body["per_job"]["variants"]
+    assert list(variants) == list(pgcost.VARIANTS)
+    wal = {name: variant["job"]["wal_bytes"] for name, variant in variants.items()}
+    # Counter rows and index entries are WAL: each variant without them writes less, by
+    # about 1,100 and 1,700 bytes a job (4,400 as shipped); the flush changes no write.
+    assert wal[pgcost.SHIPPED] - wal[pgcost.NO_TRIGGERS] > 500
+    assert wal[pgcost.NO_TRIGGERS] - wal[pgcost.BARE] > 800
+    assert abs(wal[pgcost.ASYNC] - wal[pgcost.SHIPPED]) < 200
+    for variant in variants.values():
+        assert all(variant[kind]["cpu_us"] >= 0 for kind in pgcost.KINDS)
+    assert variants[pgcost.SHIPPED]["select 1"]["cpu_us"] >= 0
