@@ -12,6 +12,10 @@ TEMPLATE``):
 - ``synchronous_commit off``: as shipped, but a commit does not wait for its WAL flush.
   A reference only: Keel keeps it on (a crash could otherwise run a handler twice).
 
+Two more rows run the shipped database's claims and completions ``--batch`` jobs at a time
+(the same statements, ``id = ANY(...)`` for ``id = ...``, one lock token for the batch):
+what batching them per worker process would save the server. Keel does not batch them.
+
 One connection runs the statements of Keel's hot path, their SQL text taken from
 ``tasks.jobs.store`` (each its own transaction, as ``tasks.db.run_alone`` runs them):
 the insert of ``jobs`` added one by one, their claims, then their completions. The
@@ -21,7 +25,7 @@ server's backend for that connection is read around each kind: its CPU
 A B C D, ...); the report gives medians per job. A ``SELECT 1`` per round gives the
 floor of any statement (the protocol's round, no commit).
 
-    python -m bench.pgcost [--jobs 3000] [--runs 3] [--results-dir DIR]
+    python -m bench.pgcost [--jobs 3000] [--runs 3] [--batch 4 16] [--results-dir DIR]
 
 Uses the embedded Postgres unless ``KEEL_DATABASE_URL`` is set (a server on this
 machine, whose account may create databases). Writes
@@ -73,8 +77,23 @@ def statements() -> dict[str, str]:
     }
 
 
-def parameters(ids: list[str]) -> dict[str, Callable[[], Iterable[dict[str, Any]]]]:
-    """Each kind's parameters for ``ids``, as Keel's add, claim and completion pass them."""
+def batched(texts: dict[str, str]) -> dict[str, str]:
+    """The claim and completion of several jobs a statement: ``id = ANY(%(ids)s)``."""
+    out = dict(texts)
+    for kind, one in (("claim", "id = %(id)s FOR UPDATE"), ("completion", "id = %(id)s AND")):
+        if one not in texts[kind]:
+            raise RuntimeError(f"the {kind}'s SQL no longer reads {one!r}: update bench.pgcost")
+        out[kind] = texts[kind].replace(one, one.replace("= %(id)s", "= ANY(%(ids)s)"))
+    return out
+
+
+def batch_name(size: int) -> str:
+    return f"claims and completions {size} a statement"
+
+
+def parameters(ids: list[str], batch: int = 1) -> dict[str, Callable[[], Iterable[dict[str, Any]]]]:
+    """Each kind's parameters for ``ids``, as Keel's add, claim and completion pass them;
+    ``batch``: the claims' and completions' ids ``batch`` at a time (``batched``)."""
     from tasks.jobs.model.options import JobOptions
     from tasks.jobs.store.jobs import NewJob, row_of
 
@@ -95,10 +114,16 @@ def parameters(ids: list[str]) -> dict[str, Callable[[], Iterable[dict[str, Any]
             )
             yield {**row_of(job), "up_to": 0}
 
+    def keys() -> Iterable[dict[str, Any]]:
+        if batch == 1:
+            yield from ({"id": job_id} for job_id in ids)
+        else:
+            yield from ({"ids": ids[at : at + batch]} for at in range(0, len(ids), batch))
+
     def claim() -> Iterable[dict[str, Any]]:
-        for job_id in ids:
+        for key in keys():
             yield {
-                "id": job_id,
+                **key,
                 "token": token,
                 "lock_s": 30.0,
                 "worker": "pgcost@host",
@@ -107,8 +132,8 @@ def parameters(ids: list[str]) -> dict[str, Callable[[], Iterable[dict[str, Any]
             }
 
     def completion() -> Iterable[dict[str, Any]]:
-        for job_id in ids:
-            yield {"id": job_id, "token": token, "result": "null", "run_patch": done}
+        for key in keys():
+            yield {**key, "token": token, "result": "null", "run_patch": done}
 
     return {"insert": insert, "claim": claim, "completion": completion}
 
@@ -227,13 +252,19 @@ def described(url: str) -> dict[str, Any]:
         }
 
 
-def one_round(variant_url: str, texts: dict[str, str], n: int, floor: bool) -> dict:
-    """``n`` jobs through the three statements in one variant's database; emptied after."""
+def one_round(variant_url: str, texts: dict[str, str], n: int, floor: bool, batch: int = 1) -> dict:
+    """``n`` jobs through the three statements in one variant's database (the claims and
+    completions ``batch`` at a time); emptied after."""
     backend = Backend(variant_url)
     try:
         ids = [f"pgcost-{uuid.uuid4().hex}" for _ in range(n)]
-        params = parameters(ids)
+        params = parameters(ids, batch)
         out = {kind: backend.measured(texts[kind], params[kind](), n) for kind in KINDS}
+        completed = backend.conn.execute(
+            "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND state = 'completed'", (ids,)
+        ).fetchone()[0]  # type: ignore[index]
+        if completed != n:  # every statement did its work, or the figures mean nothing
+            raise RuntimeError(f"{completed} of {n} jobs completed in {variant_url}")
         if floor:
             out["select 1"] = backend.measured("SELECT 1", ({} for _ in range(n)), n)
         backend.conn.execute("DELETE FROM jobs WHERE id = ANY(%s)", (ids,))
@@ -268,6 +299,9 @@ def summary(rounds: dict[str, list[dict]]) -> dict[str, Any]:
         "secondary indexes": job[NO_TRIGGERS] - job[BARE],
         "waiting for the commit's flush": job[SHIPPED] - job[ASYNC],
     }
+    for variant in job:
+        if variant not in VARIANTS:  # a batched run (``batch_name``): what batching saves
+            parts[f"saved by {variant}"] = job[SHIPPED] - job[variant]
     out["parts"] = {
         name: {"cpu_us": value, "share": value / shipped if shipped else None}
         for name, value in parts.items()
@@ -314,6 +348,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--jobs", type=int, default=3000, help="jobs per variant and run")
     parser.add_argument("--runs", type=int, default=3, help="runs over every variant")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs="*",
+        default=[4, 16],
+        help="also claims and completions this many a statement (as shipped otherwise)",
+    )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args(argv)
 
@@ -332,11 +373,18 @@ def main(argv: list[str] | None = None) -> int:
         texts = statements()
         urls = make_variants(url)
         rounds: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
+        for size in args.batch:
+            rounds[batch_name(size)] = []
         for run in range(args.runs):
             for variant in VARIANTS:
                 log(f"run {run + 1}/{args.runs}: {variant}, {args.jobs} jobs")
                 rounds[variant].append(
                     one_round(urls[variant], texts, args.jobs, floor=variant == SHIPPED)
+                )
+            for size in args.batch:
+                log(f"run {run + 1}/{args.runs}: {batch_name(size)}, {args.jobs} jobs")
+                rounds[batch_name(size)].append(
+                    one_round(urls[SHIPPED], batched(texts), args.jobs, False, size)
                 )
         databases = {variant: described(variant_url) for variant, variant_url in urls.items()}
         meta = {

@@ -30,6 +30,7 @@ def test_parts_are_differences_of_the_variants_medians() -> None:
         pgcost.NO_TRIGGERS: [_sample(180, 220, 200)] * 3,
         pgcost.BARE: [_sample(150, 180, 150)] * 3,
         pgcost.ASYNC: [_sample(150, 200, 170)] * 3,
+        pgcost.batch_name(8): [_sample(200, 100, 80)] * 3,
     }
     costs = pgcost.summary(rounds)
     shipped = costs["variants"][pgcost.SHIPPED]
@@ -40,6 +41,7 @@ def test_parts_are_differences_of_the_variants_medians() -> None:
     assert parts["secondary indexes"]["cpu_us"] == 600 - 480
     assert parts["waiting for the commit's flush"]["cpu_us"] == 700 - 520
     assert parts["counter triggers"]["share"] == pytest.approx(100 / 700)
+    assert parts["saved by claims and completions 8 a statement"]["cpu_us"] == 700 - 380
     table = pgcost.markdown(
         costs,
         {
@@ -73,6 +75,8 @@ def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) ->
             "300",
             "--runs",
             "1",
+            "--batch",
+            "4",
             "--results-dir",
             str(out),
         ],
@@ -97,7 +101,7 @@ def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) ->
         pgcost.ASYNC: {"indexes": indexes, "count_triggers": 3, "synchronous_commit": "off"},
     }
     variants = body["per_job"]["variants"]
-    assert list(variants) == list(pgcost.VARIANTS)
+    assert list(variants) == [*pgcost.VARIANTS, pgcost.batch_name(4)]
     wal = {name: variant["job"]["wal_bytes"] for name, variant in variants.items()}
     # Counter rows and index entries are WAL: each variant without them writes less, by
     # about 1,100 and 1,700 bytes a job (4,400 as shipped); the flush changes no write.
