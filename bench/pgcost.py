@@ -28,7 +28,8 @@ floor of any statement (the protocol's round, no commit).
     python -m bench.pgcost [--jobs 3000] [--runs 3] [--batch 4 16] [--results-dir DIR]
 
 Uses the embedded Postgres unless ``KEEL_DATABASE_URL`` is set (a server on this
-machine, whose account may create databases). Writes
+machine, whose account may create databases, and a database nobody else is connected to:
+it is the variants' template). Writes
 ``bench/results/pgcost-<UTC timestamp>.md`` / ``.json``.
 """
 
