@@ -1,29 +1,31 @@
 """Postgres's cost per job, taken apart: what its insert, claim and completion cost the
-server, and how much of that the counter triggers, the secondary indexes and the wait
-for the commit's flush are.
+server, and how much of that the counter triggers, the secondary indexes and flushing
+each commit before it answers are.
 
 Each variant is a database cloned from Keel's migrated one (``CREATE DATABASE ...
-TEMPLATE``):
+TEMPLATE``: a copy of everything in it, data included):
 
 - ``as shipped``;
 - ``no counter triggers``: the ``jobs_count_*`` triggers (``job_count_deltas``) disabled;
 - ``no triggers, no secondary indexes``: those, and every index on ``jobs`` but its
   primary key dropped;
-- ``synchronous_commit off``: as shipped, but a commit does not wait for its WAL flush.
-  A reference only: Keel keeps it on (a crash could otherwise run a handler twice).
+- ``synchronous_commit off``: as shipped, but a commit does not wait for its WAL flush
+  (the WAL writer flushes it later). A reference only: Keel keeps it on (a crash could
+  otherwise lose a claim or a completion and run a handler twice).
 
 Two more rows run the shipped database's claims and completions ``--batch`` jobs at a time
 (the same statements, ``id = ANY(...)`` for ``id = ...``, one lock token for the batch):
 what batching them per worker process would save the server. Keel does not batch them.
 
 One connection runs the statements of Keel's hot path, their SQL text taken from
-``tasks.jobs.store`` (each its own transaction, as ``tasks.db.run_alone`` runs them):
-the insert of ``jobs`` added one by one, their claims, then their completions. The
-server's backend for that connection is read around each kind: its CPU
-(``/proc/<pid>/stat``, so the server must run on this machine) and the WAL it wrote
-(``pg_current_wal_insert_lsn``). The variants alternate within each run (A B C D,
-A B C D, ...); the report gives medians per job. A ``SELECT 1`` per round gives the
-floor of any statement (the protocol's round, no commit).
+``tasks.jobs.store`` (each its own transaction, as ``tasks.db.run_alone`` runs them),
+with the parameters Keel passes for a top-level job (no canvas context): the insert of
+``jobs`` added one by one, their claims, then their completions. Around each kind the
+server's CPU is read for that connection's backend and the WAL writer (``/proc``: the
+server must run on this machine), and the WAL written (``pg_current_wal_insert_lsn``,
+the whole server's: the variants' tables are not autovacuumed meanwhile). The variants
+alternate within each run (A B C D ..., A B C D ...); the report gives medians per job. A
+``SELECT 1`` per round gives the floor of any statement (the protocol's round, no commit).
 
     python -m bench.pgcost [--jobs 3000] [--runs 3] [--batch 4 16] [--results-dir DIR]
 
@@ -95,6 +97,7 @@ def batch_name(size: int) -> str:
 def parameters(ids: list[str], batch: int = 1) -> dict[str, Callable[[], Iterable[dict[str, Any]]]]:
     """Each kind's parameters for ``ids``, as Keel's add, claim and completion pass them;
     ``batch``: the claims' and completions' ids ``batch`` at a time (``batched``)."""
+    from tasks.jobs.intake import tenancy
     from tasks.jobs.model.options import JobOptions
     from tasks.jobs.store.jobs import NewJob, row_of
 
@@ -113,7 +116,7 @@ def parameters(ids: list[str], batch: int = 1) -> dict[str, Callable[[], Iterabl
                 opts=opts,
                 priority=0,
             )
-            yield {**row_of(job), "up_to": 0}
+            yield {**row_of(job), "up_to": tenancy.LOAD_STEPS[-1]}  # as Keel's add
 
     def keys() -> Iterable[dict[str, Any]]:
         if batch == 1:
@@ -139,24 +142,52 @@ def parameters(ids: list[str], batch: int = 1) -> dict[str, Callable[[], Iterabl
     return {"insert": insert, "claim": claim, "completion": completion}
 
 
+def _cpu_s(pid: int) -> float:
+    """The CPU time ``pid`` has run: the scheduler's nanoseconds where the kernel keeps them
+    (``schedstat``), else ``stat``'s clock ticks (10 ms each)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as schedstat:
+            return int(schedstat.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+
+
+def _postgres_process(pid: int) -> None:
+    """Refuse a pid that is not a Postgres process here (a server in a container reports
+    pids of its own namespace)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            found = b"postgres" in cmdline.read()
+    except OSError as exc:
+        raise SystemExit(
+            f"cannot read the server's process {pid} ({exc}): "
+            "python -m bench.pgcost needs the Postgres server on this machine"
+        ) from exc
+    if not found:
+        raise SystemExit(
+            f"process {pid} here is not the server's: python -m bench.pgcost needs the "
+            "Postgres server on this machine, in this process namespace"
+        )
+
+
 class Backend:
-    """One autocommit connection to a database, and its server process's CPU and WAL."""
+    """One autocommit connection to a database; the CPU of its server process and of the
+    WAL writer (which flushes what a commit that does not wait leaves), and the WAL."""
 
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
-        self.pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-        try:
-            self.cpu_s()
-        except OSError as exc:
-            raise SystemExit(
-                f"cannot read the server's process {self.pid} ({exc}): "
-                "python -m bench.pgcost needs the Postgres server on this machine"
-            ) from exc
+        pid = self.conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        writer = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+        ).fetchone()
+        self.pids = [int(pid), *([int(writer[0])] if writer and writer[0] else [])]
+        for server_pid in self.pids:
+            _postgres_process(server_pid)
 
     def cpu_s(self) -> float:
-        with open(f"/proc/{self.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime + stime
+        return sum(_cpu_s(pid) for pid in self.pids)
 
     def wal(self) -> str:
         return str(self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0])  # type: ignore[index]
@@ -168,7 +199,9 @@ class Backend:
         return float(row[0])  # type: ignore[index]
 
     def measured(self, statement: str, params: Iterable[dict[str, Any]], n: int) -> dict:
-        """Run ``statement`` once per parameter set: server CPU (µs) and WAL (bytes) per job."""
+        """Run ``statement`` once per parameter set: server CPU (µs) and WAL (bytes) per job.
+        The WAL is the cluster's: the variants' tables are not vacuumed meanwhile
+        (``make_variants``), but another database's work would count."""
         cpu, lsn = self.cpu_s(), self.wal()
         for values in params:
             self.conn.execute(statement, values)  # type: ignore[arg-type]
@@ -183,22 +216,31 @@ def _database_url(url: str, name: str) -> str:
     return conninfo.make_conninfo(url, dbname=name)
 
 
-def make_variants(url: str) -> dict[str, str]:
-    """One database per variant, cloned from ``url``'s (nobody may be connected to it)."""
-    source = conninfo.conninfo_to_dict(url)["dbname"] or "postgres"
+def make_variants(url: str, urls: dict[str, str]) -> None:
+    """One database per variant into ``urls`` (each added once created, for the caller to
+    drop whatever happens), cloned from ``url``'s, which nobody may be connected to. Their
+    ``jobs`` and ``job_count_deltas`` are left to the rounds' own ``VACUUM`` (no
+    autovacuum: its WAL would count)."""
+    with psycopg.connect(url) as conn:
+        source = str(conn.execute("SELECT current_database()").fetchone()[0])  # type: ignore[index]
     suffix = uuid.uuid4().hex[:8]
-    urls: dict[str, str] = {}
     with psycopg.connect(_database_url(url, "template1"), autocommit=True) as admin:
         for i, variant in enumerate(VARIANTS):
             name = f"keel_pgcost_{i}_{suffix}"
             admin.execute(
                 sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                    sql.Identifier(name), sql.Identifier(str(source))
+                    sql.Identifier(name), sql.Identifier(source)
                 )
             )
             urls[variant] = _database_url(url, name)
     for variant, variant_url in urls.items():
         with psycopg.connect(variant_url, autocommit=True) as conn:
+            for table in ("jobs", "job_count_deltas"):
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = off)").format(
+                        sql.Identifier(table)
+                    )
+                )
             if variant in (NO_TRIGGERS, BARE):
                 for trigger in COUNT_TRIGGERS:
                     conn.execute(
@@ -223,7 +265,6 @@ def make_variants(url: str) -> dict[str, str]:
                         sql.Identifier(conninfo.conninfo_to_dict(variant_url)["dbname"])
                     )
                 )
-    return urls
 
 
 def drop_variants(url: str, urls: dict[str, str]) -> None:
@@ -288,6 +329,12 @@ def summary(rounds: dict[str, list[dict]]) -> dict[str, Any]:
             }
             for kind in kinds
         }
+        medians["claim and completion"] = {
+            "cpu_us": median(s["claim"]["cpu_us"] + s["completion"]["cpu_us"] for s in samples),
+            "wal_bytes": median(
+                s["claim"]["wal_bytes"] + s["completion"]["wal_bytes"] for s in samples
+            ),
+        }
         medians["job"] = {
             "cpu_us": median(sum(s[k]["cpu_us"] for k in KINDS) for s in samples),
             "wal_bytes": median(sum(s[k]["wal_bytes"] for k in KINDS) for s in samples),
@@ -298,11 +345,12 @@ def summary(rounds: dict[str, list[dict]]) -> dict[str, Any]:
     parts = {
         "counter triggers": job[SHIPPED] - job[NO_TRIGGERS],
         "secondary indexes": job[NO_TRIGGERS] - job[BARE],
-        "waiting for the commit's flush": job[SHIPPED] - job[ASYNC],
+        "flushing each commit's WAL before it answers": job[SHIPPED] - job[ASYNC],
     }
+    ran = {variant: m["claim and completion"]["cpu_us"] for variant, m in out["variants"].items()}
     for variant in job:
         if variant not in VARIANTS:  # a batched run (``batch_name``): what batching saves
-            parts[f"saved by {variant}"] = job[SHIPPED] - job[variant]
+            parts[f"saved by {variant}"] = ran[SHIPPED] - ran[variant]
     out["parts"] = {
         name: {"cpu_us": value, "share": value / shipped if shipped else None}
         for name, value in parts.items()
@@ -333,7 +381,7 @@ def markdown(costs: dict[str, Any], meta: dict[str, Any]) -> str:
         share = part["share"]
         lines.append(
             f"- {name}: {part['cpu_us']:.0f} µs a job"
-            + (f" ({100 * share:.0f}% of the server's CPU per job)" if share is not None else "")
+            + (f" ({100 * share:.0f}% of the statements' server CPU per job)" if share else "")
         )
     floor = costs["variants"][SHIPPED].get("select 1")
     if floor:
@@ -372,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         db.dispose()  # nobody may be connected to the database the variants are cloned from
         url = os.environ["KEEL_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
         texts = statements()
-        urls = make_variants(url)
+        make_variants(url, urls)
         rounds: dict[str, list[dict]] = {variant: [] for variant in VARIANTS}
         for size in args.batch:
             rounds[batch_name(size)] = []
@@ -399,9 +447,11 @@ def main(argv: list[str] | None = None) -> int:
             "databases": databases,
         }
     finally:
-        if urls:
-            drop_variants(url, urls)
-        env.stop()
+        try:
+            if urls:
+                drop_variants(url, urls)
+        finally:
+            env.stop()
     costs = summary(rounds)
     table = markdown(costs, meta)
     print(table)

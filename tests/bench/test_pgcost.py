@@ -39,9 +39,10 @@ def test_parts_are_differences_of_the_variants_medians() -> None:
     parts = costs["parts"]
     assert parts["counter triggers"]["cpu_us"] == 700 - 600
     assert parts["secondary indexes"]["cpu_us"] == 600 - 480
-    assert parts["waiting for the commit's flush"]["cpu_us"] == 700 - 520
+    assert parts["flushing each commit's WAL before it answers"]["cpu_us"] == 700 - 520
     assert parts["counter triggers"]["share"] == pytest.approx(100 / 700)
-    assert parts["saved by claims and completions 8 a statement"]["cpu_us"] == 700 - 380
+    # A batch saves on claims and completions only: its insert's noise is not counted.
+    assert parts["saved by claims and completions 8 a statement"]["cpu_us"] == 490 - 180
     table = pgcost.markdown(
         costs,
         {
@@ -57,7 +58,27 @@ def test_parts_are_differences_of_the_variants_medians() -> None:
     )
     assert "; 15 indexes on `jobs` as shipped." in table
     assert "| as shipped | 210 µs | 250 µs | 250 µs | 700 µs | 7,000 B |" in table
-    assert "- counter triggers: 100 µs a job (14% of the server's CPU per job)" in table
+    assert "- counter triggers: 100 µs a job (14% of the statements' server CPU per job)" in table
+
+
+def test_batched_statements_take_every_id_once() -> None:
+    texts = pgcost.statements()
+    batched = pgcost.batched(texts)
+    assert batched["insert"] == texts["insert"]
+    for kind in ("claim", "completion"):
+        assert "%(id)s" in texts[kind] and "%(id)s" not in batched[kind]
+        assert batched[kind].count("= ANY(%(ids)s)") == 1
+    ids = [f"job-{i}" for i in range(10)]
+    params = pgcost.parameters(ids, batch=4)
+    for kind in ("claim", "completion"):
+        chunks = [p["ids"] for p in params[kind]()]
+        assert chunks == [ids[0:4], ids[4:8], ids[8:10]]  # the short last one too
+    one = pgcost.parameters(ids)
+    assert [p["id"] for p in one["claim"]()] == ids == [p["id"] for p in one["completion"]()]
+    inserts = list(one["insert"]())
+    assert [p["id"] for p in inserts] == ids
+    # The bound of the jobs-ahead count Keel's add passes (tasks.jobs.intake.enqueue).
+    assert {p["up_to"] for p in inserts} == {16}
 
 
 @pytest.mark.timeout(150)
@@ -92,8 +113,7 @@ def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) ->
     assert (out / report.name.replace(".json", ".md")).read_text().startswith("## Postgres")
     databases = body["meta"]["databases"]
     indexes = databases[pgcost.SHIPPED]["indexes"]
-    triggers = len(pgcost.COUNT_TRIGGERS)
-    assert indexes > 1 and triggers == 3
+    assert indexes > 1
     assert databases == {
         pgcost.SHIPPED: {"indexes": indexes, "count_triggers": 3, "synchronous_commit": "on"},
         pgcost.NO_TRIGGERS: {"indexes": indexes, "count_triggers": 0, "synchronous_commit": "on"},
@@ -107,7 +127,6 @@ def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) ->
     # about 1,100 and 1,700 bytes a job (4,400 as shipped); the flush changes no write.
     assert wal[pgcost.SHIPPED] - wal[pgcost.NO_TRIGGERS] > 500
     assert wal[pgcost.NO_TRIGGERS] - wal[pgcost.BARE] > 800
-    assert abs(wal[pgcost.ASYNC] - wal[pgcost.SHIPPED]) < 200
-    for variant in variants.values():
-        assert all(variant[kind]["cpu_us"] >= 0 for kind in pgcost.KINDS)
-    assert variants[pgcost.SHIPPED]["select 1"]["cpu_us"] >= 0
+    assert abs(wal[pgcost.ASYNC] - wal[pgcost.SHIPPED]) < 0.1 * wal[pgcost.SHIPPED]
+    # Batched, the claims and completions write the same rows, in fewer commits.
+    assert wal[pgcost.batch_name(4)] < wal[pgcost.SHIPPED] + 0.1 * wal[pgcost.SHIPPED]
