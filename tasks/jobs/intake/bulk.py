@@ -89,17 +89,17 @@ def add_bulk(
                 )
             )
             continue
-        record = next(added)
+        record, state = next(added)
         new = record.id in created
-        results.append(AddedJob(record.id, new, str(record.state) if new else "existing"))
+        results.append(AddedJob(record.id, new, str(state) if new else "existing"))
     return results
 
 
 def _add_batch(
     jobs: Sequence[BulkJob], owner: Owner | None, limits: TenantLimits | None
-) -> tuple[list[NewJob], set[str]]:
+) -> tuple[list[tuple[NewJob, State]], set[str]]:
     """Record ``jobs`` in one statement, then publish the waiting ones and send the events;
-    the records and the ids of those that were new."""
+    the records with their states, and the ids of those that were new."""
     records = [
         NewJob(
             id=job.opts.job_id or new_job_id(),
@@ -115,22 +115,23 @@ def _add_batch(
         for job in jobs
     ]
     if not records:
-        return records, set()
+        return [], set()
     with transaction() as session:
         _admit(session, owner, records, limits)
         created = store.insert_many(session, records)
+    states = [(job, job.state) for job in records]  # a property: read once a job
     waiting = [
-        ready_job(job, state=job.state)
-        for job in records
-        if job.id in created and job.state == State.WAITING
+        ready_job(job, state=state)
+        for job, state in states
+        if state == State.WAITING and job.id in created
     ]
     if waiting:  # after the commit: a worker that takes a message finds its record
         with transaction() as session:
             publish_ready(session, waiting)
     events.emit_many(
-        [(job.queue, str(job.state), job.id, job.name) for job in records if job.id in created]
+        [(job.queue, str(state), job.id, job.name) for job, state in states if job.id in created]
     )
-    return records, created
+    return states, created
 
 
 # Bulk adds of this process under way with the collector paused (``_collector_paused``).

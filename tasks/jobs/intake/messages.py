@@ -317,6 +317,7 @@ def _push_events(producer: Any, batch: Pipelined, sent: list[dict[str, Any]]) ->
         properties={},
         serializer=dispatcher.serializer,
         delivery_mode=dispatcher.delivery_mode,
+        plain_body=True,  # Celery's event fields: text, numbers, None
     )
 
 
