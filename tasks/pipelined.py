@@ -10,24 +10,25 @@ yields a ``Pipelined`` over one redis-py pipeline of Keel's Redis channel
 as the producer would (kombu's serializer registry), then hands the message to
 the channel's own ``prepare_message`` and ``_inplace_augment_message`` (which
 encode the body and give it its delivery tag) and pushes it to the queue's
-priority list the channel names, as the channel's ``basic_publish`` would; a
-message for an exchange (a fanout's pub/sub channel), for a queue with an
-expiry, or with commands riding along goes through ``basic_publish`` itself.
+priority list the channel names, as the channel's ``basic_publish`` would, and a
+message for a fanout exchange (Flower's events) to its pub/sub channels, as the
+channel's ``_put_fanout`` would; a message for another exchange, for a queue with
+an expiry, or with commands riding along goes through ``basic_publish`` itself.
 Either way a message reads exactly as one the producer sent
 (``tests/integration/test_pipelined.py``). Consecutive LPUSHes to one list go
 as one multi-value LPUSH (Redis pushes the values in order: the list
 reads as after one LPUSH each).
 
 The message the channel writes, and a body of Keel's own that the caller says holds
-plain values (``plain_body``: Flower's ``task-sent`` events), are JSON written by orjson,
-at a tenth of the standard encoder's cost. What orjson would not write as kombu's
-encoder does (a subclass of ``str``, ``int``, ``dict`` or ``list``, a datetime, a
-dataclass, an integer past 64 bits) goes to kombu's encoder, whole; a UUID or a NaN
-would be written differently, and neither is in a message's headers or properties: the
-call's headers were recorded first, as JSON (a UUID is refused there, a NaN by Postgres's
-``jsonb``), and Celery's own are text and numbers. A job's body (its data) stays with kombu's encoder.
-orjson writes no spaces and leaves non-ASCII text as UTF-8 where the standard encoder
-escapes it: the same JSON to any reader.
+plain values (``plain_body``: Flower's ``task-sent`` events), are JSON written by
+orjson, at a tenth of the standard encoder's cost. What orjson would not write as
+kombu's encoder does (a subclass of ``str``, ``int``, ``dict`` or ``list``, a
+datetime, a dataclass, an integer past 64 bits) goes to kombu's encoder, whole; a
+UUID or a NaN would be written differently, and neither is in a message's headers or
+properties: the call's headers were recorded first, as JSON (a UUID is refused there,
+a NaN by Postgres's ``jsonb``), and Celery's own are text and numbers. A job's body
+(its data) stays with kombu's encoder. orjson writes no spaces and leaves non-ASCII
+text as UTF-8 where the standard encoder escapes it: the same JSON to any reader.
 
 Commands that ride along with the next publish (``tasks.transport.riding``)
 go first in the pipeline, as they do in kombu's publish batch; a rider's error is
@@ -53,6 +54,7 @@ from kombu.compression import compress
 from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, registry
+from kombu.transport import redis as kombu_redis
 from kombu.utils import json
 
 from tasks.transport import _RIDERS, Channel
@@ -113,7 +115,13 @@ class Pipelined:
         message = channel.prepare_message(
             data, priority, content_type, content_encoding, headers, properties
         )
-        if exchange or routing_key in channel._expires or _RIDERS.get():
+        if exchange and _fanout(channel, exchange) and not _RIDERS.get():
+            # kombu's ``_put_fanout`` into this batch, the message written by ``_json``
+            channel._inplace_augment_message(message, exchange, routing_key)
+            payload = _json(message)
+            for topic in channel._get_publish_topics(exchange, routing_key):
+                self.add("publish", topic, payload)
+        elif exchange or routing_key in channel._expires or _RIDERS.get():
             channel.basic_publish(message, exchange, routing_key, _publish_batch=self)
         else:  # a queue's list: what kombu's ``basic_publish`` and ``_put`` would add, at once
             channel._inplace_augment_message(message, exchange, routing_key)
@@ -188,6 +196,14 @@ def _json(value: Any) -> bytes | str:
         return orjson.dumps(value, default=_leave, option=_PLAIN_ONLY)
     except TypeError:  # orjson.JSONEncodeError is one: not plain values, or a big int
         return _JSON.encode(value)
+
+
+def _fanout(channel: Channel, exchange: str) -> bool:
+    """Whether ``exchange`` is a fanout that kombu's Redis channel delivers itself."""
+    return bool(
+        channel.typeof(exchange).type == "fanout"
+        and type(channel)._put_fanout is kombu_redis.Channel._put_fanout
+    )
 
 
 def _serialized(body: Any, serializer: str, plain: bool = False) -> tuple[str, str, str]:

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
+
 from tasks import broker
 from tasks.broker import redis_client
 from tasks.jobs.observe import metrics
@@ -185,7 +187,7 @@ def _add_many(pipe: Any, batch: list[Event]) -> None:
         for field, value in event.entry.items():
             row += (field, value)
         rows.append(row)
-    pipe.eval(_ADD_MANY, len(streams), *streams, STREAM_MAXLEN, json.dumps(rows))
+    pipe.eval(_ADD_MANY, len(streams), *streams, STREAM_MAXLEN, orjson.dumps(rows))  # text
     counts: dict[tuple[str, str, str | None], int] = {}  # once in the pipeline: as ``count``
     for event in batch:
         if not event.counted:
