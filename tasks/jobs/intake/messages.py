@@ -173,19 +173,25 @@ class Message:
 
     def push(self, batch: Pipelined) -> None:
         """Add the message to ``batch`` (Redis), as ``publish`` would send it."""
-        settings = _settings()
+        if _unheard():  # no receiver of the publish signals: nothing to send them to
+            self._push(batch)
+            return
         with self._signalled(None):  # what a receiver changes in them goes out
-            properties = dict(self.properties)
-            priority = properties.pop("priority", 0)
-            batch.publish(
-                self.body,
-                self.queue,
-                headers=self.headers,
-                properties=properties,
-                serializer=settings.serializer,
-                compression=settings.compression,
-                priority=priority,
-            )
+            self._push(batch)
+
+    def _push(self, batch: Pipelined) -> None:
+        settings = _settings()
+        properties = dict(self.properties)
+        priority = properties.pop("priority", 0)
+        batch.publish(
+            self.body,
+            self.queue,
+            headers=self.headers,
+            properties=properties,
+            serializer=settings.serializer,
+            compression=settings.compression,
+            priority=priority,
+        )
 
     @contextmanager
     def _signalled(self, declare: list[Any] | None) -> Iterator[None]:
@@ -279,6 +285,13 @@ def announce(producer: Any, sent: list[dict[str, Any]]) -> None:
         broker.publish(lambda p: send_events(p, sent), producer)
     except Exception as exc:
         log.warning("task-sent events of %d jobs not sent: %r", len(sent), exc)
+
+
+def _unheard() -> bool:
+    """Whether nothing listens to Celery's ``before_task_publish`` and ``after_task_publish``
+    (OpenTelemetry's instrumentation does, when tracing is on; the trace a record carries is
+    restored for them alone)."""
+    return not signals.before_task_publish.receivers and not signals.after_task_publish.receivers
 
 
 def send_events(producer: Any, sent: list[dict[str, Any]]) -> None:

@@ -231,8 +231,17 @@ def priorities(session: Session, jobs: list[tuple[str, str | None, str, int]]) -
             ahead[(tenant, queue, rank_)] = counted - mine
     placed: dict[tuple[str | None, str], Counter[int]] = {}
     found: dict[str, int] = {}
+    # A party with one rank in the batch (a bulk add's usual case): every job of it placed
+    # earlier is at or before the next, so counting them is enough.
+    one_rank = {party: 0 for party, ranks in in_batch.items() if len(ranks) == 1}
     for job_id, tenant, queue, rank_ in jobs:
-        earlier = placed.setdefault((tenant, queue), Counter())
+        party = (tenant, queue)
+        if party in one_rank:
+            earlier_count = one_rank[party]
+            one_rank[party] = earlier_count + 1
+            found[job_id] = priority_for(max(0, ahead[(tenant, queue, rank_)] + earlier_count))
+            continue
+        earlier = placed.setdefault(party, Counter())
         before = ahead[(tenant, queue, rank_)] + _at_or_before(earlier, rank_)
         found[job_id] = priority_for(max(0, before))
         earlier[rank_] += 1
