@@ -19,16 +19,17 @@ Either way a message reads exactly as one the producer sent
 as one multi-value LPUSH (Redis pushes the values in order: the list
 reads as after one LPUSH each).
 
-The message the channel writes, and a body of Keel's own that the caller says holds
-plain values (``plain_body``: Flower's ``task-sent`` events), are JSON written by
+The message the channel writes, and a body the caller says holds plain values
+(``plain_body``: a Keel job's, Flower's ``task-sent`` events), are JSON written by
 orjson, at a tenth of the standard encoder's cost. What orjson would not write as
 kombu's encoder does (a subclass of ``str``, ``int``, ``dict`` or ``list``, a
-datetime, a dataclass, an integer past 64 bits) goes to kombu's encoder, whole; a
-UUID or a NaN would be written differently, and neither is in a message's headers or
-properties: the call's headers were recorded first, as JSON (a UUID is refused there,
-a NaN by Postgres's ``jsonb``), and Celery's own are text and numbers. A job's body
-(its data) stays with kombu's encoder. orjson writes no spaces and leaves non-ASCII
-text as UTF-8 where the standard encoder escapes it: the same JSON to any reader.
+datetime, a dataclass, an integer past 64 bits) goes to kombu's encoder, whole. A
+UUID or a NaN would be written differently, and neither reaches a Keel message: a
+job's data and its call's headers were recorded before it is sent, as JSON (a UUID is
+refused there, a NaN by Postgres's ``jsonb``), and Celery's own fields are text and
+numbers. Any other body keeps kombu's encoder. orjson writes no spaces and leaves
+non-ASCII text as UTF-8 where the standard encoder escapes it: the same JSON to any
+reader.
 
 Commands that ride along with the next publish (``tasks.transport.riding``)
 go first in the pipeline, as they do in kombu's publish batch; a rider's error is

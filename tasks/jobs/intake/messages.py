@@ -191,6 +191,7 @@ class Message:
             serializer=settings.serializer,
             compression=settings.compression,
             priority=priority,
+            plain_body=True,  # its data was recorded before (``tasks.pipelined``)
         )
 
     @contextmanager
