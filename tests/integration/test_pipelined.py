@@ -13,6 +13,7 @@ import time
 import uuid
 
 import pytest
+from kombu.compression import decompress
 from sqlalchemy import text
 
 from tasks import broker
@@ -51,8 +52,17 @@ def items(queue: str) -> list[dict]:
 
 
 def without_tag(envelope: dict) -> dict:
+    """The envelope as a consumer reads it, but for its delivery tag: the body decoded
+    (base64, then decompressed, then JSON when it is JSON), not as bytes."""
     envelope = json.loads(json.dumps(envelope))
     assert envelope["properties"].pop("delivery_tag")
+    if "body" not in envelope:  # read already
+        return envelope
+    assert envelope["properties"]["body_encoding"] == "base64"
+    body = base64.b64decode(envelope["body"])
+    if envelope["headers"].get("compression"):
+        body = decompress(body, envelope["headers"]["compression"])
+    envelope["body"] = json.loads(body) if envelope["content-type"] == "application/json" else body
     return envelope
 
 
