@@ -44,7 +44,7 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.jobs import NewJob, ready_job
+from tasks.jobs.store.jobs import NewJob
 from tasks.setting_types import TenantLimits
 
 
@@ -120,11 +120,7 @@ def _add_batch(
         _admit(session, owner, records, limits)
         created = store.insert_many(session, records)
     states = [(job, job.state) for job in records]  # a property: read once a job
-    waiting = [
-        ready_job(job, state=state)
-        for job, state in states
-        if state == State.WAITING and job.id in created
-    ]
+    waiting = [job for job, state in states if state == State.WAITING and job.id in created]
     if waiting:  # after the commit: a worker that takes a message finds its record
         with transaction() as session:
             publish_ready(session, waiting)

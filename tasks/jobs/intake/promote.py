@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -30,16 +30,18 @@ from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.messages import Message, announce, publish_all
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
-from tasks.jobs.store.jobs import ReadyJob
+from tasks.jobs.store.jobs import NewJob, ReadyJob
 
 log = logging.getLogger(__name__)
+# A job that just became waiting; a bulk add's own records are sent as they are.
+Ready = TypeVar("Ready", ReadyJob, NewJob)
 BATCH = 200
 PARK_S = 1.0
 
 
 def publish_ready(
-    session: Session, jobs: Sequence[ReadyJob], *, announce_waiting: bool = False
-) -> list[ReadyJob]:
+    session: Session, jobs: Sequence[Ready], *, announce_waiting: bool = False
+) -> list[Ready]:
     """Publish jobs that just became waiting in ``session``'s transaction; returns those sent.
 
     After the first failed publish the rest are parked again (in the same
@@ -54,7 +56,7 @@ def publish_ready(
     or by the next release of a pause): a reader may see a job's ``waiting`` twice.
     """
     priority = tenancy.priorities(session, [(j.id, j.tenant_id, j.queue, j.priority) for j in jobs])
-    sent: list[ReadyJob] = []
+    sent: list[Ready] = []
     started = time.monotonic()
     batched = True
     try:
@@ -102,7 +104,7 @@ def publish_ready(
 
 
 def _publish_each(
-    producer: Any, jobs: Sequence[ReadyJob], messages: Sequence[Message], sent: list[ReadyJob]
+    producer: Any, jobs: Sequence[Ready], messages: Sequence[Message], sent: list[Ready]
 ) -> None:
     """Publish through kombu's producer, one message after another (in its publish batch
     where the transport has one), then their task-sent events; each job sent is added to
