@@ -19,17 +19,17 @@ Either way a message reads exactly as one the producer sent
 as one multi-value LPUSH (Redis pushes the values in order: the list
 reads as after one LPUSH each).
 
-The message the channel writes, and a body the caller says holds plain values
-(``plain_body``: a Keel job's, Flower's ``task-sent`` events), are JSON written by
-orjson, at a tenth of the standard encoder's cost. What orjson would not write as
-kombu's encoder does (a subclass of ``str``, ``int``, ``dict`` or ``list``, a
-datetime, a dataclass, an integer past 64 bits) goes to kombu's encoder, whole. A
-UUID or a NaN would be written differently, and neither reaches a Keel message: a
-job's data and its call's headers were recorded before it is sent, as JSON (a UUID is
-refused there, a NaN by Postgres's ``jsonb``), and Celery's own fields are text and
-numbers. Any other body keeps kombu's encoder. orjson writes no spaces and leaves
-non-ASCII text as UTF-8 where the standard encoder escapes it: the same JSON to any
-reader.
+A message the caller says holds plain values only (``plain``: a Keel job's message
+that no publish-signal receiver touched, Flower's ``task-sent`` events) is JSON written
+by orjson, its body and the envelope the channel writes, at a tenth of the standard
+encoder's cost; any other goes through kombu's encoder, as before. What orjson would not
+write as kombu's encoder does (a subclass of ``str``, ``int``, ``dict`` or ``list``, a
+datetime, a dataclass, an integer past 64 bits) goes to kombu's encoder even then,
+whole. A UUID or a NaN would be written differently, and neither reaches a plain
+message: a job's data and its call's headers were recorded before it is sent, as JSON
+(a UUID is refused there, a NaN by Postgres's ``jsonb``), and Celery's own fields are
+text and numbers. orjson writes no spaces and leaves non-ASCII text as UTF-8 where the
+standard encoder escapes it: the same JSON to any reader.
 
 Commands that ride along with the next publish (``tasks.transport.riding``)
 go first in the pipeline, as they do in kombu's publish batch; a rider's error is
@@ -56,6 +56,7 @@ from kombu.entity import maybe_delivery_mode
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, registry
 from kombu.transport import redis as kombu_redis
+from kombu.transport.virtual.exchange import FanoutExchange
 from kombu.utils import json
 
 from tasks.transport import _RIDERS, Channel
@@ -102,13 +103,14 @@ class Pipelined:
         compression: str | None = None,
         delivery_mode: Any = 2,
         priority: int = 0,
-        plain_body: bool = False,
+        plain: bool = False,
     ) -> None:
         """Add one message, as ``Producer.publish`` with these arguments would send it.
 
         ``properties`` is the message's own from here on (the channel adds its delivery
         details to it)."""
-        content_type, content_encoding, data = _serialized(body, serializer, plain_body)
+        content_type, content_encoding, data = _serialized(body, serializer, plain)
+        encoded = _json if plain else _JSON.encode
         if compression:
             data, headers["compression"] = compress(data, compression)
         properties["delivery_mode"] = maybe_delivery_mode(delivery_mode)
@@ -119,7 +121,7 @@ class Pipelined:
         if exchange and _fanout(channel, exchange) and not _RIDERS.get():
             # kombu's ``_put_fanout`` into this batch, the message written by ``_json``
             channel._inplace_augment_message(message, exchange, routing_key)
-            payload = _json(message)
+            payload = encoded(message)
             for topic in channel._get_publish_topics(exchange, routing_key):
                 self.add("publish", topic, payload)
         elif exchange or routing_key in channel._expires or _RIDERS.get():
@@ -127,7 +129,7 @@ class Pipelined:
         else:  # a queue's list: what kombu's ``basic_publish`` and ``_put`` would add, at once
             channel._inplace_augment_message(message, exchange, routing_key)
             key = channel._q_for_pri(routing_key, channel._get_message_priority(message))
-            self.add("lpush", key, _json(message))
+            self.add("lpush", key, encoded(message))
         self._buffered += 1
         if self._buffered >= FLUSH_AT:
             self.execute()
@@ -201,8 +203,10 @@ def _json(value: Any) -> bytes | str:
 
 def _fanout(channel: Channel, exchange: str) -> bool:
     """Whether ``exchange`` is a fanout that kombu's Redis channel delivers itself."""
+    kind = channel.typeof(exchange)
     return bool(
-        channel.typeof(exchange).type == "fanout"
+        channel.supports_fanout
+        and type(kind).deliver is FanoutExchange.deliver
         and type(channel)._put_fanout is kombu_redis.Channel._put_fanout
     )
 

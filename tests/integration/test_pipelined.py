@@ -13,7 +13,9 @@ import time
 import uuid
 
 import pytest
+from celery import signals
 from kombu.compression import decompress
+from kombu.utils import json as kombu_json
 from sqlalchemy import text
 
 from tasks import broker
@@ -41,6 +43,14 @@ def message(queue: str, job_id: str, **extra) -> Message:
     return Message(
         job_id, "test.echo", queue, {"n": 1, "s": "é"}, ctx, parent=None, tenant="t-1", **extra
     )
+
+
+def raw_items(queue: str) -> list[bytes]:
+    """The queue's messages as Redis holds them, oldest first."""
+    found: list[bytes] = []
+    for name in priority_lists(queue):
+        found += list(reversed(redis_client().lrange(name, 0, -1)))
+    return found
 
 
 def items(queue: str) -> list[dict]:
@@ -224,3 +234,26 @@ def test_a_pipelined_message_serialized_or_compressed_reads_as_the_producers(
         "application/x-gzip" if compression else None
     )
     assert without_tag(by_pipeline) == without_tag(by_producer)
+
+
+def test_what_a_publish_signal_receiver_adds_is_written_by_kombus_encoder():
+    """A receiver of ``before_task_publish`` (header stamping) may add what orjson writes
+    otherwise than kombu (a UUID): such a message is written by kombu's encoder, whole."""
+    queue = unique("pipelined")
+    stamp = uuid.UUID(int=5)
+
+    def stamping(headers: dict, **kw: object) -> None:
+        headers["x-stamp"] = stamp
+
+    signals.before_task_publish.connect(stamping, weak=False)
+    try:
+        with app.producer_or_acquire() as producer:
+            assert publish_all(producer, [message(queue, "stamped")])
+    finally:
+        signals.before_task_publish.disconnect(stamping)
+    with app.producer_or_acquire() as producer:
+        assert publish_all(producer, [message(queue, "plain")])  # nobody listening
+    [stamped_item, plain_item] = raw_items(queue)
+    assert kombu_json.loads(stamped_item)["headers"]["x-stamp"] == stamp  # a UUID again
+    assert b'"__type__": "uuid"' in stamped_item
+    assert b'"id":"plain"' in plain_item  # orjson's: no spaces

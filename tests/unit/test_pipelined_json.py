@@ -60,11 +60,11 @@ def test_what_kombu_cannot_write_fails_as_it_does() -> None:
         pipelined._json(NOT_PLAIN[3])
 
 
-def test_a_body_is_plain_only_when_its_caller_says_so() -> None:
+def test_a_body_is_orjsons_only_when_its_caller_says_it_is_plain() -> None:
     data = {"id": uuid.UUID(int=7)}  # orjson would write it as plain text
     content_type, encoding, written = pipelined._serialized(data, "json")
     assert (content_type, encoding) == ("application/json", "utf-8")
-    assert written == pipelined._JSON.encode(data)  # kombu's: a job's data stays with it
+    assert written == pipelined._JSON.encode(data)  # kombu's, unless the caller says plain
     assert '"__type__": "uuid"' in written
     event = {"uuid": "j-1", "timestamp": 1.5, "eta": None}
     assert json.loads(pipelined._serialized(event, "json", plain=True)[2]) == event

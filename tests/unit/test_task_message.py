@@ -3,10 +3,12 @@ writes for the same arguments; where an app's ``as_task_v2`` is another, it is t
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import pytest
 from celery.app.amqp import AMQP
+from kombu.utils import json
 
 from tasks.jobs.intake import messages
 
@@ -34,8 +36,13 @@ def test_built_is_celerys_as_task_v2(given: dict[str, Any], data: dict[str, Any]
     options = {"argsrepr": "()", "kwargsrepr": repr(data), **given}
     ours = messages._built("job-1", "test.echo", (), data, **options)
     celerys = messages._settings().amqp.as_task_v2("job-1", "test.echo", (), data, **options)
-    assert ours == celerys
-    assert ours.headers == celerys.headers and ours.sent_event == celerys.sent_event
+    # as written: key order and types too, not only equal values
+    assert json.dumps(tuple(ours)) == json.dumps(tuple(celerys))
+
+
+def test_data_that_is_not_a_mapping_is_refused_as_celery_refuses_it() -> None:
+    with pytest.raises(TypeError, match="must be a mapping"):
+        messages._built("j", "t", (), [1, 2], argsrepr="()", kwargsrepr="[1, 2]")
 
 
 def test_an_app_with_another_as_task_v2_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,7 +55,19 @@ def test_an_app_with_another_as_task_v2_keeps_it(monkeypatch: pytest.MonkeyPatch
     settings = messages._settings()
     assert messages._as_task_v2(settings) == messages._built  # Celery's own: ours
     theirs = Stamping(settings.amqp.app)
-    monkeypatch.setattr(messages, "_BUILT_MATCHES", {})
+    monkeypatch.setattr(messages, "_BUILT_MATCHES", weakref.WeakKeyDictionary())
     chosen = messages._as_task_v2(settings._replace(amqp=theirs))
     assert chosen == theirs.as_task_v2
     assert chosen("j", "t", (), {}, argsrepr="()", kwargsrepr="{}").headers["stamp"] == "theirs"
+
+
+def test_an_as_task_v2_wrapped_on_the_instance_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = messages._settings()
+    amqp = AMQP(settings.amqp.app)
+    celerys = amqp.as_task_v2
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:  # e.g. an instrumentation's wrapper
+        return celerys(*args, **kwargs)
+
+    monkeypatch.setattr(amqp, "as_task_v2", wrapped, raising=False)
+    assert messages._as_task_v2(settings._replace(amqp=amqp)) is wrapped

@@ -1,7 +1,7 @@
 """A waiting job's message: Celery's task message, built once and published lean.
 
-Every Keel job is woken by a Celery task message (protocol 2, built by
-Celery's own ``app.amqp.as_task_v2``), so a plain Celery worker, Flower and
+Every Keel job is woken by a Celery task message (protocol 2, as Celery's own
+``app.amqp.as_task_v2`` builds it: ``_built``), so a plain Celery worker, Flower and
 ``celery inspect`` read it as any other task. It is published through a kombu
 producer directly rather than ``app.send_task``: a Keel job names its queue
 (no router to consult), its publish retry policy is Keel's (``tasks.broker``),
@@ -26,7 +26,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -37,6 +38,7 @@ from celery.events.event import get_exchange
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from celery.utils.time import utcoffset
+from kombu.utils import json
 
 from tasks import broker, tracing
 from tasks.celery import app
@@ -82,7 +84,7 @@ class Message:
     promotion, a canvas's wake-up, a republish) builds its message here.
     """
 
-    __slots__ = ("body", "headers", "name", "properties", "queue", "sent", "trace")
+    __slots__ = ("body", "headers", "name", "plain", "properties", "queue", "sent", "trace")
 
     def __init__(
         self,
@@ -107,7 +109,8 @@ class Message:
         settings = _settings()
         argsrepr, kwargsrepr = shown_arguments(name, data)
         hard, soft = ctx.get("timelimit") or (None, None)  # the call's, or its timeout option
-        message = _as_task_v2(settings)(
+        build = _as_task_v2(settings)
+        message = build(
             job_id,
             name,
             (),
@@ -144,6 +147,8 @@ class Message:
         self.headers, self.properties, self.body = message.headers, message.properties, message.body
         self.sent: dict[str, Any] | None = message.sent_event
         self.trace: dict[str, str] | None = ctx.get("trace")  # the add's (``tasks.tracing``)
+        # Built here from what the job's record holds: plain JSON values (``tasks.pipelined``)
+        self.plain = build is _built
 
     def publish(self, producer: Any) -> None:
         """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides).
@@ -175,12 +180,12 @@ class Message:
     def push(self, batch: Pipelined) -> None:
         """Add the message to ``batch`` (Redis), as ``publish`` would send it."""
         if _unheard():  # no receiver of the publish signals: nothing to send them to
-            self._push(batch)
+            self._push(batch, plain=self.plain)
             return
         with self._signalled(None):  # what a receiver changes in them goes out
-            self._push(batch)
+            self._push(batch, plain=False)  # as a receiver left it: kombu's encoder
 
-    def _push(self, batch: Pipelined) -> None:
+    def _push(self, batch: Pipelined, *, plain: bool) -> None:
         settings = _settings()
         properties = dict(self.properties)
         priority = properties.pop("priority", 0)
@@ -192,7 +197,7 @@ class Message:
             serializer=settings.serializer,
             compression=settings.compression,
             priority=priority,
-            plain_body=True,  # its data was recorded before (``tasks.pipelined``)
+            plain=plain,
         )
 
     @contextmanager
@@ -332,7 +337,7 @@ def _push_events(producer: Any, batch: Pipelined, sent: list[dict[str, Any]]) ->
         properties={},
         serializer=dispatcher.serializer,
         delivery_mode=dispatcher.delivery_mode,
-        plain_body=True,  # Celery's event fields: text, numbers, None
+        plain=True,  # Celery's event fields: text, numbers, None
     )
 
 
@@ -441,6 +446,10 @@ def _built(
     cost: the same message, checked against it once a process (``_as_task_v2``)."""
     args = args or ()
     kwargs = kwargs or {}
+    if not isinstance(args, list | tuple):  # as Celery's
+        raise TypeError("task args must be a list or tuple")
+    if not isinstance(kwargs, Mapping):
+        raise TypeError("task keyword arguments must be a mapping")
     root_id = root_id or task_id
     headers = {
         "lang": "py",
@@ -488,13 +497,16 @@ def _built(
     )
 
 
-_BUILT_MATCHES: dict[int, bool] = {}  # by ``id(amqp)``: whether ``_built`` writes what it does
+# Celery's own, as imported: an app's subclass or a patch of it after import is not it.
+_CELERYS_AS_TASK_V2 = AMQP.as_task_v2
+# By app.amqp: whether ``_built`` writes what its ``as_task_v2`` writes.
+_BUILT_MATCHES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def _as_task_v2(settings: _Settings) -> Any:
     """``_built`` where it writes what this app's ``as_task_v2`` writes, else that."""
     amqp = settings.amqp
-    matches = _BUILT_MATCHES.get(id(amqp))
+    matches = _BUILT_MATCHES.get(amqp)
     if matches is None:
         probe: dict[str, Any] = {
             "group_id": "g",
@@ -514,12 +526,14 @@ def _as_task_v2(settings: _Settings) -> Any:
             "argsrepr": "()",
             "kwargsrepr": "{'n': 1}",
         }
-        matches = type(amqp).as_task_v2 is AMQP.as_task_v2 and _built(
-            "i", "t", (), {"n": 1}, **probe
-        ) == amqp.as_task_v2("i", "t", (), {"n": 1}, **probe)
+        own = type(amqp).as_task_v2 is _CELERYS_AS_TASK_V2 and "as_task_v2" not in vars(amqp)
+        # Compared as written (key order and types too), not as equal values.
+        matches = own and json.dumps(tuple(_built("i", "t", (), {"n": 1}, **probe))) == json.dumps(
+            tuple(amqp.as_task_v2("i", "t", (), {"n": 1}, **probe))
+        )
         if not matches:
             log.info("Celery's as_task_v2 writes another message here: used for every message")
-        _BUILT_MATCHES[id(amqp)] = matches
+        _BUILT_MATCHES[amqp] = matches
     return _built if matches else amqp.as_task_v2
 
 
