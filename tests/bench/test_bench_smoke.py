@@ -9,43 +9,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_runs import run_bench
 
 pytestmark = pytest.mark.timeout(150)
 
 
 def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
-    # The suite's conftest points KEEL_* at its own servers: the bench must start its own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-    env["TMPDIR"] = str(tmp_path)
-    out = tmp_path / "results"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--quick",
-            "--repeat",
-            "1",
-            "--only",
-            "P1,P5",
-            "--results-dir",
-            str(out),
-        ],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = run_bench(tmp_path, "bench", "--quick", "--repeat", "1", "--only", "P1,P5", timeout=200)
 
     [report] = out.glob("*.json")
     body = json.loads(report.read_text())

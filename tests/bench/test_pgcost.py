@@ -5,16 +5,12 @@ the WAL is, for every index entry and counter row is WAL whatever the host."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench import pgcost
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.bench_runs import run_bench
 
 
 def _sample(insert: float, claim: float, completion: float) -> dict:
@@ -83,31 +79,9 @@ def test_batched_statements_take_every_id_once() -> None:
 
 @pytest.mark.timeout(150)
 def test_a_short_run_measures_four_variants_on_its_own_server(tmp_path: Path) -> None:
-    # The suite's conftest points KEEL_* at its own servers: the run starts its own.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
-    env["TMPDIR"] = str(tmp_path)
-    out = tmp_path / "results"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.pgcost",
-            "--jobs",
-            "300",
-            "--runs",
-            "1",
-            "--batch",
-            "4",
-            "--results-dir",
-            str(out),
-        ],
-        cwd=PROJECT_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=140,
+    out = run_bench(
+        tmp_path, "bench.pgcost", "--jobs", "300", "--runs", "1", "--batch", "4", timeout=140
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [report] = out.glob("pgcost-*.json")
     body = json.loads(report.read_text())
     assert (out / report.name.replace(".json", ".md")).read_text().startswith("## Postgres")
