@@ -37,7 +37,7 @@ from tasks import tracing
 from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.celery_options import with_options
-from tasks.jobs.intake.enqueue import AddedJob, add, new_job_id
+from tasks.jobs.intake.enqueue import AddedJob, add, check_data, new_job_id
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
@@ -62,7 +62,12 @@ class BulkJob:
 def add_bulk(
     jobs: Sequence[BulkJob], *, owner: Owner | None = None, limits: TenantLimits | None = None
 ) -> list[AddedJob]:
-    """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order."""
+    """Add ``jobs`` for ``owner``; one ``AddedJob`` each, in order.
+
+    ``TypeError`` if a job's data is not a dict; then none of them is recorded.
+    """
+    for i, job in enumerate(jobs):
+        check_data(job.data, f"job {i}'s")
     if caller_transaction.current() is not None:  # they would commit whatever the caller did
         raise caller_transaction.NotInCallersTransaction(
             "a bulk add (add_bulk, recorded_together) keeps its own transaction: call it "

@@ -59,6 +59,13 @@ def new_job_id() -> str:
     return os.urandom(16).hex()
 
 
+def check_data(data: object, whose: str = "a job's") -> None:
+    """A job's data is a JSON object: a dict (or a subclass). ``TypeError`` otherwise, before
+    anything is recorded (the API and the CLI answer ``validation_failed`` first)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"{whose} data must be a dict (a JSON object), not {type(data).__name__}")
+
+
 def park_for_republish(job_ids: list[str], in_s: float = 1.0) -> None:
     """A job whose message could not be published goes back to the durable delayed set."""
     with transaction() as session:
@@ -89,7 +96,10 @@ def add(
 
     Traced (``tasks.tracing``), the add is a ``keel.add`` span, and its context is kept on
     the record, for every later publish of the job to join.
+
+    ``TypeError`` if ``data`` is not a dict (``check_data``); nothing is recorded.
     """
+    check_data(data)
     if not tracing.on():
         return _add(name, data, queue, opts, owner, publish_now, limits, ctx, parent)
     attributes = {"keel.job.name": name, "messaging.destination.name": queue}
