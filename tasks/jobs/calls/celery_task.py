@@ -224,7 +224,7 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     before the message goes: the record is what publishes the job again if the
     message is lost before a worker claims it (Keel's transport keeps no copy of a
     recorded job's message: ``tasks.transport``), or held by a pause or a limit. Not
-    when another transaction holds the row (a claim under way, or the caller's own
+    when another transaction holds the row to change it (a claim under way, or the caller's own
     open transaction, which waiting for would never end): the message alone carries it.
     """
     with transaction() as session:

@@ -342,8 +342,16 @@ def lock(session: Session, job_id: str) -> JobRecord | None:
 
 def lock_if_free(session: Session, job_id: str) -> JobRecord | None:
     """The job with its row locked, or ``None`` if it is absent or another transaction
-    holds its row (``SKIP LOCKED``: never waits)."""
-    query = select(JobRecord).where(JobRecord.id == job_id).with_for_update(skip_locked=True)
+    holds its row (``SKIP LOCKED``: never waits).
+
+    ``FOR NO KEY UPDATE``, the lock an update of its columns takes: a transaction that only
+    references the job (a log line's or a hold's insert takes ``FOR KEY SHARE``) does not
+    count as holding it; one that may change it (a claim, a ``FOR SHARE`` reader) does."""
+    query = (
+        select(JobRecord)
+        .where(JobRecord.id == job_id)
+        .with_for_update(skip_locked=True, key_share=True)
+    )
     return session.scalars(query).first()
 
 
