@@ -95,7 +95,9 @@ NOTES: dict[str, str] = {
     "worker_concurrency": "Jobs a worker runs at once (Celery's `worker_concurrency`).",
     "lock_duration_s": (
         "How long a running job's lock lasts without renewal; a job whose lock ran out (its"
-        " worker died or was cut off) is stalled and taken over. Give every worker the same."
+        " worker died or was cut off, or Postgres was away longer than this, so no worker"
+        " could renew) is stalled and taken over, and counts in `stalledCount`. Give every"
+        " worker the same."
     ),
     "promote_interval_s": (
         "How often a worker's maintenance loop publishes due delayed jobs and parked jobs."
