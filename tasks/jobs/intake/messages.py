@@ -29,7 +29,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from celery import signals
 from celery.app.amqp import AMQP, task_message
@@ -150,6 +150,36 @@ class Message:
         # Built here from what the job's record holds: plain JSON values (``tasks.pipelined``)
         self.plain = build is _built
 
+    def alike(self, job_id: str, data: dict[str, Any], priority: int) -> Message:
+        """This message for another job of the same type, queue and tenant whose record has
+        no context (``messages_for``): what ``Message`` would build for it, at a quarter of the
+        cost. Only where this message is ``plain`` (``_built`` made it)."""
+        headers = dict(self.headers)
+        argsrepr, kwargsrepr = shown_arguments(self.name, data)
+        root_id = job_id if headers["root_id"] == headers["id"] else headers["root_id"]
+        headers["id"], headers["root_id"] = job_id, root_id
+        headers["argsrepr"], headers["kwargsrepr"] = argsrepr, kwargsrepr
+        headers["timelimit"] = list(headers["timelimit"])
+        headers["stamps"] = {}
+        properties = dict(self.properties)
+        properties["correlation_id"] = job_id
+        if not registry.is_control(self.name):  # (a control job's stays 0)
+            properties["priority"] = tenancy.broker_priority(priority)
+        args, _, embed = self.body
+        made = object.__new__(Message)
+        made.name, made.queue, made.plain, made.trace = self.name, self.queue, True, None
+        made.headers, made.properties, made.body = headers, properties, (args, data, embed)
+        made.sent = None
+        if self.sent is not None:
+            made.sent = {
+                **self.sent,
+                "uuid": job_id,
+                "root_id": root_id,
+                "args": argsrepr,
+                "kwargs": kwargsrepr,
+            }
+        return made
+
     def publish(self, producer: Any) -> None:
         """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides).
 
@@ -224,6 +254,52 @@ class Message:
                 routing_key=self.queue,
                 headers=self.headers,
             )
+
+
+class Waking(Protocol):
+    """What a job's message is built of (a ``ReadyJob``'s or a ``NewJob``'s fields)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+    @property
+    def celery_ctx(self) -> dict[str, Any] | None: ...
+    @property
+    def tenant_id(self) -> str | None: ...
+
+
+def messages_for(jobs: Sequence[Waking], priority: Mapping[str, int], parent: Any) -> list[Message]:
+    """The messages of a batch of jobs: each built by ``Message``, except that a job with
+    no context of its own, whose data is a dict, and whose type, queue and tenant an
+    earlier such job of the batch shares, takes that job's message ``alike``."""
+    made: list[Message] = []
+    first: dict[tuple[str, str, str | None], Message] = {}
+    for job in jobs:
+        at = priority.get(job.id, 0)
+        alone = not job.celery_ctx and type(job.data) is dict
+        shared = first.get((job.name, job.queue, job.tenant_id)) if alone else None
+        if shared is not None:
+            made.append(shared.alike(job.id, job.data, at))
+            continue
+        message = Message(
+            job.id,
+            job.name,
+            job.queue,
+            job.data,
+            job.celery_ctx,
+            priority=at,
+            parent=parent,
+            tenant=job.tenant_id,
+        )
+        if message.plain and alone:
+            first.setdefault((job.name, job.queue, job.tenant_id), message)
+        made.append(message)
+    return made
 
 
 def publish_all(producer: Any, messages: Sequence[Message]) -> bool:

@@ -27,7 +27,7 @@ from tasks import broker
 from tasks.celery import app
 from tasks.db import transaction
 from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.messages import Message, announce, publish_all
+from tasks.jobs.intake.messages import Message, announce, messages_for, publish_all
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import NewJob, ReadyJob
@@ -63,22 +63,8 @@ def publish_ready(
         parent = app.current_worker_task  # the same for every message of the batch
         # One producer (one pooled connection) for the batch, not one acquired per job.
         with app.producer_or_acquire() as producer:
-            if broker.publish_unreachable():
-                messages = []
-            else:
-                messages = [
-                    Message(
-                        job.id,
-                        job.name,
-                        job.queue,
-                        job.data,
-                        job.celery_ctx,
-                        priority=priority.get(job.id, 0),
-                        parent=parent,
-                        tenant=job.tenant_id,
-                    )
-                    for job in jobs
-                ]
+            unreachable = broker.publish_unreachable()
+            messages = [] if unreachable else messages_for(jobs, priority, parent)
             started = time.monotonic()
             if messages and publish_all(producer, messages):  # Redis: one pipeline for all
                 sent = list(jobs)
