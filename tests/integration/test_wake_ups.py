@@ -32,6 +32,10 @@ def context_of(job_id: str) -> dict:
         return session.execute(query, {"id": job_id}).scalar_one() or {}
 
 
+def canvas_of(headers: dict) -> dict:
+    return {key: headers[key] for key in CANVAS}
+
+
 def woken_in_a_thread(job_id: str) -> None:
     thread = threading.Thread(target=wake_if_waiting, args=(job_id, CANVAS))
     thread.start()
@@ -53,8 +57,8 @@ def test_a_log_line_being_written_does_not_keep_the_canvas_off_the_record(idle_q
         logging_line.rollback()
     # Then its canvas is on the record (what republishes the job if the message is lost)
     assert CANVAS.items() <= context_of(job_id).items()
-    # And the message went out
-    assert job_id in broker_lists.headers_in(idle_queue)
+    # And the message went out, carrying it too
+    assert canvas_of(broker_lists.headers_in(idle_queue)[job_id]) == CANVAS
 
 
 def test_a_wake_up_does_not_wait_for_a_transaction_changing_the_job(idle_queue):
@@ -65,5 +69,5 @@ def test_a_wake_up_does_not_wait_for_a_transaction_changing_the_job(idle_queue):
         # When a canvas wakes it, the wake-up does not wait: the message alone carries it
         woken_in_a_thread(job_id)
         claiming.rollback()
-    assert job_id in broker_lists.headers_in(idle_queue)
+    assert canvas_of(broker_lists.headers_in(idle_queue)[job_id]) == CANVAS
     assert not CANVAS.items() <= context_of(job_id).items()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kombu.utils import json
 
-from tasks.jobs.intake import messages
+from tasks.jobs.intake import messages, tenancy
 from tasks.jobs.intake.messages import Message, messages_for
 from tasks.jobs.model import registry
 from tasks.notifications.jobs import CREATE
@@ -72,12 +72,25 @@ def a_batch(rng: random.Random) -> list[Job]:
     return jobs
 
 
-PARENTS = [None, SimpleNamespace(request=SimpleNamespace(root_id="root-0", id="parent-0"))]
+def run(root_id: str | None, task_id: str) -> SimpleNamespace:
+    """A running task, as ``app.current_worker_task`` gives it."""
+    return SimpleNamespace(request=SimpleNamespace(root_id=root_id, id=task_id))
+
+
+PARENTS = [
+    None,
+    run("root-0", "parent-0"),
+    run(None, "parent-0"),  # a root run: its own id is the root
+    run("job-0", "parent-0"),  # its root is a job of the batch (an explicit root_id=)
+    run(None, "job-0"),
+]
 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("sent_events", [True, False])
-@pytest.mark.parametrize("parent", PARENTS, ids=["no parent", "in a run"])
+@pytest.mark.parametrize(
+    "parent", PARENTS, ids=["no run", "in a run", "a root run", "root a job", "run a job"]
+)
 def test_a_batch_is_written_as_each_message_on_its_own(
     seed: int, sent_events: bool, parent: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,4 +134,22 @@ def test_a_control_job_alike_stays_at_the_front() -> None:
     assert registry.is_control(CREATE)
     jobs = [Job(f"g{n}", CREATE, "q1", {"n": n}) for n in range(3)]
     made = messages_for(jobs, {job.id: 9 for job in jobs}, None)
-    assert {m.properties["priority"] for m in made} == {0}
+    front = tenancy.broker_priority(0)
+    assert front != tenancy.broker_priority(9)
+    assert {m.properties["priority"] for m in made} == {front}
+
+
+def test_messages_alike_share_nothing_a_receiver_could_change() -> None:
+    jobs = [Job(f"a{n}", "test.echo", "q1", {"n": n}) for n in range(3)]
+    made = messages_for(jobs, {}, None)
+    before = [written(m) for m in made]
+    # what a before_task_publish receiver is given: headers, properties and body
+    made[1].headers["stamp"] = "x"
+    made[1].headers["timelimit"].append(1)
+    made[1].headers["stamps"]["s"] = 1
+    made[1].properties["extra"] = 1
+    made[1].body[2]["chain"] = [{"task": "next"}]
+    assert made[1].sent is not None or made[0].sent is None
+    if made[1].sent is not None:
+        made[1].sent["extra"] = 1
+    assert [written(m) for m in (made[0], made[2])] == [before[0], before[2]]

@@ -150,13 +150,16 @@ class Message:
         # Built here from what the job's record holds: plain JSON values (``tasks.pipelined``)
         self.plain = build is _built
 
-    def alike(self, job_id: str, data: dict[str, Any], priority: int) -> Message:
+    def alike(
+        self, job_id: str, data: dict[str, Any], priority: int, root_id: str | None
+    ) -> Message:
         """This message for another job of the same type, queue and tenant whose record has
-        no context (``messages_for``): what ``Message`` would build for it, at a quarter of the
-        cost. Only where this message is ``plain`` (``_built`` made it)."""
+        no context (``messages_for``): what ``Message`` would build for it, at under half the
+        cost. ``root_id``: the running task's root it inherits, if any (else its own id). Only
+        where this message is ``plain`` (``_built`` made it)."""
         headers = dict(self.headers)
         argsrepr, kwargsrepr = shown_arguments(self.name, data)
-        root_id = job_id if headers["root_id"] == headers["id"] else headers["root_id"]
+        root_id = root_id or job_id
         headers["id"], headers["root_id"] = job_id, root_id
         headers["argsrepr"], headers["kwargsrepr"] = argsrepr, kwargsrepr
         headers["timelimit"] = list(headers["timelimit"])
@@ -168,7 +171,7 @@ class Message:
         args, _, embed = self.body
         made = object.__new__(Message)
         made.name, made.queue, made.plain, made.trace = self.name, self.queue, True, None
-        made.headers, made.properties, made.body = headers, properties, (args, data, embed)
+        made.headers, made.properties, made.body = headers, properties, (args, data, dict(embed))
         made.sent = None
         if self.sent is not None:
             made.sent = {
@@ -279,12 +282,16 @@ def messages_for(jobs: Sequence[Waking], priority: Mapping[str, int], parent: An
     earlier such job of the batch shares, takes that job's message ``alike``."""
     made: list[Message] = []
     first: dict[tuple[str, str, str | None], Message] = {}
+    # What a job with no context inherits from the running task, as ``Message`` finds it
+    if parent is _LOOK_UP:
+        parent = app.current_worker_task
+    root_id = (parent.request.root_id or parent.request.id) if parent is not None else None
     for job in jobs:
         at = priority.get(job.id, 0)
         alone = not job.celery_ctx and type(job.data) is dict
         shared = first.get((job.name, job.queue, job.tenant_id)) if alone else None
         if shared is not None:
-            made.append(shared.alike(job.id, job.data, at))
+            made.append(shared.alike(job.id, job.data, at, root_id))
             continue
         message = Message(
             job.id,

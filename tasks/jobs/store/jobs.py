@@ -345,8 +345,9 @@ def lock_if_free(session: Session, job_id: str) -> JobRecord | None:
     holds its row (``SKIP LOCKED``: never waits).
 
     ``FOR NO KEY UPDATE``, the lock an update of its columns takes: a transaction that only
-    references the job (a log line's or a hold's insert takes ``FOR KEY SHARE``) does not
-    count as holding it; one that may change it (a claim, a ``FOR SHARE`` reader) does."""
+    references the job (a log line's insert takes ``FOR KEY SHARE``) does not count as
+    holding it; one that may change it (a claim) or reads it ``FOR SHARE`` (a pause's hold)
+    does."""
     query = (
         select(JobRecord)
         .where(JobRecord.id == job_id)
