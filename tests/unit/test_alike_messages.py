@@ -153,3 +153,12 @@ def test_messages_alike_share_nothing_a_receiver_could_change() -> None:
     if made[1].sent is not None:
         made[1].sent["extra"] = 1
     assert [written(m) for m in (made[0], made[2])] == [before[0], before[2]]
+
+
+def test_a_job_whose_message_cannot_be_built_is_left_out_when_asked() -> None:
+    jobs = [Job("a0", "test.echo", "q1", {"n": 0}), Job("a1", "test.echo", "q1", [1, 2])]
+    jobs.append(Job("a2", "test.echo", "q1", {"n": 2}))
+    refused: dict[str, Exception] = {}
+    made = messages_for(jobs, {}, None, refused)
+    assert [m.headers["id"] for m in made] == ["a0", "a2"]
+    assert list(refused) == ["a1"] and isinstance(refused["a1"], TypeError)

@@ -276,10 +276,19 @@ class Waking(Protocol):
     def tenant_id(self) -> str | None: ...
 
 
-def messages_for(jobs: Sequence[Waking], priority: Mapping[str, int], parent: Any) -> list[Message]:
+def messages_for(
+    jobs: Sequence[Waking],
+    priority: Mapping[str, int],
+    parent: Any,
+    refused: dict[str, Exception] | None = None,
+) -> list[Message]:
     """The messages of a batch of jobs: each built by ``Message``, except that a job with
     no context of its own, whose data is a dict, and whose type, queue and tenant an
-    earlier such job of the batch shares, takes that job's message ``alike``."""
+    earlier such job of the batch shares, takes that job's message ``alike``.
+
+    ``refused``: where a job whose message cannot be built from what it holds (a
+    ``TypeError`` or ``ValueError``: data that is not a mapping, say) goes, by its id,
+    left out of the messages; without it, the error is raised."""
     made: list[Message] = []
     first: dict[tuple[str, str, str | None], Message] = {}
     # What a job with no context inherits from the running task, as ``Message`` finds it
@@ -293,16 +302,22 @@ def messages_for(jobs: Sequence[Waking], priority: Mapping[str, int], parent: An
         if shared is not None:
             made.append(shared.alike(job.id, job.data, at, root_id))
             continue
-        message = Message(
-            job.id,
-            job.name,
-            job.queue,
-            job.data,
-            job.celery_ctx,
-            priority=at,
-            parent=parent,
-            tenant=job.tenant_id,
-        )
+        try:
+            message = Message(
+                job.id,
+                job.name,
+                job.queue,
+                job.data,
+                job.celery_ctx,
+                priority=at,
+                parent=parent,
+                tenant=job.tenant_id,
+            )
+        except (TypeError, ValueError) as exc:
+            if refused is None:
+                raise
+            refused[job.id] = exc
+            continue
         if message.plain and alone:
             first.setdefault((job.name, job.queue, job.tenant_id), message)
         made.append(message)

@@ -59,12 +59,15 @@ def publish_ready(
     sent: list[Ready] = []
     started = time.monotonic()
     batched = True
+    refused: dict[str, Exception] = {}
     try:
         parent = app.current_worker_task  # the same for every message of the batch
         # One producer (one pooled connection) for the batch, not one acquired per job.
         with app.producer_or_acquire() as producer:
             unreachable = broker.publish_unreachable()
-            messages = [] if unreachable else messages_for(jobs, priority, parent)
+            messages = [] if unreachable else messages_for(jobs, priority, parent, refused)
+            if refused:  # their messages cannot be built: set aside, not sent with the rest
+                jobs = [job for job in jobs if job.id not in refused]
             started = time.monotonic()
             if messages and publish_all(producer, messages):  # Redis: one pipeline for all
                 sent = list(jobs)
@@ -80,6 +83,8 @@ def publish_ready(
             # A message that did go out finds its record delayed and is ignored (the
             # claim runs waiting jobs only); the promoter sends the job again when due.
             sent = []
+    if refused:
+        _set_aside(session, refused)
     unsent = [job.id for job in jobs[len(sent) :]]
     if unsent:
         log.warning("broker unavailable; %d jobs parked again", len(unsent))
@@ -87,6 +92,26 @@ def publish_ready(
     if announce_waiting:
         events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
     return sent
+
+
+#: How long a job whose message cannot be built waits before it is tried again.
+REFUSED_PARK_S = 3600.0
+
+
+def _set_aside(session: Session, refused: dict[str, Exception]) -> None:
+    """Jobs whose message cannot be built from their records (data that is not an object,
+    recorded by an earlier release's ``add``): due again in an hour, and said loudly, so
+    that an operator fixes or cancels them; the jobs published with them are not held."""
+    upkeep.park(session, list(refused), REFUSED_PARK_S)
+    for job_id, exc in refused.items():
+        log.error(
+            "job %s: its message cannot be built from its record (%s: %s); tried again in "
+            "%.0f s: edit its data or cancel it",
+            job_id,
+            type(exc).__name__,
+            exc,
+            REFUSED_PARK_S,
+        )
 
 
 def _publish_each(
