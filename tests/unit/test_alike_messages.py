@@ -155,10 +155,37 @@ def test_messages_alike_share_nothing_a_receiver_could_change() -> None:
     assert [written(m) for m in (made[0], made[2])] == [before[0], before[2]]
 
 
-def test_a_job_whose_message_cannot_be_built_is_left_out_when_asked() -> None:
+def test_a_job_whose_record_no_message_can_be_built_from_is_left_out_when_asked() -> None:
     jobs = [Job("a0", "test.echo", "q1", {"n": 0}), Job("a1", "test.echo", "q1", [1, 2])]
-    jobs.append(Job("a2", "test.echo", "q1", {"n": 2}))
-    refused: dict[str, Exception] = {}
+    jobs += [Job("a2", "test.echo", "q1", {"n": 2}), Job("a3", "test.echo", "q1", {}, ["x"])]  # type: ignore[arg-type]
+    jobs += [Job("a4", "test.echo", "q1", {}, {"timelimit": 5})]
+    jobs += [Job("a5", "test.echo", "q1", {}, {"headers": "h"})]
+    refused: dict[str, str] = {}
     made = messages_for(jobs, {}, None, refused)
     assert [m.headers["id"] for m in made] == ["a0", "a2"]
-    assert list(refused) == ["a1"] and isinstance(refused["a1"], TypeError)
+    assert refused == {
+        "a1": "its data is not an object but list",
+        "a3": "its context is not an object but list",
+        "a4": "its time limits are not a pair: 5",
+        "a5": "its call's headers are not an object but str",
+    }
+
+
+def test_an_error_that_is_not_the_records_is_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a bug, not a record")
+
+    monkeypatch.setattr(messages, "_as_task_v2", lambda settings: broken)
+    with pytest.raises(TypeError, match="a bug"):
+        messages_for([Job("a0", "test.echo", "q1", {"n": 0})], {}, None, {})
+
+
+@pytest.mark.parametrize("args, kwargs", [(5, {}), ([1], "ab"), ("xy", None)])
+def test_a_celery_style_call_of_another_shape_is_shown_whole(args: Any, kwargs: Any) -> None:
+    # (its run fails it, with the handler's own error; its message is built all the same)
+    data = {"args": args, "kwargs": kwargs}
+    jobs = [Job("c0", "test.celery_retry", "q1", {"args": [1], "kwargs": {}})]
+    jobs.append(Job("c1", "test.celery_retry", "q1", data))
+    made = messages_for(jobs, {}, None, {})
+    assert [m.headers["kwargsrepr"] for m in made][1] == repr(data)
+    assert [written(m) for m in made] == [written(m) for m in one_by_one(jobs, {}, None)]

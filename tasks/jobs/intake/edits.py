@@ -75,7 +75,9 @@ def update_data(
         _check_shape(job.name, data)
         # Which fields changed and digests of both: never the data itself (it may hold
         # what retention must be able to delete, and this table keeps every row).
-        changed = sorted(k for k in set(job.data) | set(data) if job.data.get(k) != data.get(k))
+        # (a record of an earlier release may hold data that is not an object: all changed)
+        was = job.data if isinstance(job.data, dict) else {}
+        changed = sorted(k for k in set(was) | set(data) if was.get(k) != data.get(k))
         _audit(
             session,
             job,

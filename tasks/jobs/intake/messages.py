@@ -276,19 +276,39 @@ class Waking(Protocol):
     def tenant_id(self) -> str | None: ...
 
 
+def unbuildable(job: Waking) -> str | None:
+    """Why no message can be built from ``job``'s record, or ``None``: data that is not an
+    object (an earlier release's ``add()`` took a list), or a context that is not the shape
+    Keel writes (a record edited by hand). What ``Message`` would otherwise fail on."""
+    data, ctx = job.data, job.celery_ctx
+    if data and not isinstance(data, Mapping):
+        return f"its data is not an object but {type(data).__name__}"
+    if ctx is None:
+        return None
+    if not isinstance(ctx, Mapping):
+        return f"its context is not an object but {type(ctx).__name__}"
+    limits = ctx.get("timelimit")
+    if limits and not (isinstance(limits, list | tuple) and len(limits) == 2):
+        return f"its time limits are not a pair: {limits!r}"
+    headers = ctx.get("headers")
+    if headers and not isinstance(headers, Mapping):
+        return f"its call's headers are not an object but {type(headers).__name__}"
+    return None
+
+
 def messages_for(
     jobs: Sequence[Waking],
     priority: Mapping[str, int],
     parent: Any,
-    refused: dict[str, Exception] | None = None,
+    refused: dict[str, str] | None = None,
 ) -> list[Message]:
     """The messages of a batch of jobs: each built by ``Message``, except that a job with
     no context of its own, whose data is a dict, and whose type, queue and tenant an
     earlier such job of the batch shares, takes that job's message ``alike``.
 
-    ``refused``: where a job whose message cannot be built from what it holds (a
-    ``TypeError`` or ``ValueError``: data that is not a mapping, say) goes, by its id,
-    left out of the messages; without it, the error is raised."""
+    ``refused``: where a job whose record no message can be built from (``unbuildable``)
+    goes, by its id with the reason, left out of the messages; without it, building its
+    message raises. Any other error is raised."""
     made: list[Message] = []
     first: dict[tuple[str, str, str | None], Message] = {}
     # What a job with no context inherits from the running task, as ``Message`` finds it
@@ -296,28 +316,26 @@ def messages_for(
         parent = app.current_worker_task
     root_id = (parent.request.root_id or parent.request.id) if parent is not None else None
     for job in jobs:
+        reason = unbuildable(job) if refused is not None else None
+        if reason is not None:
+            refused[job.id] = reason  # type: ignore[index]
+            continue
         at = priority.get(job.id, 0)
         alone = not job.celery_ctx and type(job.data) is dict
         shared = first.get((job.name, job.queue, job.tenant_id)) if alone else None
         if shared is not None:
             made.append(shared.alike(job.id, job.data, at, root_id))
             continue
-        try:
-            message = Message(
-                job.id,
-                job.name,
-                job.queue,
-                job.data,
-                job.celery_ctx,
-                priority=at,
-                parent=parent,
-                tenant=job.tenant_id,
-            )
-        except (TypeError, ValueError) as exc:
-            if refused is None:
-                raise
-            refused[job.id] = exc
-            continue
+        message = Message(
+            job.id,
+            job.name,
+            job.queue,
+            job.data,
+            job.celery_ctx,
+            priority=at,
+            parent=parent,
+            tenant=job.tenant_id,
+        )
         if message.plain and alone:
             first.setdefault((job.name, job.queue, job.tenant_id), message)
         made.append(message)
@@ -367,8 +385,10 @@ def shown_arguments(name: str, data: dict[str, Any]) -> tuple[str, str]:
     amqp = settings.amqp
     task = settings.tasks.get(name)
     if getattr(task, "job_style", None) == "celery" and set(data) == {"args", "kwargs"}:
-        args, kwargs = tuple(data["args"] or ()), dict(data["kwargs"] or {})
-        return _bounded(args, amqp.argsrepr_maxsize), _bounded(kwargs, amqp.kwargsrepr_maxsize)
+        args, kwargs = data["args"] or (), data["kwargs"] or {}
+        if isinstance(args, list | tuple) and isinstance(kwargs, Mapping):  # else shown whole
+            args, kwargs = tuple(args), dict(kwargs)
+            return _bounded(args, amqp.argsrepr_maxsize), _bounded(kwargs, amqp.kwargsrepr_maxsize)
     return "()", _bounded(data, amqp.kwargsrepr_maxsize)
 
 

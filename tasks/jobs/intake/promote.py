@@ -59,14 +59,17 @@ def publish_ready(
     sent: list[Ready] = []
     started = time.monotonic()
     batched = True
-    refused: dict[str, Exception] = {}
+    refused: dict[str, str] = {}
+    building = False
     try:
         parent = app.current_worker_task  # the same for every message of the batch
         # One producer (one pooled connection) for the batch, not one acquired per job.
         with app.producer_or_acquire() as producer:
             unreachable = broker.publish_unreachable()
+            building = True
             messages = [] if unreachable else messages_for(jobs, priority, parent, refused)
-            if refused:  # their messages cannot be built: set aside, not sent with the rest
+            building = False
+            if refused:  # no message can be built from them: set aside, the rest go
                 jobs = [job for job in jobs if job.id not in refused]
             started = time.monotonic()
             if messages and publish_all(producer, messages):  # Redis: one pipeline for all
@@ -75,9 +78,12 @@ def publish_ready(
                 batched = producer.supports_batch_publish
                 _publish_each(producer, jobs, messages, sent)
     except Exception as exc:
-        # A pipeline's failure says when its round trip began: building a big batch's
-        # messages before it is no sign of a hung broker.
-        broker.publish_failed(exc, getattr(exc, "started", started))
+        if building:  # not the broker's doing: nothing was sent, the batch is parked
+            log.exception("the messages of %d jobs could not be built", len(jobs))
+        else:
+            # A pipeline's failure says when its round trip began: building a big batch's
+            # messages before it is no sign of a hung broker.
+            broker.publish_failed(exc, getattr(exc, "started", started))
         if batched:
             # A failed batch may have sent any part of itself: every job of it is parked.
             # A message that did go out finds its record delayed and is ignored (the
@@ -98,18 +104,17 @@ def publish_ready(
 REFUSED_PARK_S = 3600.0
 
 
-def _set_aside(session: Session, refused: dict[str, Exception]) -> None:
+def _set_aside(session: Session, refused: dict[str, str]) -> None:
     """Jobs whose message cannot be built from their records (data that is not an object,
     recorded by an earlier release's ``add``): due again in an hour, and said loudly, so
     that an operator fixes or cancels them; the jobs published with them are not held."""
     upkeep.park(session, list(refused), REFUSED_PARK_S)
-    for job_id, exc in refused.items():
+    for job_id, reason in refused.items():
         log.error(
-            "job %s: its message cannot be built from its record (%s: %s); tried again in "
-            "%.0f s: edit its data or cancel it",
+            "job %s: no message can be built from its record (%s); tried again in %.0f s: "
+            "edit its data (PUT /api/v1/jobs/<id>/data) or cancel it",
             job_id,
-            type(exc).__name__,
-            exc,
+            reason,
             REFUSED_PARK_S,
         )
 
