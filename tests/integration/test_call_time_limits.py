@@ -6,7 +6,6 @@ from the record (a delayed job promoted). What a worker does with them:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from celery import chain
@@ -16,18 +15,11 @@ from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import upkeep
-from tests.support import broker_lists
 from tests.support.broker_lists import headers_in
 from tests.support.client import bearer, unique
 from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
-
-
-@pytest.fixture
-def idle_queue() -> Iterator[str]:
-    with broker_lists.idle_queue("limits") as queue:
-        yield queue
 
 
 def kept_context(job_id: str) -> dict:

@@ -5,8 +5,6 @@ worker admits by them: ``test_key_lines.py``, ``test_key_limits.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tasks.db import transaction
@@ -16,18 +14,11 @@ from tasks.jobs.intake.messages import KEY_HEADER, TENANT_HEADER
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.observe.queries import describe_full, get
 from tasks.jobs.store import upkeep
-from tests.support import broker_lists
 from tests.support.broker_lists import headers_in
 from tests.support.client import unique
 from tests.support.jobs import echo
 
 pytestmark = pytest.mark.usefixtures("stack")
-
-
-@pytest.fixture
-def idle_queue() -> Iterator[str]:
-    with broker_lists.idle_queue("keys") as queue:
-        yield queue
 
 
 def test_a_tenant_s_job_carries_its_tenant_and_its_call_s_key(idle_queue):

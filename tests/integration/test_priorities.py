@@ -11,7 +11,6 @@ its party's load. Read on a queue no worker consumes, so the lists stay put.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from celery import chain, chord
@@ -25,7 +24,6 @@ from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
 from tasks.notifications.jobs import CREATE
-from tests.support import broker_lists
 from tests.support.broker_lists import messages_in
 from tests.support.jobs import echo
 
@@ -35,12 +33,6 @@ pytestmark = pytest.mark.usefixtures("stack")
 def ids_in(queue: str, priority: int) -> set[str]:
     """The job ids of the messages waiting in one of ``queue``'s priority lists."""
     return {message["headers"]["id"] for message in messages_in(queue, priority)}
-
-
-@pytest.fixture
-def idle_queue() -> Iterator[str]:
-    with broker_lists.idle_queue("idle") as queue:
-        yield queue
 
 
 def test_a_canvas_wake_up_queues_behind_its_tenant_s_load(idle_queue):

@@ -6,7 +6,6 @@ an operator's edit of its data then lets it run."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
@@ -22,12 +21,6 @@ from tests.support import broker_lists
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")
-
-
-@pytest.fixture
-def idle_queue() -> Iterator[str]:
-    with broker_lists.idle_queue("unbuildable") as queue:
-        yield queue
 
 
 def record_of(job_id: str) -> dict:

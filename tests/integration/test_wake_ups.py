@@ -5,7 +5,6 @@ the job holds its row, and the wake-up never waits for one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import text
@@ -18,12 +17,6 @@ from tests.support import broker_lists
 pytestmark = pytest.mark.usefixtures("stack")
 
 CANVAS = {"root_id": "root-of-the-canvas", "parent_id": "parent-of-the-canvas"}
-
-
-@pytest.fixture
-def idle_queue() -> Iterator[str]:
-    with broker_lists.idle_queue("wake") as queue:
-        yield queue
 
 
 def context_of(job_id: str) -> dict:
