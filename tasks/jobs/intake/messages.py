@@ -299,7 +299,7 @@ def unbuildable(job: Waking) -> str | None:
 def messages_for(
     jobs: Sequence[Waking],
     priority: Mapping[str, int],
-    parent: Any,
+    parent: Any,  # the running task, if any (``app.current_worker_task``)
     refused: dict[str, str] | None = None,
 ) -> list[Message]:
     """The messages of a batch of jobs: each built by ``Message``, except that a job with
@@ -311,14 +311,11 @@ def messages_for(
     message raises. Any other error is raised."""
     made: list[Message] = []
     first: dict[tuple[str, str, str | None], Message] = {}
-    # What a job with no context inherits from the running task, as ``Message`` finds it
-    if parent is _LOOK_UP:
-        parent = app.current_worker_task
+    # What a job with no context inherits from the running task (``parent``), as ``Message``
     root_id = (parent.request.root_id or parent.request.id) if parent is not None else None
     for job in jobs:
-        reason = unbuildable(job) if refused is not None else None
-        if reason is not None:
-            refused[job.id] = reason  # type: ignore[index]
+        if refused is not None and (reason := unbuildable(job)) is not None:
+            refused[job.id] = reason
             continue
         at = priority.get(job.id, 0)
         alone = not job.celery_ctx and type(job.data) is dict
