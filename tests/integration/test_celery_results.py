@@ -73,6 +73,28 @@ def test_a_job_waiting_out_a_retry_reads_retry_then_success():
     assert AsyncResult(result.id, app=app).retries == 1
 
 
+def test_retries_counts_retries_not_runs_as_celery_does():
+    # Given a task failing on every run, max_retries=3: four runs (waits of 1, 2 and 4 s)
+    result = celery_autoretry.delay(9)
+    seen: set[tuple[str, int]] = set()
+
+    def ended() -> bool:
+        meta = app.backend.get_task_meta(result.id)  # one read: its state and retries together
+        seen.add((meta["status"], meta["retries"]))
+        return meta["status"] == "FAILURE"
+
+    wait_for(ended, timeout=40, interval=0.05)
+    job = wait_state(result.id, "failed")
+    # Each run saw request.retries 0, 1, 2, 3 (its error says retries + 1) …
+    assert [run["error"] for run in job["runs"]] == [f"flaky run {n}" for n in (1, 2, 3, 4)]
+    assert (job["attemptsMade"], job["attemptsStarted"]) == (4, 4)  # Keel's counters: runs
+    # … and the result says 3 at the end, as Celery's does after the last retry
+    assert AsyncResult(result.id, app=app).retries == 3
+    # Waiting out each retry, it read RETRY with the failed run's retries, as Celery stores it
+    assert {("RETRY", 0), ("RETRY", 1), ("RETRY", 2)} <= seen, seen
+    assert all(retries <= 3 for _, retries in seen) and ("RETRY", 3) not in seen, seen
+
+
 def test_a_revoked_job_reads_revoked():
     result = celery_add.apply_async((1, 2), countdown=120)
     assert AsyncResult(result.id, app=app).state == "PENDING"

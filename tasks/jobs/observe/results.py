@@ -14,6 +14,9 @@ Keel                            Celery
 ``cancelled``                   ``REVOKED``
 ==============================  ============================================
 
+``retries`` is Celery's count of retries, not of runs (``celery_retries``): the retries
+before the last run, where ``attemptsMade`` counts that run too once it failed.
+
 A failed run keeps its exception's type with the record (``failures.kind``); Celery
 rebuilds it when that class is loaded in the reading process, and makes a class of the
 same name otherwise. A job that ended without an exception of its own — stalled too
@@ -51,8 +54,11 @@ _CELERY_STATE = {
 # The columns a result needs, never the data or options (they may be large).
 _COLUMNS = (
     "id, tenant_id, state, result, failed_reason, attempts_made, finished_on, "
-    "runs -> -1 -> 'exception' AS exception, stacktrace -> -1 AS traceback"
+    "runs -> -1 -> 'exception' AS exception, runs -> -1 ->> 'outcome' AS last_outcome, "
+    "stacktrace -> -1 AS traceback"
 )
+# How a run that failed ends (``tasks.jobs.store.runs``): each counted in ``attemptsMade``.
+_FAILED_RUN = frozenset({"retrying", "failed"})
 
 
 def celery_state(state: str, attempts_made: int) -> str:
@@ -61,6 +67,20 @@ def celery_state(state: str, attempts_made: int) -> str:
     if mapped == states.PENDING and attempts_made > 0 and state != State.WAITING_CHILDREN:
         return str(states.RETRY)
     return mapped
+
+
+def celery_retries(attempts_made: int, last_outcome: str | None) -> int:
+    """Celery's ``retries``: the retries before the job's last run (the one running, or the
+    last to end), as that run's ``request.retries`` read it and as Celery stores it with
+    the run's state. A task failing every run with ``max_retries=3`` reads 0 while it waits
+    out its first retry, and 3 once it failed.
+
+    ``attemptsMade`` counts failed runs, the last one included once it failed; a run
+    that ended otherwise (completed, deferred, stalled, cancelled) counted none.
+    """
+    if last_outcome in _FAILED_RUN:
+        return max(0, attempts_made - 1)
+    return attempts_made
 
 
 def _error(row: Any) -> dict[str, Any]:
@@ -107,7 +127,7 @@ def meta_of(row: Any) -> dict[str, Any]:
         "traceback": traceback,
         "children": [],
         "date_done": _iso(row.finished_on) if status in states.READY_STATES else None,
-        "retries": row.attempts_made,
+        "retries": celery_retries(row.attempts_made, row.last_outcome),
     }
 
 
