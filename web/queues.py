@@ -16,6 +16,7 @@ from flask import Blueprint, g
 from pydantic import Field
 
 from tasks.jobs.intake import pauses
+from tasks.jobs.observe.queries import iso
 from tasks.jobs.store.counts import by_queue
 from web.api import operation
 from web.auth import OPERATOR
@@ -30,7 +31,7 @@ class PauseShown(Open):
     queue: str
     scope: str  # "tenant" (this tenant's jobs) or "all" (every tenant's: system scope)
     pausedBy: str | None = None
-    pausedAt: datetime
+    pausedAt: datetime  # shown as every timestamp of the API is (``iso``)
 
 
 class QueueCounts(Open):
@@ -55,7 +56,7 @@ def _shown(pause: pauses.Pause) -> dict:
         "scope": "tenant" if pause.tenant_id else "all",
         # Who paused every tenant's jobs (a system account) is not the tenant's to know.
         "pausedBy": pause.paused_by if pause.tenant_id else None,
-        "pausedAt": pause.paused_at,
+        "pausedAt": iso(pause.paused_at),
     }
 
 

@@ -3,6 +3,9 @@ answers say (no worker here: what pausing does to jobs is tests/integration/test
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from tasks.jobs.intake import pauses
@@ -10,6 +13,8 @@ from tests.support import jobs as _test_jobs  # noqa: F401  (the test.pausable q
 from tests.support.client import bearer, metrics_headers, unique
 
 QUEUE = "pausable"
+# Every timestamp of the API: ISO 8601, UTC, to the millisecond (a job's ``createdAt``)
+ISO_UTC_MS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 @pytest.fixture
@@ -39,6 +44,22 @@ def test_pause_and_resume_are_idempotent(client, operator):
     twice = client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()
     assert (resumed["changed"], twice["changed"]) == (True, False)
     assert not resumed["paused"] and not twice["paused"]
+
+
+def test_paused_at_is_iso_8601_in_utc_as_every_other_timestamp(client, operator):
+    # Given a tenant's pause of the queue
+    before = datetime.now(UTC)
+    assert client.post(f"/api/v1/queues/{QUEUE}/pause", headers=operator).get_json()["changed"]
+    try:
+        # When its operator lists the queues
+        (shown,) = client.get("/api/v1/queues", headers=operator).get_json()["paused"]
+        # Then the pause's time is written as a job's createdAt is, and is when it paused
+        assert (shown["queue"], shown["scope"], shown["pausedBy"]) == (QUEUE, "tenant", "ops")
+        assert ISO_UTC_MS.fullmatch(shown["pausedAt"]), shown
+        at = datetime.fromisoformat(shown["pausedAt"].replace("Z", "+00:00"))
+        assert before - timedelta(seconds=2) <= at <= datetime.now(UTC) + timedelta(seconds=2)
+    finally:
+        assert client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()["changed"]
 
 
 def test_a_pause_of_the_whole_queue_shows_to_every_tenant_and_only_the_system_lifts_it(

@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -28,8 +28,12 @@ DEFAULT_PAGE = 20
 
 
 def iso(moment: datetime | None) -> str | None:
+    """A timestamp as the API shows every one: ISO 8601 in UTC, to the millisecond
+    (``2026-12-07T01:16:40.123Z``), whatever the database session's time zone."""
     if moment is None:
         return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
