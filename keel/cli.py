@@ -7,13 +7,15 @@ Subcommands import what they need when they run: ``keel --help`` and
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import os
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -35,39 +37,122 @@ if TYPE_CHECKING:
     from tasks.jobs.model.models import JobRecord
 
 
+# The roles a token can carry (web.auth.OPERATOR); spelled out so that `keel token` stays light.
+ROLES = ("operator",)
+
+
 class KeelGroup(click.Group):
-    """The ``keel`` group: a server that cannot be reached is named with where its URL came from."""
+    """The ``keel`` group: every error a user can cause or mend is one line, never a traceback.
+
+    A server that cannot be reached is named with where its URL came from; a setting
+    that is missing or malformed, or anything Keel refused, is said as Keel says it.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:
+            raise UsageLine(f"{exc.format_message()} (see `keel --help`)") from None
 
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # click's own is three lines: usage, hint, error
+            where = exc.ctx.command_path if exc.ctx is not None else ctx.command_path
+            raise UsageLine(f"{exc.format_message()} (see `{where} --help`)") from None
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
         except Exception as exc:
-            problem = _unreachable(exc)
+            problem = _unreachable(exc) or _misconfigured(exc)
             if problem is None:
                 raise
             raise click.ClickException(problem) from None
 
 
+class UsageLine(click.ClickException):
+    """A usage error in one line, with click's exit code for usage errors."""
+
+    exit_code = 2
+
+
+def _misconfigured(exc: BaseException) -> str | None:
+    """A setting or refusal's own words (``KeelError``), or pydantic's about a ``KEEL_*`` value."""
+    from tasks.jobs.model.errors import KeelError
+
+    if isinstance(exc, KeelError):
+        return str(exc)
+    pydantic = sys.modules.get("pydantic")
+    if pydantic is not None and isinstance(exc, pydantic.ValidationError):
+        return "; ".join(_setting_problem(error) for error in exc.errors())
+    return None
+
+
+def _setting_problem(error: Any) -> str:
+    from tasks.config import PREFIX
+
+    field = str(error["loc"][0]) if error.get("loc") else "?"
+    variable = f"{PREFIX}{field.upper()}"
+    message = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return message if message.startswith(variable) else f"{variable}: {message}"
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def changes_state(command: F) -> F:
+    """Refuse to change a stack that was only found running elsewhere, unless it was named.
+
+    Reading a found stack is harmless and says which it used; changing one (pausing a
+    queue, cancelling jobs, migrating) from an unrelated folder is a mistake waiting to
+    happen, so it needs ``--home`` (or ``KEEL_HOME``).
+    """
+
+    @functools.wraps(command)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        choice = click.get_current_context().find_root().obj
+        if getattr(choice, "how", None) == "found":
+            raise click.ClickException(
+                f"the stack at {choice.home} (keel up pid {choice.pid}) was found running "
+                f"outside this folder; to change it from here, name it: keel --home "
+                f"{choice.home} {' '.join(sys.argv[1:])}"
+            )
+        return command(*args, **kwargs)
+
+    return guarded  # type: ignore[return-value]
+
+
 @click.group(cls=KeelGroup)
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="the stack to use: its KEEL_HOME (default: see above)",
+)
+@click.option("--verbose", "-v", is_flag=True, help="show the command's log lines on stderr")
+@click.version_option(package_name="keel-jobs", prog_name="keel")
 @click.pass_context
-def main(ctx: click.Context) -> None:
+def main(ctx: click.Context, home: Path | None, verbose: bool) -> None:
     """Keel: Celery jobs with BullMQ's semantics.
 
-    Commands use the stack of $KEEL_HOME if set, else of ./.keel if a `keel up`
-    runs there, else the one `keel up` of yours running elsewhere (named on
-    stderr); with several running, set KEEL_HOME.
+    Commands use the stack of --home or $KEEL_HOME if given, else of ./.keel if a
+    `keel up` runs there, else the one `keel up` of yours running elsewhere (named
+    on stderr; commands that change it then ask for --home); with several running,
+    name one.
     """
+    if home is not None:
+        os.environ["KEEL_HOME"] = str(home.resolve())
+        get_settings.cache_clear()
     if ctx.invoked_subcommand in (None, "up") or "--help" in sys.argv[1:]:
         return  # `keel up` picks its own home; help needs no stack
-    _use_stack()
+    ctx.obj = _use_stack()
     from tasks import logs
 
-    logs.configure("cli")  # on stderr: a command's own output (stdout) stays as it is
+    # A command's output is its own: log lines only when asked, else problems alone.
+    logs.configure("cli", level="INFO" if verbose else "WARNING", quiet=not verbose)
 
 
-def _use_stack() -> None:
-    """Point this process at its stack (``keel.stacks``), saying so when it is not obvious."""
-    from keel.stacks import SeveralStacks, choose
+def _use_stack() -> Any:
+    """Point this process at its stack (``tasks.stacks``), saying so when it is not obvious."""
+    from tasks.stacks import SeveralStacks, choose
 
     try:
         choice = choose()
@@ -87,6 +172,7 @@ def _use_stack() -> None:
             " with `keel up`, or set KEEL_HOME to a running stack's home",
             err=True,
         )
+    return choice
 
 
 def _stale_values(env_file: Path) -> list[str]:
@@ -118,8 +204,8 @@ def _unreachable(exc: BaseException) -> str | None:
 
 
 def _server_problem(server: str, variable: str, exc: BaseException) -> str:
-    from keel.home import running_owner
     from tasks.config import origin
+    from tasks.stacks import running_owner
 
     settings = get_settings()
     field = variable.removeprefix("KEEL_").lower()
@@ -189,7 +275,9 @@ def up(includes: tuple[str, ...]) -> None:
 @main.command()
 @click.option("--tenant", required=True)
 @click.option("--user", required=True)
-@click.option("--role", "roles", multiple=True, help="repeat for several roles")
+@click.option(
+    "--role", "roles", multiple=True, type=click.Choice(ROLES), help="repeat for several roles"
+)
 @click.option(
     "--ttl",
     default=3600,
@@ -221,7 +309,9 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
 @main.command("ui-link")
 @click.option("--tenant", required=True)
 @click.option("--user", required=True)
-@click.option("--role", "roles", multiple=True, help="repeat for several roles")
+@click.option(
+    "--role", "roles", multiple=True, type=click.Choice(ROLES), help="repeat for several roles"
+)
 @click.option("--ttl", default=300, show_default=True, type=click.IntRange(1, 3600), help="seconds")
 @click.option("--url", "base_url", help="where the web app answers (default: KEEL_WEB_URL)")
 def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: str | None) -> None:
@@ -244,6 +334,7 @@ def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: 
 @main.command("ui-signout")
 @click.option("--tenant", required=True)
 @click.option("--user", required=True)
+@changes_state
 def ui_signout(tenant: str, user: str) -> None:
     """End every dashboard session of a user, in every browser, at once."""
     from flask import Flask
@@ -259,12 +350,53 @@ def ui_signout(tenant: str, user: str) -> None:
     click.echo(f"ended {ended} dashboard session{'s' if ended != 1 else ''} of {tenant}/{user}")
 
 
+URL_KINDS = ("web", "api", "ui", "docs", "flower", "sandbox")
+
+
+@main.command("url")
+@click.argument("kind", type=click.Choice(URL_KINDS), default="web")
+def url_command(kind: str) -> None:
+    """Print where the stack's web app (or Flower, the sandbox) answers, for scripts:
+    curl "$(keel url api)/reports"."""
+    settings = get_settings()
+    web = (settings.web_url or f"http://127.0.0.1:{settings.web_port}").rstrip("/")
+    urls = {
+        "web": web,
+        "api": f"{web}/api/v1",
+        "ui": f"{web}/ui",
+        "docs": f"{web}/api/v1/docs",
+        "flower": f"http://127.0.0.1:{settings.flower_port}",
+        "sandbox": settings.provider_url or f"http://127.0.0.1:{settings.sandbox_port}",
+    }
+    click.echo(urls[kind])
+
+
+@main.command("env")
+def env_command() -> None:
+    """Print `export` lines that point a shell (and programs it starts) at this stack:
+    eval "$(keel env)". Names the stack's home and addresses; no secret is printed."""
+    import shlex
+
+    settings = get_settings()
+    web = (settings.web_url or f"http://127.0.0.1:{settings.web_port}").rstrip("/")
+    values = {
+        "KEEL_HOME": str(settings.home),
+        "KEEL_WEB_URL": web,
+        "KEEL_WEB_PORT": str(settings.web_port),
+        "KEEL_FLOWER_PORT": str(settings.flower_port),
+        "KEEL_SANDBOX_PORT": str(settings.sandbox_port),
+    }
+    for name, value in values.items():
+        click.echo(f"export {name}={shlex.quote(value)}")
+
+
 @main.group()
 def db() -> None:
     """Database schema."""
 
 
 @db.command("upgrade")
+@changes_state
 def db_upgrade() -> None:
     """Alembic upgrade head."""
     from tasks.migrate import migrate
@@ -303,6 +435,7 @@ def schedulers_list(tenant: str) -> None:
 @click.option("--queue", help="default: the queue the job's handler is registered on")
 @click.option("--tenant", default="", help="the tenant that owns it (default: the system)")
 @click.option("--user", help="with --tenant: the user its jobs belong to")
+@changes_state
 def schedulers_upsert(
     scheduler_id: str,
     pattern: str | None,
@@ -373,6 +506,7 @@ def _json_option(name: str, raw: str) -> dict:
 @schedulers_group.command("remove")
 @click.argument("scheduler_id")
 @click.option("--tenant", default="")
+@changes_state
 def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     """Remove SCHEDULER_ID: no further jobs are created."""
     from tasks.jobs.model.errors import JobNotFound
@@ -382,8 +516,23 @@ def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     try:
         schedulers.remove(Scope(tenant), scheduler_id)
     except JobNotFound:
-        raise click.ClickException(f"no scheduler {scheduler_id!r}") from None
+        raise click.ClickException(_no_scheduler(scheduler_id, tenant)) from None
     click.echo(f"removed {scheduler_id}")
+
+
+def _no_scheduler(scheduler_id: str, tenant: str) -> str:
+    """That there is none in this scope, and the --tenant of the ones there are."""
+    from tasks.jobs.schedule import schedulers
+
+    scope = f"tenant {tenant}" if tenant else "the system scope"
+    owners = sorted(
+        r.tenant_id for r in schedulers.list_all() if r.id == scheduler_id and r.tenant_id
+    )
+    found = [o for o in owners if o != tenant]
+    if not found:
+        return f"no scheduler {scheduler_id!r} in {scope}"
+    hint = " or ".join(f"--tenant {owner}" for owner in found[:5])
+    return f"no scheduler {scheduler_id!r} in {scope}; it is a tenant's: add {hint}"
 
 
 @main.group("jobs")
@@ -438,9 +587,8 @@ def jobs_list(
     left out unless --all is given or --name names them.
     """
     from tasks.celery import load_job_modules
-    from tasks.jobs.model.errors import KeelError
     from tasks.jobs.observe import quiet
-    from tasks.jobs.observe.queries import list_jobs
+    from tasks.jobs.observe.queries import InvalidCursor, list_jobs
     from tasks.jobs.store.listing import JobFilter
 
     try:
@@ -453,7 +601,7 @@ def jobs_list(
     )
     try:
         page = list_jobs(where, cursor=cursor, limit=limit)
-    except KeelError as exc:
+    except InvalidCursor as exc:
         raise click.BadParameter(str(exc), param_hint="--cursor") from None
     for job in page.jobs:
         click.echo(_job_line(job))
@@ -477,6 +625,7 @@ def jobs_show(job_id: str) -> None:
 @click.argument("job_id")
 @click.option("--reason", default=None, help="why (kept in the audit of an abort)")
 @click.option("--by", "actor", default="system", show_default=True, help="who (audit)")
+@changes_state
 def jobs_cancel(job_id: str, reason: str | None, actor: str) -> None:
     """Cancel a waiting or delayed job (it never runs), or abort an active one: it ends
     cancelled once its run stops (stopped by its worker past KEEL_ABORT_GRACE_S)."""
@@ -495,6 +644,7 @@ def jobs_cancel(job_id: str, reason: str | None, actor: str) -> None:
 @click.option("--reason", required=True, help="why (kept in the audit trail; 10+ characters)")
 @click.option("--by", "actor", required=True, help="who is retrying (kept in the audit trail)")
 @click.option("--cancelled", "cancelled_too", is_flag=True, help="retry a cancelled job too")
+@changes_state
 def jobs_retry(job_id: str, reason: str, actor: str, cancelled_too: bool) -> None:
     """Give a failed job (with --cancelled, a cancelled one) its full attempts again,
     audited first (as the API's retry)."""
@@ -541,6 +691,7 @@ BULK_ACTIONS = ("retry", "cancel", "promote", "clean", "drain", "obliterate")
 @click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
 @click.option("--by", "actor", required=True, help="who (kept in the audit)")
 @click.option("--yes", is_flag=True, help="do not ask to confirm the count")
+@changes_state
 def jobs_bulk(
     action: str,
     queue: str | None,
@@ -612,6 +763,7 @@ def jobs_bulk(
     type=click.FloatRange(0),
     help="seconds since a job was last published",
 )
+@changes_state
 def jobs_republish(queue: str | None, older_than_s: float) -> None:
     """Republish waiting jobs whose message the broker no longer holds (after a purge)."""
     from tasks.jobs.model.errors import KeelError
@@ -710,6 +862,7 @@ def _queue_known(queue: str) -> None:
 @queues_group.command("pause")
 @click.argument("queue")
 @click.option("--tenant", default="", help="hold one tenant's jobs only (default: everyone's)")
+@changes_state
 def queues_pause(queue: str, tenant: str) -> None:
     """Pause QUEUE: jobs added meanwhile are recorded and wait, running jobs finish.
 
@@ -726,6 +879,7 @@ def queues_pause(queue: str, tenant: str) -> None:
 @queues_group.command("resume")
 @click.argument("queue")
 @click.option("--tenant", default="", help="the pause of one tenant's jobs (default: the queue's)")
+@changes_state
 def queues_resume(queue: str, tenant: str) -> None:
     """Resume QUEUE: the jobs its pause held are published again, in the order they came."""
     from tasks.jobs.intake import pauses
@@ -776,6 +930,7 @@ def deadletters_list(queues: tuple[str, ...]) -> None:
 @click.argument("ids", nargs=-1)
 @click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
 @click.option("--all", "drop_all", is_flag=True, help="every dead letter of the queues")
+@changes_state
 def deadletters_drop(ids: tuple[str, ...], queues: tuple[str, ...], drop_all: bool) -> None:
     """Delete the dead letters named by IDS (or --all of them)."""
     from tasks import deadletters

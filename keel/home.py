@@ -7,7 +7,7 @@ file and two worker sets on one database, and the second would rewrite
 keeps it until it exits. The kernel drops the lock when the process dies,
 however it dies, so a crash never leaves a stale lock; the pid written
 inside is only there to name the owner (in the refusal, and to `keel` commands
-that find the stack: `keel.stacks`).
+that find the stack: `tasks.stacks`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from keel.embedded.private import private_dir
 from tasks.jobs.model.errors import KeelError
+from tasks.stacks import LOCK_FILE
 
-LOCK_FILE = "lock"
 PROBE_RETRIES = 4  # ``running_owner`` takes a shared lock for an instant
 
 
@@ -70,25 +70,3 @@ class HomeLock:
             os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing the last descriptor drops the flock
             self._fd = None
-
-
-def running_owner(home: Path) -> str | None:
-    """The pid of the ``keel up`` running on ``home``, or ``None`` when none is.
-
-    Asks the kernel, not the pid file: a lock nobody holds is a stack that
-    stopped (or crashed), whatever the file still says. The probe takes a
-    shared lock for an instant and never creates anything.
-    """
-    try:
-        fd = os.open(home / LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)

@@ -11,11 +11,13 @@ jobs in flight finish), then the servers. Everything it creates under
 
 from __future__ import annotations
 
+import errno
 import faulthandler
 import hashlib
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +33,7 @@ from keel import stacks
 from keel.embedded import EmbeddedPostgres, EmbeddedRedis
 from keel.embedded.lifeline import PRIVATE_UMASK
 from keel.embedded.private import create_private
+from keel.errors import StartRefused
 from keel.home import HomeBusy, HomeLock
 from keel.supervisor import Child, Supervisor
 from tasks.catalog import parse_builtin
@@ -45,6 +48,7 @@ from tasks.jobs.upkeep import liveness
 from tasks.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
+STACK_HEADER = "Keel-Stack"  # web.system.STACK_HEADER: /readyz names the stack that started it
 READY_PROBE_S = 1.0
 READY_REPORT_S = 15.0
 # What a child gets if the supervisor dies without stopping it (kill -9): a quick exit.
@@ -105,6 +109,37 @@ def unimportable(modules: list[str], timeout_s: float = 120) -> str | None:
     return f"job module {lines[-1]}"
 
 
+def refuse_taken_ports(ports: dict[str, int]) -> None:
+    """``StartRefused`` naming the first port (and its variable) another process listens on.
+
+    Bound as the servers will bind it (127.0.0.1, ``SO_REUSEADDR`` as gunicorn and
+    Tornado set it), so a port merely in TIME_WAIT after a stop does not count.
+    """
+    for variable, port in ports.items():
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                raise StartRefused(
+                    f"port {port} is in use by another program; set {variable} to a free port "
+                    f"(e.g. {variable}={_free_near(port)} keel up)"
+                ) from None
+
+
+def _free_near(port: int) -> int:
+    for candidate in range(port + 1, min(port + 100, 65535)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return candidate
+    return 0
+
+
 def secret_key(home: Path, configured: str | None) -> str:
     return configured or _kept(home / "secret", 48)
 
@@ -137,9 +172,14 @@ class Stack:
         no configured servers.
         """
         given = ProcessSettings()
+        ports = {"KEEL_WEB_PORT": given.web_port, "KEEL_FLOWER_PORT": given.flower_port}
+        if "notifications" in parse_builtin(given.builtin_jobs):
+            ports["KEEL_SANDBOX_PORT"] = given.sandbox_port
+        refuse_taken_ports(ports)
         secret = secret_key(self.home, given.secret_key)
         env = {
             "KEEL_HOME": str(self.home),
+            "KEEL_STACK_ID": secrets.token_hex(8),
             "KEEL_WEB_PORT": str(given.web_port),
             "KEEL_FLOWER_PORT": str(given.flower_port),
             "KEEL_SANDBOX_PORT": str(given.sandbox_port),
@@ -162,6 +202,7 @@ class Stack:
         env["KEEL_BUILTIN_JOBS"] = given.builtin_jobs
         database_url = given.database_url
         if not database_url:
+            self.supervisor.output.say(f"starting Postgres in {self.home / 'pg'}")
             postgres = EmbeddedPostgres(self.home)
             database_url = postgres.start()
             self.supervisor.add(postgres, postgres.start, running=True)
@@ -169,6 +210,7 @@ class Stack:
         if not redis_url:
             # A fresh password each run: only this stack's processes learn it (env file, environ).
             redis_server = EmbeddedRedis(self.home, password=secrets.token_urlsafe(32))
+            self.supervisor.output.say(f"starting Redis on port {redis_server.port}")
             redis_url = redis_server.start()
             self.supervisor.add(redis_server, redis_server.start, running=True)
         env["KEEL_DATABASE_URL"] = database_url
@@ -230,6 +272,7 @@ class Stack:
         except HomeBusy as exc:
             print(f"keel: {exc}", file=sys.stderr)
             return 1
+        self.supervisor.output.say(f"starting the stack in {self.home}")
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where is it stuck?
@@ -238,6 +281,9 @@ class Stack:
             self._start()
             self.starting = False
             return self.supervisor.watch(lambda: self.stopping, self._announce_when_ready)
+        except StartRefused as exc:
+            print(f"keel: {exc}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:  # a signal while starting: stop what is already up
             return 0
         finally:
@@ -250,6 +296,7 @@ class Stack:
         env = self.environment()
         os.environ.update(env)
         reload_settings()
+        self.supervisor.output.say("migrating the database")
         migrate()
         write_env_file(self.home / ENV_FILE_NAME, env)  # atomic: a temporary file, renamed
         # Secrets reach children through their environment, never their command line
@@ -263,7 +310,10 @@ class Stack:
         self.env = env
         self._next_report = time.monotonic() + READY_REPORT_S
         self._children_started_at = time.monotonic()
-        for child in self.plan(env):
+        children = self.plan(env)
+        names = ", ".join(child.name for child in children)
+        self.supervisor.output.say(f"starting {names}; waiting until the API is ready")
+        for child in children:
             child.env, child.cwd = child_env, str(PROJECT_ROOT)
             child.death_signal = DEATH_SIGNALS.get(child.name, signal.SIGTERM)
             self.supervisor.add(child, partial(child.start, self.supervisor.output))
@@ -291,12 +341,17 @@ class Stack:
         url = f"{self.env['KEEL_WEB_URL']}/readyz"
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
         try:
-            with direct.open(url, timeout=3):
-                pass
+            with direct.open(url, timeout=3) as answer:
+                stack = answer.headers.get(STACK_HEADER)
         except urllib.error.HTTPError as exc:
             return exc.read().decode(errors="replace")[:300]
         except OSError as exc:
             return f"web not answering ({exc})"
+        if stack != self.env["KEEL_STACK_ID"]:  # another program on our port answered
+            return (
+                f"{url} is answered by another server, not this stack's web app "
+                f"(set KEEL_WEB_PORT to a free port)"
+            )
         since_start_s = time.monotonic() - self._children_started_at
         try:
             if liveness.fresh(liveness.quick_client(), "worker", within_s=since_start_s):

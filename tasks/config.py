@@ -23,15 +23,11 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from tasks.jobs.model.errors import KeelError
 from tasks.setting_types import QueueLimit, TenantQuotas, parse_queue_limits, parse_tenant_quotas
+from tasks.stacks import ENV_FILE_NAME, keel_home, settings_home
 
-ENV_FILE_NAME = "env"
 PREFIX = "KEEL_"
-
-
-def keel_home() -> Path:
-    """The folder holding embedded state (``KEEL_HOME``, default ``./.keel``)."""
-    return Path(os.environ.get("KEEL_HOME", ".keel")).resolve()
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -56,7 +52,7 @@ def origin(variable: str) -> str:
     """
     if os.environ.get(variable):
         return "the environment"
-    path = keel_home() / ENV_FILE_NAME
+    path = settings_home() / ENV_FILE_NAME
     if read_env_file(path).get(variable):
         return str(path)
     return "nowhere (unset)"
@@ -64,10 +60,17 @@ def origin(variable: str) -> str:
 
 def not_configured(variable: str) -> str:
     """What to do when ``variable`` is unset, in the words of an error."""
+    looked_in = settings_home() / ENV_FILE_NAME
     return (
-        f"{variable} is not set and no stack is running (looked in {keel_home() / ENV_FILE_NAME}):"
+        f"{variable} is not set and no stack is running (looked in {looked_in}):"
         f" start one with `keel up`, or set KEEL_HOME to a running stack's home, or {variable}"
     )
+
+
+class NotConfigured(KeelError, RuntimeError):
+    """A server or secret this process needs is configured nowhere (``not_configured``)."""
+
+    code = "not_configured"
 
 
 def write_env_file(path: Path, values: dict[str, str]) -> None:
@@ -105,7 +108,7 @@ class _EnvFile(PydanticBaseSettingsSource):
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         super().__init__(settings_cls)
-        self.values = read_env_file(keel_home() / ENV_FILE_NAME)
+        self.values = read_env_file(settings_home() / ENV_FILE_NAME)
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
         return self.values.get(f"{PREFIX}{field_name.upper()}"), field_name, False
@@ -145,13 +148,16 @@ class Settings(BaseSettings):
     secret_key: str | None = None
     provider_url: str | None = None
     sandbox_admin_key: str = ""  # the provider sandbox's /admin and /v1/ledger
-    home: Path = Field(default_factory=keel_home)
+    home: Path = Field(default_factory=settings_home)
     # Ports of `keel up`'s web app, Flower and provider sandbox; gunicorn's process count.
     web_port: int = 8000
     flower_port: int = 5555
     sandbox_port: int = 8025
     web_workers: int = 2
     web_url: str | None = None  # written by `keel up` for scripts: where its API answers
+    # Written by `keel up`, new at each start: /readyz names it, so that its probe knows
+    # its own API from another server on the same port.
+    stack_id: str = ""
     # Where people reach the web app (behind a proxy: its https:// URL); unset: KEEL_WEB_URL.
     # Redirects and links are built from it, never from a request's Host header (web.hosts).
     public_url: str | None = None
@@ -303,14 +309,14 @@ class Settings(BaseSettings):
     @property
     def sqlalchemy_url(self) -> str:
         if not self.database_url:
-            raise RuntimeError(not_configured("KEEL_DATABASE_URL"))
+            raise NotConfigured(not_configured("KEEL_DATABASE_URL"))
         return sqlalchemy_url(self.database_url)
 
     @property
     def redis(self) -> str:
         """Keel's Redis (events, limits, metrics, heartbeats, results); required."""
         if not self.redis_url:
-            raise RuntimeError(not_configured("KEEL_REDIS_URL"))
+            raise NotConfigured(not_configured("KEEL_REDIS_URL"))
         return self.redis_url
 
     @property
@@ -332,6 +338,7 @@ class ProcessSettings(Settings):
     """
 
     use_env_file: ClassVar[bool] = False
+    home: Path = Field(default_factory=keel_home)  # keel up's own: ./.keel, found or not
 
 
 @lru_cache(maxsize=1)

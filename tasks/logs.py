@@ -231,9 +231,14 @@ def _remember_secrets() -> None:
     _secrets[:] = sorted(variants, key=len, reverse=True)
 
 
-def configure(role: str, level: str | int | None = None, stream: TextIO | None = None) -> None:
+def configure(
+    role: str, level: str | int | None = None, stream: TextIO | None = None, *, quiet: bool = False
+) -> None:
     """Give this process Keel's logging: one handler on ``stream`` (stderr), Keel's format,
-    ``KEEL_LOG_LEVEL`` (else ``level``, else INFO); Python's warnings go through it too."""
+    ``KEEL_LOG_LEVEL`` (else ``level``, else INFO); Python's warnings go through it too.
+
+    ``quiet`` (a ``keel`` command not asked for ``--verbose``): warnings and errors only,
+    whatever ``KEEL_LOG_LEVEL`` says, so that a command's streams carry its own output."""
     from tasks.config import get_settings
 
     _role["name"] = role
@@ -244,7 +249,7 @@ def configure(role: str, level: str | int | None = None, stream: TextIO | None =
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(get_settings().log_level or level or logging.INFO)
+    root.setLevel(level if quiet and level else get_settings().log_level or level or logging.INFO)
     logging.setLogRecordFactory(_record_with_context)
     logging.captureWarnings(True)
 

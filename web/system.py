@@ -258,6 +258,9 @@ REGISTRY.register(SourcesUp())  # after the sources: this scrape's outcome
 REGISTRY.register(SCRAPE_ERRORS)  # last: a scrape's own errors are in its answer
 
 
+STACK_HEADER = "Keel-Stack"
+
+
 @operation(bp, "/healthz", "GET", summary="Liveness", responses={200: Health}, authenticated=False)
 def healthz():
     return {"status": "ok"}
@@ -283,7 +286,10 @@ def readyz():
             details=[{"check": check.name, "problem": check.problem} for check in failing],
             headers={"Retry-After": "2"},
         )
-    return {"status": "ready", "checks": {check.name: check.describe() for check in checks}}
+    answer = {"status": "ready", "checks": {check.name: check.describe() for check in checks}}
+    # `keel up` started this app with its stack's id: its probe knows its own API by it.
+    stack_id = get_settings().stack_id
+    return (answer, 200, {STACK_HEADER: stack_id}) if stack_id else answer
 
 
 @operation(

@@ -10,9 +10,11 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from tests.support.keel_up import KEEL, KeelUp
 from tests.support.stack import wait_for
@@ -76,3 +78,46 @@ def test_a_fresh_keel_up_logs_no_warning_and_delivers_each_job_once(fresh_up: Ke
     warnings = [line for line in log.splitlines() if re.search(r"WARNING/|\bERROR/", line)]
     assert warnings == [], "\n".join(warnings)
     assert not re.search(r"\] ignored", log), log[-3000:]
+
+
+def test_a_stack_on_a_taken_port_stops_at_once_naming_it(keel_up: KeelUp, tmp_path):
+    # Given a running stack, and a second home whose web port is the first's
+    second = KeelUp(tmp_path / "home")
+    taken = keel_up.env["KEEL_WEB_PORT"]
+    env = {**second.env, "KEEL_WEB_PORT": taken}
+    # When `keel up` starts there
+    started = time.monotonic()
+    refused = subprocess.run(
+        [KEEL, "up"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    elapsed = time.monotonic() - started
+    # Then it stops within the contract's 5 s (nothing was started), in one line naming the
+    # port and the variable that moves it
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert elapsed < 5, elapsed
+    [line] = refused.stderr.strip().splitlines()
+    assert f"port {taken} is in use" in line and "KEEL_WEB_PORT=" in line
+    assert "Keel is up" not in refused.stdout
+    assert not (tmp_path / "home" / "pg").exists()
+
+
+def test_two_stacks_each_answer_for_themselves(keel_up: KeelUp, fresh_up: KeelUp):
+    # Given two stacks on one host, each on its own ports
+    for up in (keel_up, fresh_up):
+        # Then each one's API names that stack, and its sign-in link is its own dashboard's
+        ready = requests.get(f"{up.web}/readyz", timeout=5)
+        assert ready.headers["Keel-Stack"] == up.stack_env["KEEL_STACK_ID"]
+        link = subprocess.run(
+            [KEEL, "ui-link", "--tenant", "acme", "--user", "olga", "--role", "operator"],
+            env=up.env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert link.startswith(f"{up.web}/ui/login/")
+        browser = requests.Session()
+        assert browser.get(link, allow_redirects=False, timeout=10).status_code == 303
+        page = browser.get(f"{up.web}/ui/queues", headers={"Accept": "text/html"}, timeout=10)
+        assert page.status_code == 200 and "Queues" in page.text
+    assert keel_up.stack_env["KEEL_STACK_ID"] != fresh_up.stack_env["KEEL_STACK_ID"]
+    assert keel_up.web != fresh_up.web

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,3 +139,52 @@ def test_the_registry_is_private_to_its_user(tmp_path, runtime):
     assert stat.S_IMODE(stacks.registry_dir().stat().st_mode) == 0o700
     assert stat.S_IMODE(entry.stat().st_mode) == 0o600
     assert entry.read_text().strip() == str(home)
+
+
+def test_a_program_of_yours_in_another_folder_finds_the_stack_as_keel_does(tmp_path, runtime):
+    # Given one running stack, and a script of the user's in an unrelated folder
+    home, lock = running_home(tmp_path / "project", KEEL_WEB_URL="http://127.0.0.1:18123")
+    elsewhere = tmp_path / "mine"
+    elsewhere.mkdir()
+    script = "from tasks.config import get_settings; s = get_settings(); print(s.home, s.web_url)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
+    env["XDG_RUNTIME_DIR"] = str(runtime)
+    try:
+        found = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        lock.release()
+    # Then it reads that stack's settings, and says once which stack it uses
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.split() == [str(home), "http://127.0.0.1:18123"]
+    assert found.stderr.count(f"keel: using stack at {home}") == 1, found.stderr
+
+
+def test_a_found_stack_is_read_but_changed_only_when_named(tmp_path, runtime):
+    # Given one stack running in a project, and a terminal in an unrelated folder
+    home, lock = running_home(tmp_path / "project", **dead_urls())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        # When a command that changes the stack runs there
+        paused = keel("queues", "pause", "reports", cwd=elsewhere, runtime=runtime)
+        # And the same with the stack named
+        named = keel(
+            "--home", str(home), "queues", "pause", "reports", cwd=elsewhere, runtime=runtime
+        )
+    finally:
+        lock.release()
+    # Then the first is refused in one line that says how to name it; nothing was attempted
+    assert paused.returncode == 1 and paused.stdout == ""
+    [line] = paused.stderr.strip().splitlines()[-1:]
+    assert f"keel --home {home} queues pause reports" in line, paused.stderr
+    assert "cannot reach" not in paused.stderr
+    # And the named one went ahead (to this fake stack's dead servers, in one line)
+    assert named.returncode == 1 and "cannot reach" in named.stderr, named.stderr
+    assert "found running outside this folder" not in named.stderr

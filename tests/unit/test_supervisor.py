@@ -44,3 +44,35 @@ def test_the_home_and_its_lock_are_private_from_the_first_byte(tmp_path):
     assert (tmp_path / "home").stat().st_mode & 0o777 == 0o700
     assert (tmp_path / "home" / "lock").stat().st_mode & 0o777 == 0o600
     lock.release()
+
+
+def test_readiness_refuses_an_api_that_is_not_this_stacks(tmp_path):
+    # Given another program answering 200 on the port the stack's web app should have
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from keel.stack import Stack
+
+    class Other(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        stack = Stack(home=tmp_path)
+        stack.env = {
+            "KEEL_WEB_URL": f"http://127.0.0.1:{server.server_port}",
+            "KEEL_STACK_ID": "ours",
+        }
+        # When the stack asks whether its API is ready
+        problem = stack._readiness()
+    finally:
+        server.shutdown()
+    # Then the answer does not count: it is another server's
+    assert problem is not None and "another server" in problem
