@@ -16,7 +16,8 @@ Its packages, each importing only from those listed after it (the
   a run ended in the pool's hands (``request``: past its time limit, ``timeouts``;
   stopped to abort its job, ``termination``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
-  ``recorded_together`` (``celery_task``); ``AsyncResult`` (``result_backend``);
+  ``recorded_together`` (``celery_task``); ``AsyncResult`` (``async_result``,
+  ``result_backend``);
   Celery's signals
 - ``end/``       how a job ends: ``finish`` (a run's outcome), ``ending`` (``ended``:
   the one way a job ends without a result), ``canvas`` (chains, links, chords),

@@ -61,6 +61,29 @@ def test_remove_calls_the_next_step_without_the_failed_step_s_result():
     assert wait_state(last, "completed", timeout=20)["result"]["args"] == [got["result"]]
 
 
+def test_the_chains_get_returns_its_end_when_a_step_went_on_past_a_failed_one():
+    for policy in ("ignore", "remove"):
+        result = three_steps(policy)
+        assert result.get(timeout=20) == wait_state(result.id, "completed")["result"], policy
+
+
+def test_the_chains_get_raises_the_failed_steps_error_when_the_chain_stops_as_in_celery():
+    # The chain's last step never runs: the failed step's error ends the wait (follow_parents)
+    result = three_steps(None)
+    with pytest.raises(Exception, match=REASON) as raised:
+        result.get(timeout=20)
+    assert type(raised.value).__name__ == "UnrecoverableError"
+    # and a step that went on past a failed one is stopped by a later failure as in Celery
+    after_failure = chain(
+        celery_autoretry_all.si(),
+        celery_autoretry_all.si().set(on_child_failure="ignore"),
+        celery_got.s(),
+    )()
+    with pytest.raises(Exception, match=REASON):
+        after_failure.get(timeout=20)
+    assert get(after_failure.id) is None  # never recorded: the chain stopped before it
+
+
 def test_a_cancelled_step_follows_the_policy_too():
     # When a step waiting on a queue no worker consumes is cancelled
     result = chain(

@@ -51,6 +51,28 @@ def test_remove_runs_the_body_once_with_the_eight_results():
     assert body["result"]["results"] == [n + n for n in range(10) if n not in (3, 7)]
 
 
+def test_the_chords_get_returns_the_bodys_result_when_the_body_goes_on_past_failed_parts():
+    for policy in ("ignore", "remove"):
+        # Waited on as it runs: Celery's check of the parts is made while it waits too
+        result = chord_of_ten(policy)
+        got = result.get(timeout=20)
+        assert got == wait_state(result.id, "completed")["result"], policy
+        assert len(got["results"]) == (10 if policy == "ignore" else 8)
+        # and once it ended, when the failed parts are there to see from the start
+        ended = chord_of_ten(policy)
+        body = wait_state(ended.id, "completed", "failed", timeout=20)
+        assert body["state"] == "completed", body
+        assert ended.get(timeout=10) == body["result"], policy
+
+
+def test_the_chords_get_raises_the_failed_parts_error_when_the_body_fails_as_in_celery():
+    result = chord_of_ten("fail")
+    wait_state(result.id, "failed", timeout=20)
+    with pytest.raises(Exception, match=REASON) as raised:
+        result.get(timeout=10)
+    assert type(raised.value).__name__ == "UnrecoverableError"  # the part's, by follow_parents
+
+
 def test_a_cancelled_part_follows_the_policy_too():
     # When a chord's part is cancelled before it runs (its queue has no worker)
     parts = [celery_add.si(1, 1), celery_add.si(2, 2).set(queue="nobody-consumes-this")]

@@ -48,11 +48,12 @@ from typing import Any
 
 from celery import Celery, Task
 from celery.exceptions import MaxRetriesExceededError, Retry
-from celery.result import AsyncResult
+from celery.result import AsyncResult as CeleryResult  # the method below takes its name
 from pydantic import BaseModel
 
 from tasks import quotas
 from tasks.db import transaction
+from tasks.jobs.calls.async_result import KeelResult
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.bulk import BulkJob, add_bulk
 from tasks.jobs.intake.celery_options import call_priority, canvas_context, job_options
@@ -329,6 +330,13 @@ class CeleryTask(Task):
             given.setdefault("maxRetries", self.retry_limit())
         return JobOptions.model_validate(given)
 
+    def AsyncResult(self, task_id: str, **kwargs: Any) -> KeelResult:
+        """Celery's result, whose ``.get()`` does not raise a parent's failure this job
+        went on past by its ``on_child_failure`` policy (``tasks.jobs.calls.async_result``)."""
+        return KeelResult(
+            task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs
+        )
+
     def apply_async(
         self,
         args: Any = None,
@@ -339,7 +347,7 @@ class CeleryTask(Task):
         link_error: Any = None,
         shadow: str | None = None,
         **options: Any,
-    ) -> AsyncResult:
+    ) -> CeleryResult:
         """Record the job, then publish it: ``.delay()``, signatures and canvas land here.
 
         See ``tasks.jobs.calls.celery_task`` for how Celery's options map to the record.

@@ -158,6 +158,28 @@ def read(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
     return found
 
 
+def goes_on_past_failure(job_id: str) -> bool:
+    """Whether the job runs although the part or step before it failed, by its failure
+    policy (``on_child_failure``: ``ignore`` or ``remove``): a chord body that says so
+    (``chordOnFailure``), or a chain's step that has a record (after a failed step, the
+    next one is recorded only when its policy goes on: ``tasks.jobs.end.ending``).
+
+    Asked by ``AsyncResult.get()`` once it found that parent failed. Owner-scoped as
+    reading is: another tenant's job, like a missing one, does not go on.
+    """
+    with transaction() as session:
+        row = session.execute(
+            text("SELECT tenant_id, celery_ctx FROM jobs WHERE id = :id"), {"id": job_id}
+        ).first()
+    owner = owner_context.current_owner()
+    if row is None or (owner is not None and row.tenant_id != owner.tenant_id):
+        return False
+    ctx = row.celery_ctx if isinstance(row.celery_ctx, dict) else {}
+    if "chordParts" in ctx:  # a Keel chord's body
+        return ctx.get("chordOnFailure") in ("ignore", "remove")
+    return True
+
+
 def forget(job_id: str) -> bool:
     """Drop a job's stored result (``AsyncResult.forget``); the record and its audit stay.
 
