@@ -1,4 +1,4 @@
-# Jobs of your own: keel up --include examples.hello_jobs
+# Jobs of your own: keel up --include hello_jobs, started in this folder or with it in KEEL_JOB_PATH
 from celery import shared_task
 
 from tasks.jobs import KeelTask

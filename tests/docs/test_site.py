@@ -3,6 +3,7 @@ is a first screen that carries CI's test command, and its links lead somewhere."
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import subprocess
@@ -20,6 +21,8 @@ from tests.support.stack import PROJECT_ROOT
 README = PROJECT_ROOT / "README.md"
 DOCS = PROJECT_ROOT / "docs"
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+# pymdownx.snippets' include marker, as written (--8<--) or spaced out by a code formatter
+SNIPPET_MARKER = re.compile(r"-{2,}\s*8\s*<\s*-{2,}")
 
 
 def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -56,11 +59,51 @@ def ci_test_command() -> str:
     return command.strip()
 
 
-def test_the_site_builds_with_no_warning(tmp_path: Path):
+def text_of(fragment: str) -> str:
+    """What a reader sees of an HTML fragment: no comments, no tags, entities decoded."""
+    fragment = re.sub(r"<!--.*?-->", "", fragment, flags=re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", fragment))
+
+
+def code_blocks(page: Path) -> list[str]:
+    """The text of each code block (``<pre>``) of a built page."""
+    return [text_of(b) for b in re.findall(r"<pre\b[^>]*>(.*?)</pre>", page.read_text(), re.S)]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once for this module's tests."""
+    folder = tmp_path_factory.mktemp("site")
     # strict: a broken link or anchor, a page left out of the nav, a missing include fails
-    built = run("-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site"))
+    built = run("-m", "mkdocs", "build", "--strict", "--site-dir", str(folder))
     assert built.returncode == 0, built.stdout + built.stderr
-    assert (tmp_path / "site" / "quickstart" / "index.html").is_file()
+    return folder
+
+
+def built_pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("index.html") if p.parent.name != "404")
+
+
+def test_the_site_builds_with_no_warning(site: Path):
+    assert (site / "quickstart" / "index.html").is_file()
+    assert len(built_pages(site)) == len(nav_pages())
+
+
+def test_every_include_is_rendered(site: Path):
+    # A snippet marker a formatter spaced out (--8 < --) is no include: the page would show
+    # the marker itself, and a strict build does not notice
+    for page in built_pages(site):
+        shown = SNIPPET_MARKER.search(text_of(page.read_text()))
+        assert shown is None, f"{page.relative_to(site)} shows {shown and shown[0]!r}"
+        empty = [n for n, code in enumerate(code_blocks(page), 1) if not code.strip()]
+        assert not empty, f"{page.relative_to(site)}: code block(s) {empty} show nothing"
+
+
+def test_the_quickstart_shows_its_module(site: Path):
+    module = (PROJECT_ROOT / "examples" / "hello_jobs.py").read_text().strip()
+    assert "def greet" in module
+    shown = code_blocks(site / "quickstart" / "index.html")
+    assert any(module in code for code in shown), "no code block holds examples/hello_jobs.py"
 
 
 def test_the_generated_pages_are_what_the_code_generates():
@@ -119,3 +162,14 @@ def test_no_page_names_this_machine():
     here = str(PROJECT_ROOT)
     for page in [README, *DOCS.rglob("*.md")]:
         assert here not in page.read_text(), page
+
+
+def test_no_command_against_the_stack_assumes_its_port():
+    # A second terminal does not know which ports keel up was given: it asks (keel url)
+    hard_coded = re.compile(r"(127\.0\.0\.1|localhost):\d+")
+    written = [p for p in DOCS.rglob("*.md") if not p.is_relative_to(DOCS / "reference")]
+    for page in [README, *written]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            where = f"{page.relative_to(PROJECT_ROOT)}:{number}: {line}"
+            assert "KEEL_WEB_PORT:-" not in line, where
+            assert "curl" not in line or not hard_coded.search(line), where

@@ -6,15 +6,19 @@ comment on the line before it (invisible on the rendered page):
 - ``<!-- quickstart: background until="TEXT" -->`` — the first terminal: started
   in the background, as its own process group (Ctrl+C reaches all of it), and
   waited for until its output shows TEXT;
-- ``<!-- quickstart: file=NAME -->`` — a file the reader saves as NAME;
-- ``<!-- quickstart: run [expect="TEXT"] [until="TEXT"] -->`` — a command of the
-  second terminal; it must exit 0 and print TEXT (``until``: run again, as the
-  page asks, until it does);
+- ``<!-- quickstart: file=NAME -->`` — a file the reader saves as NAME, in the
+  second terminal's current folder;
+- ``<!-- quickstart: run [expect="TEXT"] [until="TEXT"] [stderr="TEXT"] -->`` — a
+  command of the second terminal; it must exit 0 and print TEXT (``until``: run
+  again, as the page asks, until it does; ``stderr``: TEXT on stderr);
 - ``<!-- quickstart: skip (why) -->`` and ``<!-- quickstart: shown (why) -->`` —
   not run: setup the test does its own way, or a file shown from the repository.
 
-Second-terminal commands share one shell's variables, as in a terminal: each
-runs in ``bash`` with the variables the ones before it set.
+Second-terminal commands share one shell's variables and folder, as in a
+terminal: each runs in ``bash`` with the variables the ones before it set, in
+the folder the last one left it in (a ``cd`` carries over). The two terminals
+may have different environments: the first one's, where ``keel up`` runs, may
+set what the second was never told (its ports, say).
 """
 
 from __future__ import annotations
@@ -93,13 +97,16 @@ def runnable(markdown: str) -> list[Block]:
 
 @dataclass
 class Terminals:
-    """The reader's two terminals, in ``folder``, with ``env``."""
+    """The reader's two terminals, both opened in ``folder``: the second with ``env``, the
+    first with ``first_env`` (default: the same)."""
 
     folder: Path
     env: dict[str, str]
     state: Path
     logs: Path
+    first_env: dict[str, str] | None = None
     first: subprocess.Popen | None = None
+    cwd: Path | None = None  # the second terminal's folder now; None: ``folder``
     transcript: list[str] = field(default_factory=list)
 
     def background(self, block: Block, timeout: float = 240) -> None:
@@ -109,7 +116,7 @@ class Terminals:
             self.first = subprocess.Popen(
                 ["bash", "-c", block.text],
                 cwd=self.folder,
-                env=self.env,
+                env=self.first_env if self.first_env is not None else self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -126,15 +133,21 @@ class Terminals:
         log = self.logs / "first-terminal.log"
         return log.read_text(errors="replace")[-chars:] if log.exists() else ""
 
+    @property
+    def here(self) -> Path:
+        """The second terminal's current folder."""
+        return self.cwd if self.cwd is not None else self.folder
+
     def save(self, block: Block) -> None:
-        (self.folder / block.options["file"]).write_text(block.text)
+        (self.here / block.options["file"]).write_text(block.text)
 
     def run(self, block: Block, timeout: float = 120) -> str:
         """Run a second-terminal command; with ``until``, again until it prints that."""
         wanted = block.options.get("until")
         deadline = time.monotonic() + 60
         while True:
-            output = self._once(block, timeout)
+            done = self._once(block, timeout)
+            output = done.stdout
             if wanted is None or wanted in output:
                 break
             assert time.monotonic() < deadline, f"line {block.line} never printed {wanted!r}"
@@ -143,15 +156,21 @@ class Terminals:
         assert expected is None or expected in output, (
             f"line {block.line} printed no {expected!r}:\n{output}"
         )
+        on_stderr = block.options.get("stderr")
+        assert on_stderr is None or on_stderr in done.stderr, (
+            f"line {block.line} printed no {on_stderr!r} on stderr:\n{done.stderr}"
+        )
         return output
 
-    def _once(self, block: Block, timeout: float) -> str:
+    def _once(self, block: Block, timeout: float) -> subprocess.CompletedProcess[str]:
+        folder = self.state.with_name(self.state.name + ".pwd")
         script = (
-            f'set -e -o pipefail -a\n. "{self.state}"\n{block.text}export -p > "{self.state}"\n'
+            f'set -e -o pipefail -a\n. "{self.state}"\n{block.text}'
+            f'export -p > "{self.state}"\npwd > "{folder}"\n'
         )
         done = subprocess.run(
             ["bash", "-c", script],
-            cwd=self.folder,
+            cwd=self.here,
             env=self.env,
             capture_output=True,
             text=True,
@@ -162,7 +181,8 @@ class Terminals:
         assert done.returncode == 0, (
             f"line {block.line} exited {done.returncode}:\n{done.stdout}{done.stderr}"
         )
-        return done.stdout
+        self.cwd = Path(folder.read_text().strip())
+        return done
 
     def interrupt_first(self, timeout: float = 120) -> int:
         """Ctrl+C in the first terminal: SIGINT to its process group; its exit code."""
