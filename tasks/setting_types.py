@@ -94,6 +94,9 @@ class TenantQuotas(BaseModel):
     campaign_recipients: int = Field(default=1_000_000, ge=1, alias="campaignRecipients")
     min_chunk_size: int = Field(default=100, ge=1, alias="minChunkSize")
     max_delay_seconds: int = Field(default=366 * 86_400, ge=1, alias="maxDelaySeconds")
+    # Jobs of one tenant running at once, across every worker; unset: half the live workers'
+    # slots (rounded up), so that one tenant's burst never holds every slot.
+    max_running: int | None = Field(default=None, ge=1, le=10_000, alias="maxRunning")
 
     @property
     def jobs(self) -> TenantLimits:

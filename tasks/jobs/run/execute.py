@@ -40,7 +40,7 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner, current_owner, running_for
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.observe import quiet as quiet_jobs
-from tasks.jobs.run import job_log, key_limits, limits, lock_renewal, timeouts
+from tasks.jobs.run import job_log, key_limits, limits, lock_renewal, tenant_caps, timeouts
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import parents, runs, upkeep
 from tasks.jobs.store import pauses as pauses_store
@@ -249,8 +249,8 @@ class KeelTask(CeleryTask):
             raise Ignore()
 
     def _admit(self, args: Any, kwargs: Any) -> limits.Admission:
-        """Wait out the queue's global limits and the job's key limits before claiming, so
-        waiting costs no attempt.
+        """Wait out the queue's global limits, its tenant's cap on running jobs and the job's
+        key limits before claiming, so waiting costs no attempt.
 
         A held job goes back to the durable delayed set (the promoter, or its key's
         line, publishes it again) and this delivery is acknowledged: nothing is
@@ -262,6 +262,7 @@ class KeelTask(CeleryTask):
             admission = limits.admit(self._delivered_queue())
             try:
                 data, given = self._key_data(kwargs), self._key_given()
+                tenant_caps.admit(admission, given.tenant, self.request.id)
                 key_limits.admit(admission, self, data, self.request.id, given)
             except BaseException:
                 limits.release(admission)

@@ -53,11 +53,14 @@ log = logging.getLogger(__name__)
 
 KEY_PREFIX = f"{limits.KEY_PREFIX}:key"
 # A job in its key's line asks again at the latest this long after it was parked (plus up
-# to a quarter more, spread): the backstop of the wake-up.
+# to a quarter more, spread): the backstop of the wake-up. One further back waits longer,
+# a hold for each round of slots ahead of it, up to ``MAX_HOLD_S``: a long line is woken,
+# not polled.
 KEY_HOLD_S = 2.0
+MAX_HOLD_S = 10.0
 # A job in line that has not asked for this long is gone (cancelled, deleted): it loses
 # its place, so that it does not hold its key's line for ever.
-STALE_WAITER_S = 15.0
+STALE_WAITER_S = 15.0  # more than MAX_HOLD_S and its spread: a held job keeps its place
 CANCELLED_BY = "key"
 
 # KEYS: holders, line, asked, newest. ARGV: holder, job, max, lease ms, stale ms, mode,
@@ -67,8 +70,8 @@ CANCELLED_BY = "key"
 # line); 'newest' (cancel_in_progress): a job older than the newest the key has seen is
 # refused; otherwise, not in line yet, it becomes the newest and supersedes every other
 # job of the key first (a holder of its own id, a duplicate delivery, excepted).
-# Returns {outcome, superseded...}: 1 taken, 0 in line, -1 refused; superseded entries are
-# 'run:<holder>' and 'line:<job>'.
+# Returns {outcome, place, superseded...}: outcome 1 taken, 0 in line (place: how many are
+# ahead of it), -1 refused; superseded entries are 'run:<holder>' and 'line:<job>'.
 _TAKE = (
     limits.NOW_US
     + """
@@ -81,7 +84,7 @@ for _, gone in ipairs(redis.call('ZRANGEBYSCORE', asked, '-inf', now - stale * 1
   redis.call('ZREM', line, gone)
   redis.call('ZREM', asked, gone)
 end
-local result = {0}
+local result = {0, 0}
 if mode == 'newest' then
   if created < tonumber(redis.call('GET', newest) or '0') then
     result[1] = -1
@@ -116,6 +119,7 @@ end
 redis.call('ZADD', line, 'NX', now, job)
 redis.call('ZADD', asked, now, job)
 for _, key in ipairs({holders, line, asked}) do redis.call('PEXPIRE', key, ttl) end
+result[2] = redis.call('ZRANK', line, job)
 return result
 """
 )
@@ -217,7 +221,8 @@ def admit(
     elif concurrency is not None:
         key = _key(concurrency.key, data, task.name)
     if concurrency is not None and key is not None:
-        _take_slot(admission, KeyNames.of(task.name, given.tenant, key), key, concurrency, job_id)
+        names = KeyNames.of(task.name, given.tenant, key)
+        take_slot(admission, names, concurrency, job_id, f"key {key!r}")
     if rate is not None:
         key = _key(rate.key, data, task.name)
         if key is not None:
@@ -255,9 +260,12 @@ def rate_limited(
     return True
 
 
-def _take_slot(
-    admission: limits.Admission, names: KeyNames, key: str, spec: KeyConcurrency, job_id: str
+def take_slot(
+    admission: limits.Admission, names: KeyNames, spec: KeyConcurrency, job_id: str, what: str
 ) -> None:
+    """A slot of ``names`` for ``job_id`` into ``admission``, or its place in the line
+    (``LimitReached``) or its cancellation (``Superseded``), as ``spec``'s strategy says;
+    ``what`` names the key in reasons."""
     created_us = 0
     if spec.strategy == "cancel_in_progress":
         found = _record(job_id)
@@ -282,9 +290,9 @@ def _take_slot(
             created_us,
         )
     except Exception:
-        log.warning("could not check the key limit of %s; holding", names.base, exc_info=True)
-        raise limits.LimitReached(limits.UNKNOWN_HOLD_S, "key concurrency") from None
-    outcome = int(reply[0])
+        log.warning("could not check the limit of %s; holding", names.base, exc_info=True)
+        raise limits.LimitReached(limits.UNKNOWN_HOLD_S, f"{what} concurrency") from None
+    outcome, place = int(reply[0]), int(reply[1])
 
     def wake() -> None:
         wake_next(names, spec.max_running)
@@ -294,18 +302,25 @@ def _take_slot(
         admission.slots.append(slot)
         limits.track(slot)
         admission.after_release.append(wake)
-    superseded = [entry.decode() if isinstance(entry, bytes) else entry for entry in reply[1:]]
+    superseded = [entry.decode() if isinstance(entry, bytes) else entry for entry in reply[2:]]
     if superseded:
-        _supersede(superseded, job_id, key)
+        _supersede(superseded, job_id, what)
     if outcome == 1:
         return
     if outcome == -1 and spec.strategy == "cancel_in_progress":
-        raise Superseded(f"a newer job of its key {key!r} came: cancelled (cancel_in_progress)")
+        raise Superseded(f"a newer job of its {what} came: cancelled (cancel_in_progress)")
     if outcome == -1:
-        raise Superseded(f"a job of its key {key!r} is running: cancelled (cancel_newest)")
+        raise Superseded(f"a job of its {what} is running: cancelled (cancel_newest)")
     raise limits.LimitReached(
-        KEY_HOLD_S * random.uniform(1, 1.25), f"key {key!r} concurrency", after_park=wake
+        hold_s(place, spec.max_running), f"{what} concurrency", after_park=wake
     )
+
+
+def hold_s(place: int, max_running: int) -> float:
+    """How long a job ``place`` from the head of its line waits before it asks again, if no
+    wake-up comes first: a hold per round of slots ahead of it, spread by up to a quarter."""
+    rounds = 1 + place // max(1, max_running)
+    return min(MAX_HOLD_S, KEY_HOLD_S * rounds) * random.uniform(1, 1.25)
 
 
 def _record(job_id: str) -> tuple[str, int] | None:
@@ -315,10 +330,10 @@ def _record(job_id: str) -> tuple[str, int] | None:
     return (str(row.state), int(row.created_us)) if row is not None else None
 
 
-def _supersede(entries: list[str], newest: str, key: str) -> None:
+def _supersede(entries: list[str], newest: str, what: str) -> None:
     """``cancel_in_progress``: abort the key's running jobs, cancel the ones in line. Best
     effort: one that could not be stopped here runs on, its slot given back as it ends."""
-    reason = f"superseded by job {newest} of key {key!r} (cancel_in_progress)"
+    reason = f"superseded by job {newest} of {what} (cancel_in_progress)"
     in_line = [entry.split(":", 1)[1] for entry in entries if entry.startswith("line:")]
     running = [entry.split(":", 2)[2] for entry in entries if entry.startswith("run:")]
     try:
@@ -333,7 +348,7 @@ def _supersede(entries: list[str], newest: str, key: str) -> None:
             except Refused:  # it ended meanwhile
                 continue
     except Exception:
-        log.warning("could not supersede the other jobs of key %s", key, exc_info=True)
+        log.warning("could not supersede the other jobs of %s", what, exc_info=True)
 
 
 def wake_next(names: KeyNames, max_running: int) -> list[str]:

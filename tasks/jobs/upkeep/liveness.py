@@ -48,6 +48,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tasks.config import get_settings
+from tasks.jobs.run import capacity
 from tasks.jobs.run.slots import ConsumerWatch, queue_keys
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ def forget(client: redis.Redis, role: str, member: str) -> None:
     pipe = client.pipeline()
     pipe.zrem(key(role), member)
     pipe.delete(stuck_key(role, member))
+    pipe.hdel(capacity.SLOTS_KEY, member)
     pipe.execute()
 
 
@@ -248,6 +250,12 @@ def fresh(client: redis.Redis, role: str, within_s: float = FRESH_S) -> list[str
     return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in found)
 
 
+def _pool_size(consumer: Any) -> int:
+    """The worker's concurrency (its pool's processes or threads); 0 if it cannot be read."""
+    size = getattr(getattr(consumer, "controller", None), "concurrency", None)
+    return size if isinstance(size, int) and size > 0 else 0
+
+
 class Heartbeat(bootsteps.StartStopStep):
     """A consumer bootstep: beat as ``worker`` while this worker consumes.
 
@@ -286,6 +294,7 @@ class Heartbeat(bootsteps.StartStopStep):
             stuck = consumer if consumer is not None and consumer["stuck"] else None
             waiting = beat(self.client, "worker", hostname, stuck, lists)
             self.waiting = waiting if lists is not None else None
+            capacity.record(self.client, hostname, _pool_size(c))
             self.redis_ok_at = time.time()
         except redis.RedisError as exc:  # readiness will say so; the worker goes on
             self.waiting = None
