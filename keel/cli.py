@@ -359,6 +359,9 @@ def url_command(kind: str) -> None:
     """Print where the stack's web app (or Flower, the sandbox) answers, for scripts:
     curl "$(keel url api)/reports"."""
     settings = get_settings()
+    choice = click.get_current_context().find_root().obj
+    if getattr(choice, "pid", "unknown") is None:  # a reader must not take it for a live one
+        click.echo(f"keel: no `keel up` is running on {choice.home}: nothing answers yet", err=True)
     web = (settings.web_url or f"http://127.0.0.1:{settings.web_port}").rstrip("/")
     urls = {
         "web": web,
@@ -897,13 +900,14 @@ def queues_resume(queue: str, tenant: str) -> None:
 def queues_paused() -> None:
     """Print the pauses in force as JSON lines (tenantId "" pauses every tenant's jobs)."""
     from tasks.jobs.intake import pauses
+    from tasks.jobs.observe.queries import iso
 
     for pause in pauses.paused():
         line = {
             "queue": pause.queue,
             "tenantId": pause.tenant_id,
             "pausedBy": pause.paused_by,
-            "pausedAt": pause.paused_at.isoformat(),
+            "pausedAt": iso(pause.paused_at),
         }
         click.echo(json.dumps(line))
 

@@ -188,3 +188,24 @@ def test_a_found_stack_is_read_but_changed_only_when_named(tmp_path, runtime):
     # And the named one went ahead (to this fake stack's dead servers, in one line)
     assert named.returncode == 1 and "cannot reach" in named.stderr, named.stderr
     assert "found running outside this folder" not in named.stderr
+
+
+def test_keel_url_with_no_stack_running_says_nothing_answers(tmp_path, runtime):
+    # Given a folder with no stack, and none running
+    found = keel("url", "api", cwd=tmp_path, runtime=runtime)
+    # Then the address a stack would have is printed, and stderr says none answers there yet
+    assert found.returncode == 0, found.stderr
+    assert found.stdout.strip() == "http://127.0.0.1:8000/api/v1"
+    assert "no `keel up` is running" in found.stderr
+
+
+def test_keel_env_points_a_shell_at_the_running_stack_without_secrets(tmp_path, runtime):
+    home, lock = running_home(tmp_path / "project", KEEL_WEB_URL="http://127.0.0.1:18124")
+    try:
+        found = keel("env", cwd=tmp_path, runtime=runtime)
+    finally:
+        lock.release()
+    assert found.returncode == 0, found.stderr
+    assert f"export KEEL_HOME={home}" in found.stdout.splitlines()
+    assert "export KEEL_WEB_URL=http://127.0.0.1:18124" in found.stdout.splitlines()
+    assert SECRET not in found.stdout and "SECRET" not in found.stdout
