@@ -125,8 +125,16 @@ def plan_campaign(job: JobContext) -> dict:
         opts=JobOptions(job_id=finalize_id),
         publish_now=False,
     )
+    # Immutable (``.si()``): the finalizer reads the campaign's records, not the chunks'
+    # results. Its job is recorded above, so the chord is counted by Celery's backend
+    # (``tasks.jobs.end.canvas.open_chord``), which calls a mutable body with the results as
+    # a positional argument: refused by a task that takes its data as keyword arguments.
     body = current_app.signature(
-        FINALIZE, kwargs={"campaignId": campaign.id}, task_id=finalize_id, queue=QUEUE
+        FINALIZE,
+        kwargs={"campaignId": campaign.id},
+        task_id=finalize_id,
+        queue=QUEUE,
+        immutable=True,
     )
     with acting_as(owner), recorded_together(quota=False):
         chord(header)(body)
