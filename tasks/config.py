@@ -167,8 +167,9 @@ class Settings(BaseSettings):
     flower_url: str | None = None  # the dashboard's Flower link; unset: the public host's port
     flower_user: str = "keel"
     flower_password: str | None = None  # unset: `keel up` derives one from the secret
-    # Who reads /metrics: a bearer token of its own (a scraper's), an operator's token, or
-    # anyone if public (a private network only). Unset: `keel up` generates the token.
+    # Who reads the system-wide views (/metrics, /api/v1/system/status): a bearer token of its
+    # own (a scraper's), never a tenant's; /metrics anyone if public (a private network only).
+    # Unset: `keel up` generates the token.
     metrics_token: str | None = None
     metrics_public: bool = False
     # An API request's database work, pool wait included, before it is answered 503.

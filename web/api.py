@@ -40,6 +40,8 @@ class Operation:
     blueprint: str = ""  # documented only where this blueprint is registered
     # Whether the endpoint is open to anyone now (a setting): then documented without auth.
     public_when: Callable[[], bool] | None = None
+    # False: a system-wide view, which no tenant's token reads (only ``admits``'s credential).
+    tenants: bool = True
 
     @property
     def open_now(self) -> bool:
@@ -292,6 +294,7 @@ def operation(
     query: type[BaseModel] | None = None,
     admits: Callable[[], bool] | None = None,
     public_when: Callable[[], bool] | None = None,
+    tenants: bool = True,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
@@ -301,7 +304,11 @@ def operation(
     both the document and the check before the view use it. ``admits`` lets a caller in
     without a user's token when it says so (``/metrics``: the scraper's own token);
     ``public_when`` says when it lets anyone in, so the document shows no auth then.
+    ``tenants=False`` makes it a system-wide view: ``admits`` alone lets a caller in, and
+    any tenant's token, an operator's too, is 403.
     """
+    if not tenants and admits is None:
+        raise ValueError(f"{rule}: a view no tenant reads needs an admits= credential")
     prefix = blueprint.url_prefix or ""
     path, names = _openapi_path(prefix + rule)
     patterns = params or {}
@@ -317,7 +324,7 @@ def operation(
                 kwargs["body"] = validate(body, parse_json_body())
             return view(*args, **kwargs)
 
-        endpoint = auth.require(role, admits)(with_body) if authenticated else with_body
+        endpoint = auth.require(role, admits, tenants)(with_body) if authenticated else with_body
         blueprint.add_url_rule(rule, view.__name__, endpoint, methods=[method])
         OPERATIONS.append(
             Operation(
@@ -334,6 +341,7 @@ def operation(
                 query,
                 blueprint.name,
                 public_when,
+                tenants,
             )
         )
         return endpoint

@@ -122,15 +122,26 @@ def admit(principal: Principal, role: str | None = None) -> Principal:
     return principal
 
 
-def require(role: str | None = None, admits: Callable[[], bool] | None = None) -> Callable:
+SYSTEM_WIDE = (
+    "a system-wide view: read with the metrics token (KEEL_METRICS_TOKEN) or the keel command,"
+    " not a tenant's token"
+)
+
+
+def require(
+    role: str | None = None, admits: Callable[[], bool] | None = None, tenants: bool = True
+) -> Callable:
     """Authenticate the caller (and check ``role``) before the view runs, unless ``admits``
-    lets the caller in on other grounds."""
+    lets the caller in on other grounds. ``tenants=False``: only ``admits`` does; a tenant's
+    token, whatever its roles, is authenticated (401 if invalid) and refused (403)."""
 
     def wrap(view: Callable) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
             if admits is None or not admits():
                 admit(current_principal(), role)
+                if not tenants:
+                    raise ApiError(403, SYSTEM_WIDE)
             return view(*args, **kwargs)
 
         inner.required_role = role  # type: ignore[attr-defined]

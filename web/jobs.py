@@ -34,8 +34,6 @@ from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
     DEFAULT_PAGE,
     MAX_PAGE,
-    describe,
-    describe_full,
     get_owned,
     list_jobs,
 )
@@ -43,6 +41,7 @@ from tasks.jobs.store.listing import JobFilter
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
+from web.job_views import describe, describe_full
 from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
 from web.schemas import (
     JobAccepted,

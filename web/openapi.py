@@ -61,7 +61,7 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
         responses.setdefault(
             "429", {"description": "429", "content": {"application/json": {"schema": error_ref}}}
         )
-        if op.role:
+        if op.role or not op.tenants:
             responses.setdefault(
                 "403",
                 {"description": "403", "content": {"application/json": {"schema": error_ref}}},

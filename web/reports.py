@@ -8,12 +8,13 @@ from flask import Blueprint, current_app, g
 from pydantic import AwareDatetime, Field, field_validator
 
 from tasks import quotas
-from tasks.jobs.observe.queries import describe, iso
+from tasks.jobs.observe.queries import iso
 from tasks.jobs.store.counts import counts
 from tasks.reports import service
 from tasks.reports.jobs import QUEUE, ReportRequest
 from web.api import operation
 from web.errors import ApiError
+from web.job_views import describe
 from web.schemas import JobAccepted, JobStatus, Open, RetryJob
 
 bp = Blueprint("reports", __name__, url_prefix="/api/v1/reports")

@@ -30,7 +30,6 @@ from tasks.jobs.store.counts import counts, due_delayed, oldest_waiting_s
 from tasks.jobs.upkeep import liveness
 from web import http_metrics
 from web.api import operation
-from web.auth import OPERATOR
 from web.errors import ApiError
 from web.openapi import document
 from web.schemas import Health, Open, Readiness, SystemStatus
@@ -292,14 +291,35 @@ def readyz():
     return (answer, 200, {STACK_HEADER: stack_id}) if stack_id else answer
 
 
+# The system-wide views (every tenant's figures, workers' and beat's host names) are read
+# with the metrics token, monitoring's, or the `keel` command: never with a tenant's token,
+# an operator's included (docs/tenants.md).
+
+
+def _metrics_token() -> bool:
+    """The metrics token (Prometheus's, monitoring's), compared in constant time."""
+    token = get_settings().metrics_token
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if not token or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _scraper() -> bool:
+    """The metrics token; anyone if the metrics are public."""
+    return get_settings().metrics_public or _metrics_token()
+
+
 @operation(
     bp,
     "/api/v1/system/status",
     "GET",
     summary="The whole system: servers, workers' and beat's heartbeats, dead letters, overdue "
-    "delayed jobs (as `keel status`); 200 whatever it finds, `healthy` says",
+    "delayed jobs (as `keel status`); 200 whatever it finds, `healthy` says. With the "
+    "`KEEL_METRICS_TOKEN` as bearer token only (a tenant's token, an operator's too, is 403)",
     responses={200: SystemStatus},
-    role=OPERATOR,
+    admits=_metrics_token,
+    tenants=False,
 )
 def system_status():
     checks = health.system()
@@ -312,27 +332,16 @@ def system_status():
     }
 
 
-def _scraper() -> bool:
-    """The metrics token (Prometheus's), compared in constant time; anyone if public."""
-    settings = get_settings()
-    if settings.metrics_public:
-        return True
-    token = settings.metrics_token
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if not token or scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(given.strip().encode(), token.encode())
-
-
 @operation(
     bp,
     "/metrics",
     "GET",
-    summary="Prometheus metrics: with the `KEEL_METRICS_TOKEN` as bearer token, or an "
-    "operator's token (open to anyone only with `KEEL_METRICS_PUBLIC=1`)",
+    summary="Prometheus metrics, system-wide: with the `KEEL_METRICS_TOKEN` as bearer token (a "
+    "tenant's token, an operator's too, is 403); open to anyone only with "
+    "`KEEL_METRICS_PUBLIC=1`",
     responses={200: None},
-    role=OPERATOR,
     admits=_scraper,
+    tenants=False,
     public_when=lambda: get_settings().metrics_public,
     produces="text/plain",
 )

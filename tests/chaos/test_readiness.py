@@ -4,9 +4,10 @@ Why: a load balancer routes traffic on ``/readyz``, so it must say no while
 Postgres hangs (a job is its record) and must not hang itself when a server
 does — but Redis down or no worker consuming must not take every API pod out
 of service: jobs are recorded and parked, and wait. Those are the whole
-system's problems, named by ``keel status`` (exit 1) and the operator's
-``GET /api/v1/system/status``. A worker's container health check answers
-for that worker and rides out a Redis outage shorter than its grace.
+system's problems, named by ``keel status`` (exit 1) and
+``GET /api/v1/system/status`` (the metrics token's: system-wide). A worker's
+container health check answers for that worker and rides out a Redis outage
+shorter than its grace.
 """
 
 from __future__ import annotations
@@ -138,7 +139,6 @@ def test_without_workers_the_api_is_ready_and_keel_status_names_them(stack, clie
         p.pid for p in psutil.Process().children(recursive=True) if "worker" in command_line(p)
     ]
     assert worker.process.pid in workers
-    operator = bearer(roles=("operator",))
     with stopped(workers):
         # ... and their last beats aged out (here: removed, rather than waiting 10 s)
         liveness.quick_client().delete(liveness.key("worker"))
@@ -147,11 +147,11 @@ def test_without_workers_the_api_is_ready_and_keel_status_names_them(stack, clie
             "/api/v1/reports", json={"reportId": "r-no-workers", "rows": 5}, headers=bearer()
         )
         code, said = keel_status()
-        seen = client.get("/api/v1/system/status", headers=operator)
+        seen = client.get("/api/v1/system/status", headers=metrics_headers())
     # Then the API is still ready and accepts a report (it waits for a worker)
     assert status == 200 and took < ANSWER_WITHIN_S, (status, took, body)
     assert accepted.status_code == 202, accepted.get_json()
-    # And `keel status` exits 1 naming the workers; the operator endpoint says the same
+    # And `keel status` exits 1 naming the workers; the system endpoint says the same
     assert code == 1 and "workers" in failing_lines(said), said
     assert seen.status_code == 200
     system = seen.get_json()
@@ -166,9 +166,12 @@ def test_without_workers_the_api_is_ready_and_keel_status_names_them(stack, clie
     )
 
 
-def test_the_system_status_is_for_operators(client):
+def test_the_system_status_is_for_the_metrics_token(client):
     assert client.get("/api/v1/system/status").status_code == 401
     assert client.get("/api/v1/system/status", headers=bearer()).status_code == 403
+    operator = bearer(roles=("operator",))  # a tenant's: the status is system-wide
+    assert client.get("/api/v1/system/status", headers=operator).status_code == 403
+    assert client.get("/api/v1/system/status", headers=metrics_headers()).status_code == 200
 
 
 def test_the_container_health_check_sees_this_hosts_worker(worker):

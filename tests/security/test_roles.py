@@ -6,7 +6,9 @@ looked up, so a 403 says nothing about existence), and nothing changes.
 
 Operator operations are read from the served document (those that document
 a 403) and must be exactly the ``web.api.OPERATIONS`` entries with
-``role="operator"``: the description and the enforcement cannot drift apart.
+``role="operator"``, and the system-wide ones that no tenant's token reads
+(``tenants=False``: the metrics token's): the description and the enforcement
+cannot drift apart. A tenant's operator is 403 on those too.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ NON_OPERATORS = {
 }
 DOCUMENTED = documented_operations()
 OPERATOR_OPS = [op for op in DOCUMENTED if op.operator_only]
+SYSTEM_WIDE = {f"{op.method.upper()} {op.path}" for op in OPERATIONS if not op.tenants}
+TENANT_OPERATOR_OPS = [op for op in OPERATOR_OPS if op.label not in SYSTEM_WIDE]
 OTHER_OPS = [op for op in DOCUMENTED if op.authenticated and not op.operator_only]
 FORBIDDEN: list[str] = []
 
@@ -127,8 +131,10 @@ def no_leftover_schedulers(drop_schedulers_of):
 
 def test_the_document_and_the_code_agree_on_operator_operations():
     enforced = {f"{op.method.upper()} {op.path}" for op in OPERATIONS if op.role == "operator"}
-    assert {op.label for op in OPERATOR_OPS} == enforced
+    assert {op.label for op in OPERATOR_OPS} == enforced | SYSTEM_WIDE
     assert len(enforced) >= 8  # 2 retries, queue health, 4 scheduler operations, resume
+    assert {"GET /metrics", "GET /api/v1/system/status"} == SYSTEM_WIDE
+    assert not enforced & SYSTEM_WIDE
 
 
 @pytest.mark.parametrize("who", list(NON_OPERATORS))
@@ -149,11 +155,20 @@ def test_a_non_operator_is_403_on_every_operator_endpoint(client, objects, op, w
     assert footprint(objects) == before
 
 
-@pytest.mark.parametrize("op", OPERATOR_OPS, ids=lambda op: op.label)
+@pytest.mark.parametrize("op", TENANT_OPERATOR_OPS, ids=lambda op: op.label)
 def test_an_operator_is_let_through(client, objects, op):
     """The control: the role check is what said 403, not something else."""
     response = request(client, op, OPERATOR, objects)
     assert response.status_code not in (401, 403), response.get_data()
+
+
+@pytest.mark.parametrize("op", sorted(SYSTEM_WIDE))
+def test_a_tenants_operator_is_403_on_the_system_wide_operations(client, op):
+    """System-wide figures are no tenant's: its operator is refused as a viewer is."""
+    method, path = op.split(" ", 1)
+    response = client.open(path, method=method, headers=OPERATOR)
+    assert response.status_code == 403, response.get_data()
+    assert response.get_json()["error"] == "forbidden"
 
 
 @pytest.mark.parametrize("op", OTHER_OPS, ids=lambda op: op.label)

@@ -25,10 +25,11 @@ from tasks.jobs.intake import edits
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import CANCELLABLE_STATES, STATES, JobRecord, State
 from tasks.jobs.observe import job_logs
-from tasks.jobs.observe.queries import audit_trail, count_states, describe, describe_full, list_jobs
+from tasks.jobs.observe.queries import audit_trail, count_states, list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR
 from web.events import stream_response
+from web.job_views import describe, describe_full
 from web.jobs import JobListQuery, cancel_for, read_job, retry_for, visible_to
 from web.schemas import RetryJob
 from web.ui import bp

@@ -18,12 +18,13 @@ from werkzeug.datastructures import MultiDict
 
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import KeelError, Refused
-from tasks.jobs.observe.queries import describe, list_jobs
+from tasks.jobs.observe.queries import list_jobs
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.store.listing import JobFilter
 from web.api import check_payload, load_json, validate
 from web.auth import OPERATOR
 from web.errors import status_of
+from web.job_views import describe
 from web.schedulers import UpsertScheduler, scope_of, upsert_for
 from web.ui import bp
 from web.ui.forms import explained
