@@ -247,7 +247,14 @@ class Stack:
             *self._sandbox(env),
             Child(
                 "flower",
-                [*celery, "flower", f"--port={env['KEEL_FLOWER_PORT']}", "--address=127.0.0.1"],
+                # celery -A tasks flower, its /metrics and /healthcheck behind its password
+                [
+                    sys.executable,
+                    "-m",
+                    "keel.flower",
+                    f"--port={env['KEEL_FLOWER_PORT']}",
+                    "--address=127.0.0.1",
+                ],
             ),
             Child(
                 "web",

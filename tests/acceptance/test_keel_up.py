@@ -59,6 +59,11 @@ def test_keel_up_runs_the_readme_walk_through(keel_up: KeelUp):
     flower = f"http://127.0.0.1:{keel_up.env['KEEL_FLOWER_PORT']}/api/workers"
     wait_for(lambda: _ok(flower, auth), timeout=30, interval=0.5)
     assert requests.get(flower, timeout=5).status_code == 401
+    # And its metrics and health check want the password too (Flower 2 serves them to anyone)
+    for path in ("/metrics", "/healthcheck"):
+        url = f"http://127.0.0.1:{keel_up.env['KEEL_FLOWER_PORT']}{path}"
+        assert requests.get(url, timeout=5).status_code == 401, path
+        assert requests.get(url, timeout=5, auth=auth).status_code == 200, path
 
 
 def _ok(url: str, auth: tuple[str, str]) -> bool:

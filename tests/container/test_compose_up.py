@@ -196,6 +196,11 @@ def test_compose_up_runs_a_report_job_and_down_leaves_nothing(dockerd):
         assert requests.get(flower, timeout=10).status_code == 401
         answer = requests.get(flower, auth=("keel", compose.flower_password), timeout=10)
         assert answer.status_code == 200, answer.text
+        # and so are its metrics and its health check (which the service's probe passes)
+        for path in ("/metrics", "/healthcheck"):
+            url = f"http://127.0.0.1:{compose.flower_port}{path}"
+            assert requests.get(url, timeout=10).status_code == 401, path
+        assert states["flower"]["State"]["Health"]["Status"] == "healthy"
     finally:
         compose.down()
     assert compose.containers() == []

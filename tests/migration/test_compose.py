@@ -39,6 +39,8 @@ def test_compose_has_every_part_and_the_profiles():
     assert services["worker"]["command"][:4] == ["celery", "-A", "tasks", "worker"]
     assert services["beat"]["command"][:4] == ["celery", "-A", "tasks", "beat"]
     assert services["sandbox"]["command"][:2] == ["keel", "provider-sandbox"]
+    # Flower as `keel up` runs it: its /metrics and /healthcheck behind its password
+    assert services["flower"]["command"][:3] == ["python", "-m", "keel.flower"]
 
 
 def test_every_keel_service_runs_the_one_image_built_from_the_dockerfile():
@@ -85,7 +87,15 @@ def test_health_checks():
     services = spec()["services"]
     # web's liveness (not /readyz: a down worker must not get the API restarted)
     assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
-    assert "/healthcheck" in " ".join(services["flower"]["healthcheck"]["test"])
+    # Flower's health check behind its password: the probe reads it with FLOWER_BASIC_AUTH
+    assert services["flower"]["healthcheck"]["test"] == [
+        "CMD",
+        "python",
+        "-m",
+        "keel.flower",
+        "probe",
+        "http://127.0.0.1:5555/healthcheck",
+    ]
     # a fresh local heartbeat of the worker and of beat
     for name in ("worker", "beat"):
         assert services[name]["healthcheck"]["test"] == [

@@ -171,6 +171,34 @@ def test_the_queues_page_counts_the_tenants_jobs_and_links_to_flower(app, client
     assert re.search(r'data-state="delayed">delayed <b>1</b>', reports)
 
 
+def test_only_operators_see_the_flower_link(app, client, monkeypatch):
+    # Flower is a system-wide admin tool (every tenant's tasks): its link is for operators
+    monkeypatch.setenv("KEEL_FLOWER_URL", "http://flower.keel.test:5555/")
+    reload_settings()
+    tenant = unique("flower")
+    job = delayed_job(client, bearer(tenant=tenant, user="alice"))
+    alice = signed_in(app, tenant, "alice")
+    operator = signed_in(app, tenant, "olga", OPERATOR)
+    try:
+        pages = {
+            who: {
+                path: signed.get(path, headers=PAGE)
+                for path in ("/ui/jobs", f"/ui/jobs/{job}", "/ui/campaigns")
+            }
+            for who, signed in (("alice", alice), ("olga", operator))
+        }
+    finally:
+        monkeypatch.delenv("KEEL_FLOWER_URL")
+        reload_settings()
+    for who, answers in pages.items():
+        for path, page in answers.items():
+            text = page.get_data(as_text=True)
+            assert page.status_code == 200, (who, path)
+            linked = 'href="http://flower.keel.test:5555/"' in text
+            assert linked == (who == "olga"), (who, path)
+            assert ("Flower" in text) == (who == "olga"), (who, path)
+
+
 def test_an_operator_pauses_and_resumes_the_tenants_jobs_on_a_queue_from_the_queues_page(app):
     tenant = unique("pausing")
     operator = signed_in(app, tenant, "olga", OPERATOR)

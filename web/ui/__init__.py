@@ -173,8 +173,11 @@ def _dashboard_context() -> dict[str, Any]:
     from tasks import catalog
     from web import hosts
 
+    principal = g.get("principal")
     return {
-        "principal": g.get("principal"),
-        "flower_url": hosts.flower_url(),  # configured, never built from the Host header
+        "principal": principal,
+        # Flower is a system-wide admin tool (every tenant's tasks, the workers): its link is
+        # for operators only. Configured, never built from the Host header.
+        "flower_url": hosts.flower_url() if principal and principal.operator else None,
         "campaigns_on": catalog.enabled("notifications"),
     }
