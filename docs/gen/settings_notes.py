@@ -35,15 +35,17 @@ NOTES: dict[str, str] = {
         " `keel token` runs need the same key; a new key ends every dashboard session."
     ),
     "metrics_token": (
-        "A bearer token that reads `GET /metrics` (Prometheus: `authorization:"
-        " credentials_file`); an operator's token reads it too. Unset, and"
-        " `KEEL_METRICS_PUBLIC` off: only operators' tokens do. `keel up` generates one once in"
-        " `$KEEL_HOME/metrics-token` and writes it to `$KEEL_HOME/env`. Compared in constant"
-        " time; never logged."
+        "The bearer token of the system-wide views, `GET /metrics` (Prometheus: `authorization:"
+        " credentials_file`) and `GET /api/v1/system/status` (monitoring): every tenant's"
+        " figures, so no tenant's token reads them, an operator's included (403). Unset: they"
+        " do not answer over HTTP (`keel status` still does), except `/metrics` with"
+        " `KEEL_METRICS_PUBLIC`. `keel up` generates one once in `$KEEL_HOME/metrics-token` and"
+        " writes it to `$KEEL_HOME/env`. Compared in constant time; never logged."
     ),
     "metrics_public": (
         "`1`: `GET /metrics` answers without a token — only where the API's port is reachable"
         " from a private network alone. Off by default: the API's port is the public one."
+        " `GET /api/v1/system/status` still wants the metrics token."
     ),
     "provider_url": (
         "Where workers reach the messaging provider's group API; the provider sandbox is"
@@ -79,14 +81,16 @@ NOTES: dict[str, str] = {
         " `/healthz` and `/readyz`, which an orchestrator sends to a pod's address."
     ),
     "flower_url": (
-        "The dashboard's link to Flower; unset: the public URL's host at `KEEL_FLOWER_PORT`,"
-        " and no link when neither is known."
+        "The dashboard's link to Flower, shown to operators only; unset: the public URL's host"
+        " at `KEEL_FLOWER_PORT`, and no link when neither is known."
     ),
     "flower_user": "Flower's basic-auth user.",
     "flower_password": (
-        "Flower's basic-auth password; unset: `keel up` derives one from the secret and writes"
-        " it to `$KEEL_HOME/env`. compose requires it. Flower gets it in its environment,"
-        " never on its command line."
+        "Flower's basic-auth password (its pages, API, `/metrics` and `/healthcheck`); unset:"
+        " `keel up` derives one from the secret and writes it to `$KEEL_HOME/env`. compose"
+        " requires it. Flower gets it in its environment, never on its command line. Flower"
+        " is system-wide: whoever has it sees and controls every tenant's tasks"
+        " ([Dashboard](../dashboard.md#flower))."
     ),
     "request_deadline_s": (
         "An API request's database time, pool wait included, before it is answered 503 with"
