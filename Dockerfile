@@ -2,7 +2,7 @@
 #
 # The image is the wheel: the first stage builds Keel's wheel from the whole source
 # tree, the second installs that wheel (and its dependencies) into a virtualenv and
-# keeps nothing else of the sources, so `celery -A tasks` in the empty working folder
+# keeps nothing else of the sources, so `celery -A keel` in the empty working folder
 # imports the installed packages, migrations and templates included.
 #
 # BASE_IMAGE: any Debian-like image with Python >= 3.11 as `python3` (with venv).

@@ -1,7 +1,7 @@
 # Jobs of your own: keel up --include hello_jobs, started in this folder or with it in KEEL_JOB_PATH
 from celery import shared_task
 
-from tasks.jobs import KeelTask
+from keel import KeelTask
 
 
 @shared_task(

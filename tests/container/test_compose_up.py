@@ -155,7 +155,7 @@ def test_the_image_is_the_wheel(dockerd):
         "python -c 'import tasks, web, keel, migrations, provider_sandbox; "
         "print(tasks.__file__, migrations.__file__)'; "
         "ls /opt/keel/lib/python3*/site-packages | grep -c '^keel_jobs-.*dist-info$'; "
-        "touch $KEEL_HOME/probe; keel --help >/dev/null; celery -A tasks inspect --help >/dev/null"
+        "touch $KEEL_HOME/probe; keel --help >/dev/null; celery -A keel inspect --help >/dev/null"
     )
     uid, files_in_workdir, where, dist_info = dockerd.docker(
         "run", "--rm", KEEL_IMAGE, "sh", "-c", script

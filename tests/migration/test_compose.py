@@ -36,8 +36,8 @@ def test_compose_has_every_part_and_the_profiles():
         assert services[name]["image"] == f"${{{variable}:-{official}}}"
     assert services["migrate"]["command"] == ["keel", "db", "upgrade"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert services["worker"]["command"][:4] == ["celery", "-A", "tasks", "worker"]
-    assert services["beat"]["command"][:4] == ["celery", "-A", "tasks", "beat"]
+    assert services["worker"]["command"][:4] == ["celery", "-A", "keel", "worker"]
+    assert services["beat"]["command"][:4] == ["celery", "-A", "keel", "beat"]
     assert services["sandbox"]["command"][:2] == ["keel", "provider-sandbox"]
     # Flower as `keel up` runs it: its /metrics and /healthcheck behind its password
     assert services["flower"]["command"][:3] == ["python", "-m", "keel.flower"]

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AddedJob:
+    """What ``add`` did: the job's id, whether it made a new job (not a duplicate), its state."""
+
     job_id: str
     created: bool
     state: str

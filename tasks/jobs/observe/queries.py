@@ -85,6 +85,7 @@ def get_owned(
 
 
 def get(job_id: str) -> JobRecord | None:
+    """The record of job ``job_id`` (any tenant's), or ``None`` when there is none."""
     with transaction() as session:
         return store.get(session, job_id)
 
