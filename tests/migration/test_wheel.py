@@ -103,8 +103,15 @@ def test_the_wheel_ships_every_package_and_file_of_the_source_tree(wheel):
         for pattern in globs.split():
             matched = fnmatch.filter(shipped, f"{folder}/{pattern}")
             assert matched, f"setup.cfg's package_data {package}: {pattern} ships nothing"
-    for needed in ("migrations/script.py.mako", "web/ui/templates/ui/base.html"):
+    for needed in ("migrations/script.py.mako", "web/ui/templates/ui/base.html", "keel/py.typed"):
         assert needed in shipped
+    # and its metadata carries the licence file and says what it is
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    [metadata_name] = [n for n in names if n.endswith(".dist-info/METADATA")]
+    metadata_text = zipfile.ZipFile(wheel).read(metadata_name).decode()
+    assert "Classifier: Typing :: Typed" in metadata_text
+    assert "Requires-Python: >=3.11" in metadata_text
 
 
 def fresh_venv(tmp_path: Path, wheel: Path) -> Path:
@@ -170,6 +177,8 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stac
         env.update(KEEL_DATABASE_URL=url, KEEL_HOME=str(tmp_path / "home"))
         output = run([venv / "bin" / "keel", "db", "upgrade"], elsewhere, env)
         assert "database at head" in output
+        version_line = run([venv / "bin" / "keel", "--version"], elsewhere, env)
+        assert version_line.strip() == f"keel, version {wheel.name.split('-')[1]}"
 
         head = ScriptDirectory.from_config(alembic_config()).get_current_head()
         engine = create_engine(url)
