@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import states
-from celery.result import AsyncResult, ResultSet
+from celery.result import AsyncResult
 
 from tasks.jobs.observe import results
 
@@ -32,20 +31,17 @@ class KeelResult(AsyncResult):
             links.append((child, node))
             child, node = node, node.parent
         for child, node in reversed(links):  # Celery's order: the first step first
-            if isinstance(child, KeelResult) and _failed(node) and child.went_on_past_failure():
-                continue
-            node.maybe_throw()
+            # The parent's state is read once, by Celery's own check: read apart from it, a
+            # parent failing between the two reads was raised without asking the policy.
+            try:
+                node.maybe_throw()
+            except Exception:
+                if isinstance(child, KeelResult) and child.went_on_past_failure():
+                    continue  # recorded with the parent's end: seen failed, it is there
+                raise
 
     def went_on_past_failure(self) -> bool:
         """Whether this job runs although its parent failed (its failure policy)."""
         if not self._went_on:  # once it did, it does for good
             self._went_on = results.goes_on_past_failure(str(self.id))
         return self._went_on
-
-
-def _failed(node: Any) -> bool:
-    """What Celery's ``maybe_throw`` would raise for: a failed (or revoked) result, or a
-    group with one."""
-    if isinstance(node, ResultSet):
-        return any(_failed(member) for member in node.results)
-    return node.state in states.PROPAGATE_STATES
