@@ -25,14 +25,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import event, text
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from tasks.db import transaction
 from tasks.jobs.end import ending
 from tasks.jobs.model.errors import ControlFlow
-from tasks.jobs.model.models import JobAction, JobRecord, State
+from tasks.jobs.model.models import JobRecord, State
 from tasks.jobs.observe import events
+from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store import runs
 from tasks.jobs.store.runs import ClaimedJob
 
@@ -46,32 +47,15 @@ class Aborted(ControlFlow):
     code = "aborted"
 
 
-_MARK = text(
-    """
-    UPDATE jobs SET abort_requested_at = clock_timestamp()
-    WHERE id = :id AND state = 'active' AND abort_requested_at IS NULL
-    RETURNING abort_requested_at
-    """
-)
-
-
 def mark(session: Session, job: JobRecord, *, actor: str, reason: str | None) -> None:
     """In the transaction holding ``job``'s row lock (an active job): ask for its run to be
     aborted, audited and announced once; asked again, nothing more happens."""
-    if session.execute(_MARK, {"id": job.id}).first() is None:
+    if not runs.mark_abort(session, job.id):
         return
     details: dict[str, object] = {"state": str(job.state), "attempt": job.attempts_started}
     if reason:
         details["reason"] = reason
-    session.add(
-        JobAction(
-            job_id=job.id,
-            tenant_id=job.tenant_id,
-            action=AUDIT_ACTION,
-            actor=actor,
-            details=details,
-        )
-    )
+    jobs_store.add_action(session, job.id, job.tenant_id, AUDIT_ACTION, actor, details)
     queue, job_id, name = job.queue, job.id, job.name
     _after_commit(session, lambda: events.emit(queue, "aborting", job_id, name, by=actor))
 

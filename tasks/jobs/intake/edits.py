@@ -29,7 +29,7 @@ from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.submit import SubmissionRefused, check_data, task_style
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import JobConflict, JobNotFound
-from tasks.jobs.model.models import JobAction, JobRecord, State
+from tasks.jobs.model.models import JobRecord, State
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import owned_by
@@ -57,11 +57,7 @@ def _refuse(job: JobRecord, what: str, states: tuple[State, ...]) -> None:
 
 
 def _audit(session: Session, job: JobRecord, action: str, actor: str, **details: Any) -> None:
-    session.add(
-        JobAction(
-            job_id=job.id, tenant_id=job.tenant_id, action=action, actor=actor, details=details
-        )
-    )
+    store.add_action(session, job.id, job.tenant_id, action, actor, details)
 
 
 def update_data(

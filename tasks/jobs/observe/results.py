@@ -41,6 +41,7 @@ from tasks.db import transaction
 from tasks.jobs.model import owner as owner_context
 from tasks.jobs.model.errors import JobFailed
 from tasks.jobs.model.models import State
+from tasks.jobs.store import jobs as jobs_store
 
 _CELERY_STATE = {
     State.WAITING: states.PENDING,
@@ -187,11 +188,6 @@ def forget(job_id: str) -> bool:
     """
     owner = owner_context.current_owner()
     with transaction() as session:
-        done: Any = session.execute(
-            text(
-                "UPDATE jobs SET result = NULL WHERE id = :id AND result IS NOT NULL "
-                "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)"
-            ),
-            {"id": job_id, "tenant": owner.tenant_id if owner is not None else None},
+        return jobs_store.forget_result(
+            session, job_id, owner.tenant_id if owner is not None else None
         )
-    return bool(done.rowcount)

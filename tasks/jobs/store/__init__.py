@@ -14,7 +14,9 @@
 
 The lifecycle modules (``enqueue``, ``execute``, ``finish``, ``promote``,
 ``stalls``, ``manual_retry``, ``cancel``, ``maintenance``) own the transactions and call
-these named operations; nothing else writes SQL against these tables.
+these named operations; nothing else writes these tables, by SQL or by the ORM (the
+audit trail's rows included: ``jobs.add_action``). A structure test
+(``tests/unit/test_architecture.py``) holds every table of the job layer's models to it.
 """
 
 from __future__ import annotations

@@ -420,3 +420,30 @@ def reset_for_retry(session: Session, job_id: str) -> None:
 
 def get(session: Session, job_id: str) -> JobRecord | None:
     return session.get(JobRecord, job_id)
+
+
+_FORGET_RESULT = text(
+    "UPDATE jobs SET result = NULL WHERE id = :id AND result IS NOT NULL "
+    "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)"
+)
+
+
+def forget_result(session: Session, job_id: str, tenant_id: str | None) -> bool:
+    """Drop a job's stored result (the record stays); only ``tenant_id``'s job when given.
+    ``False`` when there was no result to drop."""
+    done: Any = session.execute(_FORGET_RESULT, {"id": job_id, "tenant": tenant_id})
+    return bool(done.rowcount)
+
+
+def add_action(
+    session: Session,
+    job_id: str,
+    tenant_id: str | None,
+    action: str,
+    actor: str,
+    details: dict[str, Any],
+) -> None:
+    """Append one row to a job's audit trail (``job_actions``) in the caller's transaction."""
+    session.add(
+        JobAction(job_id=job_id, tenant_id=tenant_id, action=action, actor=actor, details=details)
+    )

@@ -430,6 +430,21 @@ def fail_unsupported(
 
 # --- aborting -------------------------------------------------------------------------------
 
+_MARK_ABORT = text(
+    """
+    UPDATE jobs SET abort_requested_at = clock_timestamp()
+    WHERE id = :id AND state = 'active' AND abort_requested_at IS NULL
+    RETURNING abort_requested_at
+    """
+)
+
+
+def mark_abort(session: Session, job_id: str) -> bool:
+    """Ask for the active job's run to be aborted; ``False`` if it is not active or was
+    asked already (the caller holds its row lock)."""
+    return session.execute(_MARK_ABORT, {"id": job_id}).first() is not None
+
+
 _IS_ABORTED = text(
     """
     SELECT NOT EXISTS (SELECT 1 FROM jobs WHERE id = :id AND lock_token = :token
