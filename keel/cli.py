@@ -41,6 +41,36 @@ if TYPE_CHECKING:
 ROLES = ("operator",)
 
 
+class _Name(click.ParamType):
+    """A queue, a job name or an id Keel made: no control character nor line break
+    (``tasks.ids``), refused in one line before anything is looked up."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from tasks.ids import has_control
+
+        if isinstance(value, str) and has_control(value):
+            self.fail(f"{value!r} holds a control character or a line break", param, ctx)
+        return value
+
+
+class _TenantId(click.ParamType):
+    """A tenant's id, by the tokens' rule (``web.tokens.ID_RULE``); empty: none given."""
+
+    name = "tenant"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from web.tokens import ID_RULE, is_id
+
+        if value and not is_id(value):
+            self.fail(f"{value!r} is not an id ({ID_RULE})", param, ctx)
+        return value
+
+
+NAME, TENANT = _Name(), _TenantId()
+
+
 class KeelGroup(click.Group):
     """The ``keel`` group: every error a user can cause or mend is one line, never a traceback.
 
@@ -49,6 +79,9 @@ class KeelGroup(click.Group):
     """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        held = next((arg for arg in args if "\x00" in arg), None)
+        if held is not None:  # no program's argv can hold one, but main(args=[...]) can
+            raise UsageLine(f"{held!r}: an argument cannot hold a NUL character")
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
@@ -414,7 +447,7 @@ def schedulers_group() -> None:
 
 
 @schedulers_group.command("list")
-@click.option("--tenant", default="", help="a tenant's schedulers (default: all)")
+@click.option("--tenant", default="", type=TENANT, help="a tenant's schedulers (default: all)")
 def schedulers_list(tenant: str) -> None:
     from tasks.jobs.schedule import schedulers
     from tasks.jobs.schedule.schedulers import Scope
@@ -432,10 +465,10 @@ def schedulers_list(tenant: str) -> None:
 @click.option("--tz", default="UTC", show_default=True)
 @click.option("--immediately", is_flag=True)
 @click.option("--limit", type=click.IntRange(1))
-@click.option("--name", "job_name", required=True, help="job name, e.g. reports.cleanup")
+@click.option("--name", "job_name", required=True, type=NAME, help="job name, e.g. reports.cleanup")
 @click.option("--data", default="{}", help="job data as JSON")
 @click.option("--opts", default="{}", help="job options as JSON (attempts, backoff, ...)")
-@click.option("--queue", help="default: the queue the job's handler is registered on")
+@click.option("--queue", type=NAME, help="default: the queue the job's handler is registered on")
 @click.option("--tenant", default="", help="the tenant that owns it (default: the system)")
 @click.option("--user", help="with --tenant: the user its jobs belong to")
 @changes_state
@@ -508,7 +541,7 @@ def _json_option(name: str, raw: str) -> dict:
 
 @schedulers_group.command("remove")
 @click.argument("scheduler_id")
-@click.option("--tenant", default="")
+@click.option("--tenant", default="", type=TENANT)
 @changes_state
 def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     """Remove SCHEDULER_ID: no further jobs are created."""
@@ -563,10 +596,12 @@ JOB_STATES = (
 
 
 @jobs_group.command("list")
-@click.option("--queue")
+@click.option("--queue", type=NAME)
 @click.option("--state", type=click.Choice(JOB_STATES))
-@click.option("--name", "job_name", help="job name, e.g. report.generate")
-@click.option("--tenant", help="one tenant's jobs (default: every tenant's and the system's)")
+@click.option("--name", "job_name", type=NAME, help="job name, e.g. report.generate")
+@click.option(
+    "--tenant", type=TENANT, help="one tenant's jobs (default: every tenant's and the system's)"
+)
 @click.option(
     "--all",
     "show_all",
@@ -679,10 +714,12 @@ BULK_ACTIONS = ("retry", "cancel", "promote", "clean", "drain", "obliterate")
 
 @jobs_group.command("bulk")
 @click.argument("action", type=click.Choice(BULK_ACTIONS))
-@click.option("--queue")
-@click.option("--name", "job_name", help="job name, e.g. report.generate")
+@click.option("--queue", type=NAME)
+@click.option("--name", "job_name", type=NAME, help="job name, e.g. report.generate")
 @click.option("--state", "states", multiple=True, type=click.Choice(JOB_STATES))
-@click.option("--tenant", help="one tenant's jobs (default: every tenant's and the system's)")
+@click.option(
+    "--tenant", type=TENANT, help="one tenant's jobs (default: every tenant's and the system's)"
+)
 @click.option("--created-after", type=click.DateTime(), help="UTC")
 @click.option("--created-before", type=click.DateTime(), help="UTC")
 @click.option(
@@ -757,7 +794,9 @@ def jobs_bulk(
 
 
 @jobs_group.command("republish")
-@click.option("--queue", default=None, help="one queue (default: every queue with waiting jobs)")
+@click.option(
+    "--queue", default=None, type=NAME, help="one queue (default: every queue with waiting jobs)"
+)
 @click.option(
     "--older-than",
     "older_than_s",
@@ -805,7 +844,7 @@ def campaign_group() -> None:
 
 
 @campaign_group.command("verify")
-@click.argument("campaign_id")
+@click.argument("campaign_id", type=NAME)
 def campaign_verify(campaign_id: str) -> None:
     """Check the four group-send invariants against the provider's ledger."""
     from tasks.notifications.verify import verify
@@ -818,7 +857,9 @@ def campaign_verify(campaign_id: str) -> None:
 
 
 @main.command("events")
-@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+@click.option(
+    "--queue", "queues", multiple=True, type=NAME, help="repeat for several (default: every queue)"
+)
 @click.option("--follow", "-f", is_flag=True, help="keep printing events as they are written")
 @click.option("--since", help="stream id to start after; '$' = now (default: 0, or now with -f)")
 def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> None:
@@ -863,8 +904,10 @@ def _queue_known(queue: str) -> None:
 
 
 @queues_group.command("pause")
-@click.argument("queue")
-@click.option("--tenant", default="", help="hold one tenant's jobs only (default: everyone's)")
+@click.argument("queue", type=NAME)
+@click.option(
+    "--tenant", default="", type=TENANT, help="hold one tenant's jobs only (default: everyone's)"
+)
 @changes_state
 def queues_pause(queue: str, tenant: str) -> None:
     """Pause QUEUE: jobs added meanwhile are recorded and wait, running jobs finish.
@@ -880,8 +923,13 @@ def queues_pause(queue: str, tenant: str) -> None:
 
 
 @queues_group.command("resume")
-@click.argument("queue")
-@click.option("--tenant", default="", help="the pause of one tenant's jobs (default: the queue's)")
+@click.argument("queue", type=NAME)
+@click.option(
+    "--tenant",
+    default="",
+    type=TENANT,
+    help="the pause of one tenant's jobs (default: the queue's)",
+)
 @changes_state
 def queues_resume(queue: str, tenant: str) -> None:
     """Resume QUEUE: the jobs its pause held are published again, in the order they came."""
@@ -918,7 +966,9 @@ def deadletters_group() -> None:
 
 
 @deadletters_group.command("list")
-@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+@click.option(
+    "--queue", "queues", multiple=True, type=NAME, help="repeat for several (default: every queue)"
+)
 def deadletters_list(queues: tuple[str, ...]) -> None:
     """Print dead letters as JSON lines, newest first."""
     from tasks import deadletters
@@ -931,8 +981,10 @@ def deadletters_list(queues: tuple[str, ...]) -> None:
 
 
 @deadletters_group.command("drop")
-@click.argument("ids", nargs=-1)
-@click.option("--queue", "queues", multiple=True, help="repeat for several (default: every queue)")
+@click.argument("ids", nargs=-1, type=NAME)
+@click.option(
+    "--queue", "queues", multiple=True, type=NAME, help="repeat for several (default: every queue)"
+)
 @click.option("--all", "drop_all", is_flag=True, help="every dead letter of the queues")
 @changes_state
 def deadletters_drop(ids: tuple[str, ...], queues: tuple[str, ...], drop_all: bool) -> None:

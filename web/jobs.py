@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks import quotas
 from tasks.celery import load_job_modules
+from tasks.ids import CONTROL
 from tasks.jobs.end.cancel import Cancelling, cancel
 from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
@@ -54,8 +55,9 @@ from web.schemas import (
 )
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
-# Printable text: no control characters (Postgres text cannot hold NUL).
-TEXT = r"^[^\x00-\x1f\x7f]+$"
+# Printable text: no control character nor line break (``tasks.ids``; Postgres text cannot
+# hold NUL). A pydantic pattern: its engine (Rust's regex) anchors ``$`` at the very end.
+TEXT = rf"^[^{CONTROL}]+$"
 StateName = Literal[
     "waiting", "active", "delayed", "completed", "failed", "waiting-children", "cancelled"
 ]

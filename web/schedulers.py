@@ -27,7 +27,7 @@ from web.errors import ApiError
 from web.schemas import Open, configured_bound
 
 bp = Blueprint("schedulers", __name__, url_prefix="/api/v1/schedulers")
-ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$"
+ID = f"^{schedulers.TENANT_ID_RULE}$"  # as documented; checked with fullmatch (see _checked_id)
 
 
 def _derived_by_the_scheduler(schema: dict) -> None:
@@ -151,7 +151,9 @@ def upsert_for(principal: Principal, scheduler_id: str, body: UpsertScheduler) -
 
 
 def _checked_id(scheduler_id: str) -> str:
-    if not re.match(ID, scheduler_id):
+    """The dashboard's form reaches here without the path's check: ``fullmatch``, as ``re.match``
+    with ``$`` takes "nightly\\n" (a scheduler no path could name again)."""
+    if not re.fullmatch(ID, scheduler_id):
         raise ApiError(400, "invalid scheduler id", code="validation_failed")
     return scheduler_id
 

@@ -85,6 +85,12 @@ class LimitExceeded(Refused):
     code = "validation_failed"
 
 
+class InvalidId(Refused):
+    """An id outside its rule: one the API, the dashboard or the CLI could not name again."""
+
+    code = "validation_failed"
+
+
 class BrokerUnavailable(Unavailable):
     """The broker could not be reached."""
 

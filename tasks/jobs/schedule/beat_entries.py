@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import Refused, TemplateRefused
+from tasks.jobs.model.errors import InvalidId, Refused, TemplateRefused
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.run.execute import KeelTask
 from tasks.jobs.schedule import schedulers
@@ -244,7 +244,7 @@ def sync(app: Celery) -> Synced:
             if not isinstance(entry, Mapping):
                 raise EntryRefused("the entry is not a dict")
             _upsert(app, str(name), entry)
-        except (EntryRefused, TemplateRefused) as refused:
+        except (EntryRefused, TemplateRefused, InvalidId) as refused:  # a name with a line break
             log.error("beat_schedule entry %r is not scheduled: %s", name, refused)
             synced.refused.append(str(name))
             continue

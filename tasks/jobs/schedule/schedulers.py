@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,11 +35,12 @@ from sqlalchemy.orm import Session
 from tasks import broker
 from tasks.celery import app
 from tasks.db import passing, transaction
+from tasks.ids import has_control
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.messages import PUBLISH_RETRY
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import JobNotFound, QuotaExceeded
+from tasks.jobs.model.errors import InvalidId, JobNotFound, QuotaExceeded
 from tasks.jobs.model.models import JobSchedulerRecord
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
@@ -48,6 +50,12 @@ from tasks.setting_types import Quota, TenantLimits
 
 log = logging.getLogger(__name__)
 SYSTEM = ""  # the tenant of schedulers managed by the CLI and at startup
+# A tenant's scheduler id: what the API's path and the dashboard's form take (``web.schedulers``
+# documents it as ``^...$``), checked with ``fullmatch``: ``re.match`` with ``$`` also takes
+# "nightly\n". A system scheduler's id (a beat_schedule entry's name) may hold any other text.
+TENANT_ID_RULE = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,199}"
+_TENANT_ID = re.compile(TENANT_ID_RULE)
+MAX_ID = 200  # job_schedulers.id
 
 
 class SchedulerSpec(Rule):
@@ -113,9 +121,10 @@ def upsert(
     """Create or update; an unchanged rule keeps its next fire time (safe to call at boot),
     and a parked scheduler (``next`` null before its limit) gets one again.
 
-    The template is checked first (``TemplateRefused``); a tenant's new scheduler
-    beyond ``quota.schedulers`` is refused (``QuotaExceeded``).
+    The id is checked first (``InvalidId``), then the template (``TemplateRefused``); a
+    tenant's new scheduler beyond ``quota.schedulers`` is refused (``QuotaExceeded``).
     """
+    check_id(scope, scheduler_id)
     template = spec.template
     tenant = scope.tenant_id != SYSTEM
     job_type = registry.check_template(template.name, template.data, queue, tenant=tenant)
@@ -128,7 +137,24 @@ def upsert_plain(scheduler_id: str, spec: StoredSpec, queue: str) -> JobSchedule
     """A system scheduler that sends ``spec.celeryMessage`` (a task no job type declares)."""
     if spec.celeryMessage is None:
         raise ValueError("a plain scheduler needs a celeryMessage")
+    check_id(Scope(), scheduler_id)
     return _save(Scope(), scheduler_id, spec, queue, None)
+
+
+def check_id(scope: Scope, scheduler_id: str) -> str:
+    """``scheduler_id`` if every way to name a scheduler of ``scope`` again can (``InvalidId``):
+    a tenant's by the API's rule, any by no control character or line break (``tasks.ids``)."""
+    if scope.tenant_id != SYSTEM and not _TENANT_ID.fullmatch(scheduler_id):
+        raise InvalidId(
+            f"{scheduler_id!r} is not a scheduler id: 1..{MAX_ID} of A-Z a-z 0-9 . _ : -, "
+            "starting with a letter or digit"
+        )
+    if not 1 <= len(scheduler_id) <= MAX_ID or has_control(scheduler_id):
+        raise InvalidId(
+            f"{scheduler_id!r} is not a scheduler id: 1..{MAX_ID} characters, "
+            "no control character or line break"
+        )
+    return scheduler_id
 
 
 def _save(
