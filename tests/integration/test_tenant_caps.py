@@ -94,3 +94,29 @@ def test_the_default_cap_is_half_the_live_workers_slots(stack, monkeypatch):
 def test_the_default_cap_rounds_half_up_and_none_without_workers(monkeypatch, slots, cap):
     monkeypatch.setattr(tenant_caps, "_live_slots", lambda: slots)
     assert tenant_caps.cap() == cap
+
+
+@pytest.mark.slow
+def test_twenty_long_jobs_of_one_tenant_leave_room_for_another(stack):
+    # The figures (~4 minutes): one worker of concurrency 4, tenants capped at 2
+    # (what the default gives a lone worker of 4; set, so that other live workers of the
+    # session do not raise it); tenant A adds 20 jobs of 20 s, then tenant B one
+    queue = unique("capped-long")
+    worker = WorkerProcess(stack.home, unique("capl"), concurrency=4, queues=queue)
+    worker.extra_env = CAPPED
+    worker.start()
+    try:
+        burst = [
+            add("test.sleep", {"ms": 20_000}, queue=queue, owner=Owner("tenant-a", "u")).job_id
+            for _ in range(20)
+        ]
+        wait_for(lambda: record(burst[0])["state"] == "active", timeout=30)
+        other = add("test.sleep", {"ms": 100}, queue=queue, owner=Owner("tenant-b", "u")).job_id
+        b_job = wait_state(other, "completed", timeout=60)
+        a_jobs = finished(burst, timeout=400)
+    finally:
+        worker.stop()
+    waited_s = (ts(b_job["processedOn"]) - ts(b_job["createdAt"])).total_seconds()
+    assert waited_s < 2, waited_s
+    assert max_overlap(run_intervals(a_jobs)) == 2
+    assert {(job["state"], job["attemptsMade"]) for job in a_jobs} == {("completed", 0)}
