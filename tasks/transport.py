@@ -1,5 +1,8 @@
 """Keel's Redis transport: kombu's, except that poison messages go to dead letters.
 
+The private members of kombu's it overrides or calls are listed, and tested against the
+installed kombu, in ``tasks.kombu_members``.
+
 Used when Celery's messages go through Redis (the default); on RabbitMQ
 kombu decodes nothing before Celery's consumer does, and ``tasks.consumer``
 alone keeps what cannot be taken.
