@@ -113,6 +113,17 @@ def add(
         return added
 
 
+@dataclass
+class _Recorded:
+    """What recording one new job did: made it (``created``), or found the live job its
+    dedup id names (``kept``), replacing another (``replaced``); its publish priority."""
+
+    created: bool = False
+    kept: str | None = None
+    replaced: str | None = None
+    priority: int = 0
+
+
 def _add(
     name: str,
     data: dict[str, Any],
@@ -124,6 +135,7 @@ def _add(
     ctx: dict[str, Any] | None,
     parent: str | None = None,
 ) -> AddedJob:
+    """Record the job (``_record``), then say so and publish it (``_announce``)."""
     opts = opts or JobOptions()
     ctx = with_options(ctx, opts)
     job = NewJob(
@@ -138,102 +150,125 @@ def _add(
         priority=tenancy.rank((ctx or {}).get("priority")),
         parent_job_id=parent,
     )
-    rule = opts.deduplication
-    priority = 0
-    created = False
-    kept: str | None = None
-    replaced: str | None = None
-    body_id = canvas_store.chord_body_id(ctx)
-    # Unless a debounce rule touches the held job or a chord counts its part, the add is
-    # one statement on its own (no BEGIN/COMMIT, no Session), its dedup claim and quota
-    # check included.
-    debounce = rule is not None and (rule.extend or rule.replace)
     caller = caller_transaction.current()  # ``in_transaction``: the caller's session records it
-    one_statement = body_id is None and not debounce and caller is None
-    if one_statement and (rule is not None or limits is not None):
+    recorded = _record(job, limits, publish_now, caller)
+    return _announce(job, recorded, publish_now, caller)
+
+
+def _record(job: NewJob, limits: TenantLimits | None, publish_now: bool, caller: Any) -> _Recorded:
+    """Unless a debounce rule touches the held job, a chord counts its part or the caller's
+    transaction records it, the add is one statement on its own (no BEGIN/COMMIT, no
+    Session), its dedup claim and quota check included."""
+    rule = job.opts.deduplication
+    debounce = rule is not None and (rule.extend or rule.replace)
+    body_id = canvas_store.chord_body_id(job.celery_ctx)
+    if body_id is not None or debounce or caller is not None:
+        return _record_in_session(job, limits, publish_now, caller, body_id)
+    if rule is not None or limits is not None:
         admitted = tenancy.admit(job, limits, rule)
-        kept, created = admitted.kept, admitted.created
-        priority = tenancy.priority_for(admitted.on_queue)
-    elif one_statement and publish_now and job.state == State.WAITING:
+        on_queue = admitted.on_queue
+        return _Recorded(admitted.created, admitted.kept, None, tenancy.priority_for(on_queue))
+    if publish_now and job.state == State.WAITING:
         created, on_queue = store.insert_counting_alone(job, tenancy.LOAD_STEPS[-1])
-        priority = tenancy.priority_for(on_queue)
-    elif one_statement:
-        created = store.insert_alone(job)
-    else:
-        with nullcontext(caller.session) if caller is not None else transaction() as session:
-            # A tenant's quota lock goes with its dedup claim: one round trip for both. Not in
-            # a caller's transaction: its lock would be held until the caller commits, and
-            # every add of the tenant (the caller's own next one, on Keel's connection,
-            # included) would wait for that. There the quota is checked from the caller's
-            # snapshot, unlocked (concurrent transactions may overshoot it by their number).
-            quota_lock = None
-            if rule is not None and limits is not None and job.tenant_id is not None:
-                quota_lock = tenancy.lock_key(job.tenant_id, "jobs") if caller is None else None
-            if rule is not None:
-                kept, replaced = _deduplicate(session, queue, rule, job.id, quota_lock)
-            if kept is None and limits is not None:
-                unlocked = caller is not None  # (as if taken: ``admit_insert`` skips it)
-                load = tenancy.admit_insert(
-                    session, job, limits, locked=quota_lock is not None or unlocked
-                )
-                created = load is not None
-                priority = tenancy.priority_for(load.on_queue if load else 0)
-            elif kept is None and caller is not None:
-                created = store.insert(session, job)
-            elif kept is None and publish_now and job.state == State.WAITING:
-                created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
-                priority = tenancy.priority_for(on_queue)
-            elif kept is None:
-                created = store.insert(session, job)
-            if caller is not None and created and publish_now and job.state == State.WAITING:
-                caller.hold(job.id)  # published once the caller commits
-            if body_id is not None and not created:  # a chord part counts the job it names
-                canvas_store.bind_part(session, body_id, job.id, kept or job.id)
+        return _Recorded(created, priority=tenancy.priority_for(on_queue))
+    return _Recorded(store.insert_alone(job))
+
+
+def _record_in_session(
+    job: NewJob, limits: TenantLimits | None, publish_now: bool, caller: Any, body_id: str | None
+) -> _Recorded:
+    """The add in a transaction: Keel's own, or the caller's (``in_transaction``)."""
+    rule = job.opts.deduplication
+    recorded = _Recorded()
+    with nullcontext(caller.session) if caller is not None else transaction() as session:
+        # A tenant's quota lock goes with its dedup claim: one round trip for both. Not in
+        # a caller's transaction: its lock would be held until the caller commits, and
+        # every add of the tenant (the caller's own next one, on Keel's connection,
+        # included) would wait for that. There the quota is checked from the caller's
+        # snapshot, unlocked (concurrent transactions may overshoot it by their number).
+        quota_lock = None
+        if rule is not None and limits is not None and job.tenant_id is not None:
+            quota_lock = tenancy.lock_key(job.tenant_id, "jobs") if caller is None else None
+        if rule is not None:
+            recorded.kept, recorded.replaced = _deduplicate(
+                session, job.queue, rule, job.id, quota_lock
+            )
+        if recorded.kept is None and limits is not None:
+            unlocked = caller is not None  # (as if taken: ``admit_insert`` skips it)
+            load = tenancy.admit_insert(
+                session, job, limits, locked=quota_lock is not None or unlocked
+            )
+            recorded.created = load is not None
+            recorded.priority = tenancy.priority_for(load.on_queue if load else 0)
+        elif recorded.kept is None and caller is not None:
+            recorded.created = store.insert(session, job)
+        elif recorded.kept is None and publish_now and job.state == State.WAITING:
+            created, on_queue = store.insert_counting(session, job, tenancy.LOAD_STEPS[-1])
+            recorded.created, recorded.priority = created, tenancy.priority_for(on_queue)
+        elif recorded.kept is None:
+            recorded.created = store.insert(session, job)
+        if caller is not None and recorded.created and publish_now and job.state == State.WAITING:
+            caller.hold(job.id)  # published once the caller commits
+        if body_id is not None and not recorded.created:  # a chord part counts the job it names
+            canvas_store.bind_part(session, body_id, job.id, recorded.kept or job.id)
+    return recorded
+
+
+def _announce(job: NewJob, recorded: _Recorded, publish_now: bool, caller: Any) -> AddedJob:
+    """Events for what the add did, and the new job's publish: now, or in a caller's
+    transaction once it commits (never if it rolls back)."""
+    rule = job.opts.deduplication
     dedup_id = rule.id if rule else None
 
     def announce(send: Callable[[], object]) -> None:
-        """Now, or in a caller's transaction once it commits (never if it rolls back)."""
         if caller is not None:
             caller.on_commit(send)
         else:
             send()
 
-    if kept is not None:
+    if recorded.kept is not None:
         announce(
             partial(
                 events.emit,
-                queue,
+                job.queue,
                 "deduplicated",
-                kept,
-                name,
+                recorded.kept,
+                job.name,
                 deduplicationId=dedup_id,
                 deduplicatedJobId=job.id,
             )
         )
-        return AddedJob(job_id=kept, created=False, state="deduplicated")
-    if not created:
+        return AddedJob(job_id=recorded.kept, created=False, state="deduplicated")
+    if not recorded.created:
         return AddedJob(job_id=job.id, created=False, state="existing")
-    if replaced is not None:
+    if recorded.replaced is not None:
         announce(
             partial(
                 events.emit,
-                queue,
+                job.queue,
                 "deduplicated",
                 job.id,
-                name,
+                job.name,
                 deduplicationId=dedup_id,
-                deduplicatedJobId=replaced,
+                deduplicatedJobId=recorded.replaced,
             )
         )
-    delay: dict[str, Any] = {"delay": opts.delay} if opts.delay else {}
-    added = events.Event(queue, job.state, job.id, name, **delay)
+    delay: dict[str, Any] = {"delay": job.opts.delay} if job.opts.delay else {}
+    added = events.Event(job.queue, job.state, job.id, job.name, **delay)
     if caller is not None:  # nothing is announced before the caller's commit
         if not (publish_now and job.state == State.WAITING):  # (a held job's is, when sent)
             caller.on_commit(added.send)
         return AddedJob(job_id=job.id, created=True, state=job.state)
     if job.state == State.WAITING and publish_now:
         publish_or_park(
-            job.id, name, queue, data, ctx, priority=priority, event=added, tenant=job.tenant_id
+            job.id,
+            job.name,
+            job.queue,
+            job.data,
+            job.celery_ctx,
+            priority=recorded.priority,
+            event=added,
+            tenant=job.tenant_id,
         )
     else:
         added.send()
