@@ -18,7 +18,7 @@ COMPOSE = Path(__file__).resolve().parents[2] / "compose.yaml"
 
 def test_workers_scale_without_port_name_or_volume_clashes():
     worker = yaml.safe_load(COMPOSE.read_text())["services"]["worker"]
-    assert worker["command"][:4] == ["celery", "-A", "tasks", "worker"]
+    assert worker["command"][:4] == ["celery", "-A", "keel", "worker"]
     assert not {"ports", "container_name", "hostname", "volumes"} & set(worker), worker
     node_name = [a for a in worker["command"] if a in ("-n", "--hostname") or a.startswith("-n")]
     assert not node_name, "a fixed node name would be shared by every replica"
