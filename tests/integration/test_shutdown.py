@@ -20,9 +20,13 @@ from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.stack  # starts processes of its own
 
+# One tenant fills the worker here: its running-jobs cap (by default half the live workers'
+# slots, tasks.jobs.run.tenant_caps) is lifted, or some of its jobs would wait their turn.
+UNCAPPED = {"KEEL_TENANT_QUOTAS": '{"maxRunning": 100}'}
 SLOW_STEPS = {
-    "KEEL_REPORT_STEP_PAUSE_MS": "1000"
-}  # a report takes 3 s: surely active at the signal
+    "KEEL_REPORT_STEP_PAUSE_MS": "1000",  # a report takes 3 s: surely active at the signal
+    **UNCAPPED,
+}
 
 
 def add_reports(queue: str, count: int) -> dict[str, str]:
@@ -83,10 +87,13 @@ def test_sigkill_jobs_are_completed_by_another_worker_with_one_artifact_each(sta
         extra_env={
             "KEEL_REPORT_STEP_PAUSE_MS": "3000",  # 9 s per report
             "KEEL_LOCK_DURATION_S": "3",
+            **UNCAPPED,
         },
     )
     victim.start()
-    rescuer = WorkerProcess(stack.home, unique("rescuer"), concurrency=6, queues=queue)
+    rescuer = WorkerProcess(
+        stack.home, unique("rescuer"), concurrency=6, queues=queue, extra_env=UNCAPPED
+    )
     try:
         jobs = add_reports(queue, 6)
         wait_for(lambda: states(jobs) == ["active"] * 6, timeout=15)

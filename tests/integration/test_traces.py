@@ -80,6 +80,9 @@ def traced(stack) -> Iterator[Traced]:
         "KEEL_REDIS_URL": _redis_url(REDIS_DB),
         "KEEL_JOB_MODULES": "tests.support.jobs",
         "KEEL_LOG_FORMAT": "json",
+        # A tenant's job and the chain it sends run side by side here: the tenant's running
+        # cap (half this lone worker's 2 slots) would park deliveries, each one more span.
+        "KEEL_TENANT_QUOTAS": '{"maxRunning": 100}',
     }
     with fresh_database(), pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
