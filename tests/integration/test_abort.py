@@ -256,9 +256,10 @@ def test_a_run_being_aborted_whose_worker_died_is_cancelled_by_the_stalled_check
     with transaction() as session:
         assert runs.claim(session, aborted.id, "token", 30, "other@host") is None
     # and the stalled check cancels it, where it requeues the other
-    stalls.requeue_stalled_once()  # (or the worker's maintenance did, just before)
-    assert record(aborted.id)["state"] == "cancelled"
-    assert record(stalled.id)["state"] == "waiting"
+    # (the worker's maintenance pass may hold the rows at this moment: either sweep ends them)
+    stalls.requeue_stalled_once()
+    assert wait_state(aborted.id, "cancelled", "waiting", "failed")["state"] == "cancelled"
+    assert wait_state(stalled.id, "cancelled", "waiting", "failed")["state"] == "waiting"
     seen = [
         (entry["event"], entry.get("by"))
         for entry in events.read([aborted.queue])
