@@ -50,9 +50,9 @@ class BenchEnv:
             self.servers.append(redis_server)
         os.environ.update(values)
 
-        from tasks import db
-        from tasks.config import reload_settings
-        from tasks.migrate import migrate
+        from tasks.platform import db
+        from tasks.platform.config import reload_settings
+        from tasks.platform.migrate import migrate
 
         reload_settings()
         db.dispose()
@@ -92,7 +92,7 @@ class BenchEnv:
         }
 
     def stop(self) -> None:
-        from tasks import db
+        from tasks.platform import db
 
         db.dispose()
         for server in reversed(self.servers):

@@ -25,8 +25,8 @@ TARGET_RATE = 10_000  # bulk jobs/s, at least
 
 def p8_bulk(run: Run) -> Figure:
     # Imported once the run's servers are in the environment (``BenchEnv.start``).
-    from tasks.db import transaction
     from tasks.jobs import BulkJob, add, add_bulk
+    from tasks.platform.db import transaction
 
     fig = Figure(
         "P8",
@@ -83,8 +83,8 @@ def _per_job_ms(meter: CpuMeter, before: dict[str, float], count: int) -> float:
 
 
 def _vacuum() -> None:
-    from tasks.db import engine
     from tasks.jobs.store import counts
+    from tasks.platform.db import engine
 
     while counts.compact():
         pass

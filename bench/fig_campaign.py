@@ -33,8 +33,8 @@ def _groups(n: int, capacity: int) -> int:
 
 def _admin() -> dict[str, str]:
     """The sandbox's admin key (``BenchEnv`` exports it to the sandbox and to us)."""
-    from tasks.config import get_settings
     from tasks.notifications.provider import SANDBOX_ADMIN_HEADER
+    from tasks.platform.config import get_settings
 
     return {SANDBOX_ADMIN_HEADER: get_settings().sandbox_admin_key}
 
@@ -100,9 +100,9 @@ def raw_loop(provider: HttpChild, n: int, capacity: int, tag: str) -> float:
 
 def keel_campaign(run: Run, n: int) -> tuple[float, str]:
     """Create the campaign; messages/s until its report is recorded (Postgres clock)."""
-    from tasks.db import transaction
     from tasks.jobs import Owner
     from tasks.notifications.service import NewCampaign, create
+    from tasks.platform.db import transaction
 
     spec = NewCampaign(
         name=f"{run.tag} P4",
@@ -127,8 +127,8 @@ def keel_campaign(run: Run, n: int) -> tuple[float, str]:
 
 def _forget(campaign_id: str) -> None:
     """Remove the campaign's rows and jobs so every repetition starts from the same tables."""
-    from tasks.db import transaction
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         session.execute(
@@ -142,7 +142,7 @@ def _forget(campaign_id: str) -> None:
 
 
 def p4_campaign(run: Run) -> Figure:
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     n, capacity = run.sizes.recipients, get_settings().provider_capacity
     fig = Figure(

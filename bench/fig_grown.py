@@ -42,7 +42,7 @@ KEPT = {"KEEL_KEEP_COMPLETED_S": "0", "KEEL_KEEP_FAILED_S": "0"}
 
 
 def p10_grown(run: Run) -> Figure:
-    from tasks.jobs.store.counts import counts
+    from tasks.jobs.observe.queue_counts import counts
 
     records, delayed = (QUICK_RECORDS, QUICK_DELAYED) if run.quick else (RECORDS, DELAYED)
     fig = Figure(

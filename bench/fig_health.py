@@ -54,7 +54,7 @@ _DEAD = text(
 
 def delta_tuples() -> dict[str, int]:
     """Live and dead rows of the delta table: dead index entries are what readers wade through."""
-    from tasks.db import transaction
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         live, dead = session.execute(_DEAD).one()
@@ -62,7 +62,7 @@ def delta_tuples() -> dict[str, int]:
 
 
 def vacuum_deltas() -> None:
-    from tasks.db import engine
+    from tasks.platform.db import engine
 
     with engine().connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM job_count_deltas"))
@@ -70,8 +70,8 @@ def vacuum_deltas() -> None:
 
 def load_records(run: Run, n: int) -> float:
     """Insert ``n`` records and fold their deltas; seconds taken."""
-    from tasks.db import transaction
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     began = time.perf_counter()
     for first in range(1, n + 1, LOAD_CHUNK):
@@ -96,8 +96,8 @@ def load_records(run: Run, n: int) -> float:
 
 
 def remove_records(run: Run) -> None:
-    from tasks.db import transaction
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         session.execute(
@@ -117,8 +117,8 @@ def timed_ms(call: object, times: int) -> list[float]:
 
 
 def p5_health(run: Run) -> Figure:
-    from tasks.db import transaction
-    from tasks.jobs.store.counts import counts
+    from tasks.jobs.observe.queue_counts import counts
+    from tasks.platform.db import transaction
     from web.tokens import issue_token
 
     sizes = run.sizes

@@ -60,8 +60,8 @@ def _cleanup(run: Run) -> None:
     there, the next figure's workers take every one and drop it, at a cost that figure
     measures as its own)."""
     from tasks.celery import app
-    from tasks.db import transaction
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     tenants = f"{run.tag}-t%"
     with transaction() as session:

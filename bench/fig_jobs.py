@@ -83,9 +83,9 @@ def keel_batch(
 ) -> Batch:
     """Add ``n`` Keel jobs with ``tasks.jobs.intake``; finished when the records say so
     (timed from the first add, or from ``release`` as in ``bare_batch``)."""
-    from tasks.db import transaction
     from tasks.jobs import add
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     started = time.time()
     ids = [add(name, {"i": i}, queue=jobs.QUEUE, opts=opts).job_id for i in range(n)]
@@ -242,7 +242,7 @@ def traced(run: Run, fig: Figure, n: int) -> None:
 def durability(run: Run) -> dict[str, str]:
     """What each system's work survives, read from the servers and apps it ran with."""
     from tasks.celery import app as keel_app
-    from tasks.db import transaction
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         pg = {
@@ -360,7 +360,7 @@ def _pair(
 
 def _set_statement_log(level: str) -> None:
     """The server's ``log_statement`` (``all`` while round trips are counted, else ``none``)."""
-    from tasks.db import engine
+    from tasks.platform.db import engine
 
     with engine().connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.execute(text(f"ALTER SYSTEM SET log_statement = '{level}'"))
@@ -373,8 +373,8 @@ def _round_trips(run: Run, n: int) -> dict[str, float | None]:
     requests, and bare Celery's Redis requests, each against a fresh warmed-up worker."""
     import psycopg
 
-    from tasks.db import engine
     from tasks.jobs import add
+    from tasks.platform.db import engine
 
     conc = run.sizes.worker_concurrency
     client = redis.Redis.from_url(run.env.child_env()["KEEL_REDIS_URL"])

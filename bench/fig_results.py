@@ -74,7 +74,7 @@ def _batch(task: Any, n: int, count: Callable[[], int] | None) -> dict[str, floa
 def p9_waiting(run: Run) -> Figure:
     from sqlalchemy import event
 
-    from tasks.db import engine
+    from tasks.platform.db import engine
 
     n = 200 if not run.quick else 50
     conc = run.sizes.worker_concurrency

@@ -69,16 +69,16 @@ from sqlalchemy.orm import Session
 # imported: ``use_database`` points them at one scratch database, then the other.
 from bench.report import log, measured_commit, write_report
 from bench.stats import percentile
-from tasks import db
-from tasks.config import get_settings, reload_settings
 from tasks.jobs.intake import tenancy
 from tasks.jobs.model.models import State
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import queries
+from tasks.jobs.observe.queries import JobFilter
 from tasks.jobs.store import admission, counts, runs, upkeep
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.listing import JobFilter
 from tasks.jobs.upkeep import retention
+from tasks.platform import db
+from tasks.platform.config import get_settings, reload_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +134,7 @@ class Scratch:
 
 def migrate(url: str) -> None:
     """Keel's schema at head (``keel db upgrade``), in a child process with its own settings."""
-    code = "from tasks.migrate import migrate; migrate()"
+    code = "from tasks.platform.migrate import migrate; migrate()"
     env = {**os.environ, "KEEL_DATABASE_URL": url}
     subprocess.run([sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, check=True)
 

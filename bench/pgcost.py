@@ -18,7 +18,7 @@ Two more rows run the shipped database's claims and completions ``--batch`` jobs
 what batching them per worker process would save the server. Keel does not batch them.
 
 One connection runs the statements of Keel's hot path, their SQL text taken from
-``tasks.jobs.store`` (each its own transaction, as ``tasks.db.run_alone`` runs them),
+``tasks.jobs.store`` (each its own transaction, as ``tasks.platform.db.run_alone`` runs them),
 with the parameters Keel passes for a top-level job (no canvas context): the insert of
 ``jobs`` added one by one, their claims, then their completions. Around each kind the
 server's CPU is read for that connection's backend and the WAL writer (``/proc``: the
@@ -65,7 +65,7 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def statements() -> dict[str, str]:
-    """The hot path's statements as the driver receives them (``tasks.db.run_alone``)."""
+    """The hot path's statements as the driver receives them (``tasks.platform.db.run_alone``)."""
     from sqlalchemy.dialects.postgresql import psycopg as dialect
 
     from tasks.jobs.store import jobs, runs
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     urls: dict[str, str] = {}
     try:
         env.start()
-        from tasks import db
+        from tasks.platform import db
 
         db.dispose()  # nobody may be connected to the database the variants are cloned from
         url = os.environ["KEEL_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")

@@ -32,9 +32,9 @@ def _cpu_s() -> float:
 def batch(n: int) -> dict:
     """Add ``n`` no-op jobs, wait until all finished; the figures, then remove the rows."""
     from bench import jobs
-    from tasks.db import transaction
     from tasks.jobs import add
     from tasks.jobs.store import counts
+    from tasks.platform.db import transaction
 
     cpu, started = _cpu_s(), time.time()
     ids = [add(jobs.NOOP, {"i": i}, queue=jobs.QUEUE).job_id for i in range(n)]

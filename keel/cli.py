@@ -29,7 +29,7 @@ if _SHADOWED is not None:  # nothing of Keel's would import: say why, in one lin
 if os.getcwd() not in sys.path and shadowing_tasks_module(Path.cwd()) is None:
     sys.path.append(os.getcwd())
 
-from tasks.config import ProcessSettings, get_settings  # noqa: E402
+from tasks.platform.config import ProcessSettings, get_settings  # noqa: E402
 
 STACK_CHILDREN_CWD = Path(__file__).resolve().parents[1]  # keel.stack.PROJECT_ROOT
 
@@ -43,12 +43,12 @@ ROLES = ("operator",)
 
 class _Name(click.ParamType):
     """A queue, a job name or an id Keel made: no control character nor line break
-    (``tasks.ids``), refused in one line before anything is looked up."""
+    (``tasks.platform.ids``), refused in one line before anything is looked up."""
 
     name = "text"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from tasks.ids import has_control
+        from tasks.platform.ids import has_control
 
         if isinstance(value, str) and has_control(value):
             self.fail(f"{value!r} holds a control character or a line break", param, ctx)
@@ -121,7 +121,7 @@ def _misconfigured(exc: BaseException) -> str | None:
 
 
 def _setting_problem(error: Any) -> str:
-    from tasks.config import PREFIX
+    from tasks.platform.config import PREFIX
 
     field = str(error["loc"][0]) if error.get("loc") else "?"
     variable = f"{PREFIX}{field.upper()}"
@@ -177,15 +177,16 @@ def main(ctx: click.Context, home: Path | None, verbose: bool) -> None:
     if ctx.invoked_subcommand in (None, "up") or "--help" in sys.argv[1:]:
         return  # `keel up` picks its own home; help needs no stack
     ctx.obj = _use_stack()
-    from tasks import logs
+    from tasks.platform import logs
 
     # A command's output is its own: log lines only when asked, else problems alone.
     logs.configure("cli", level="INFO" if verbose else "WARNING", quiet=not verbose)
 
 
 def _use_stack() -> Any:
-    """Point this process at its stack (``tasks.stacks``), saying so when it is not obvious."""
-    from tasks.stacks import SeveralStacks, choose
+    """Point this process at its stack (``tasks.platform.stacks``), saying so when it is not
+    obvious."""
+    from tasks.platform.stacks import SeveralStacks, choose
 
     try:
         choice = choose()
@@ -210,7 +211,7 @@ def _use_stack() -> Any:
 
 def _stale_values(env_file: Path) -> list[str]:
     """The servers and secret this process would take from ``env_file`` (the environment's win)."""
-    from tasks.config import read_env_file
+    from tasks.platform.config import read_env_file
 
     kept = read_env_file(env_file)
     names = ("KEEL_DATABASE_URL", "KEEL_REDIS_URL", "KEEL_SECRET_KEY")
@@ -237,8 +238,8 @@ def _unreachable(exc: BaseException) -> str | None:
 
 
 def _server_problem(server: str, variable: str, exc: BaseException) -> str:
-    from tasks.config import origin
-    from tasks.stacks import running_owner
+    from tasks.platform.config import origin
+    from tasks.platform.stacks import running_owner
 
     settings = get_settings()
     field = variable.removeprefix("KEEL_").lower()
@@ -273,8 +274,8 @@ def _without_password(url: str) -> str:
 def up(includes: tuple[str, ...]) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
     from keel.stack import Stack, unimportable
-    from tasks import tracing
-    from tasks.catalog import user_job_modules
+    from tasks.platform import tracing
+    from tasks.platform.catalog import user_job_modules
     from web.tokens import check_secret
 
     shadowing = shadowing_tasks_module(Path.cwd())
@@ -329,7 +330,7 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
         if not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
     if not settings.secret_key:
-        from tasks.config import not_configured
+        from tasks.platform.config import not_configured
 
         raise click.ClickException(not_configured("KEEL_SECRET_KEY"))
     try:
@@ -435,7 +436,7 @@ def db() -> None:
 @changes_state
 def db_upgrade() -> None:
     """Alembic upgrade head."""
-    from tasks.migrate import migrate
+    from tasks.platform.migrate import migrate
 
     migrate()
     click.echo("database at head")
@@ -493,11 +494,11 @@ def schedulers_upsert(
     """
     from pydantic import ValidationError
 
-    from tasks import quotas
-    from tasks.celery import load_job_modules
+    from tasks.jobs.calls.loading import load_job_modules
     from tasks.jobs.model.errors import KeelError
     from tasks.jobs.schedule import schedulers
     from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
+    from tasks.platform import quotas
     from web.tokens import ID_RULE, is_id
 
     if bool(tenant) != bool(user):
@@ -624,10 +625,9 @@ def jobs_list(
     Quiet periodic system jobs (handler(..., quiet=True): campaign.monitor) are
     left out unless --all is given or --name names them.
     """
-    from tasks.celery import load_job_modules
+    from tasks.jobs.calls.loading import load_job_modules
     from tasks.jobs.observe import quiet
-    from tasks.jobs.observe.queries import InvalidCursor, list_jobs
-    from tasks.jobs.store.listing import JobFilter
+    from tasks.jobs.observe.queries import InvalidCursor, JobFilter, list_jobs
 
     try:
         load_job_modules()  # every job type declared, the quiet ones among them
@@ -686,7 +686,7 @@ def jobs_cancel(job_id: str, reason: str | None, actor: str) -> None:
 def jobs_retry(job_id: str, reason: str, actor: str, cancelled_too: bool) -> None:
     """Give a failed job (with --cancelled, a cancelled one) its full attempts again,
     audited first (as the API's retry)."""
-    from tasks.celery import load_job_modules
+    from tasks.jobs.calls.loading import load_job_modules
     from tasks.jobs.intake.manual_retry import RetryRequest, retry
     from tasks.jobs.model.errors import KeelError
 
@@ -751,11 +751,11 @@ def jobs_bulk(
     Says how many jobs match and asks to confirm, then works the action in batches here,
     printing its progress (a worker goes on with it if this stops), and prints it as JSON.
     """
-    from tasks.celery import load_job_modules
+    from tasks.jobs.calls.loading import load_job_modules
     from tasks.jobs.model.errors import KeelError
     from tasks.jobs.model.models import State
-    from tasks.jobs.store.bulk import BulkFilter
     from tasks.jobs.upkeep import bulk_actions
+    from tasks.jobs.upkeep.bulk_actions import BulkFilter
 
     load_job_modules()  # every job type's retry rules declared (a bulk retry leaves them out)
     if not 10 <= len(reason) <= 2000:
@@ -881,7 +881,7 @@ def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> 
 
 def _stream_id_now() -> str:
     """A concrete id for "now": ``$`` would skip events written between two reads."""
-    from tasks.broker import redis_client
+    from tasks.platform.broker import redis_client
 
     seconds, micros = redis_client().time()
     return str(seconds * 1000 + micros // 1000 - 1)
@@ -893,7 +893,7 @@ def queues_group() -> None:
 
 
 def _queue_known(queue: str) -> None:
-    from tasks.celery import known_queues, load_job_modules
+    from tasks.jobs.calls.loading import known_queues, load_job_modules
 
     load_job_modules()
     if queue not in known_queues():
@@ -971,8 +971,8 @@ def deadletters_group() -> None:
 )
 def deadletters_list(queues: tuple[str, ...]) -> None:
     """Print dead letters as JSON lines, newest first."""
-    from tasks import deadletters
-    from tasks.broker import redis_client
+    from tasks.platform import deadletters
+    from tasks.platform.broker import redis_client
 
     client = redis_client()
     for queue in queues or deadletters.queues(client):
@@ -989,8 +989,8 @@ def deadletters_list(queues: tuple[str, ...]) -> None:
 @changes_state
 def deadletters_drop(ids: tuple[str, ...], queues: tuple[str, ...], drop_all: bool) -> None:
     """Delete the dead letters named by IDS (or --all of them)."""
-    from tasks import deadletters
-    from tasks.broker import redis_client
+    from tasks.platform import deadletters
+    from tasks.platform.broker import redis_client
 
     if bool(ids) == drop_all:
         raise click.UsageError("give either dead letter IDS or --all")

@@ -7,7 +7,7 @@ file and two worker sets on one database, and the second would rewrite
 keeps it until it exits. The kernel drops the lock when the process dies,
 however it dies, so a crash never leaves a stale lock; the pid written
 inside is only there to name the owner (in the refusal, and to `keel` commands
-that find the stack: `tasks.stacks`).
+that find the stack: `tasks.platform.stacks`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from keel.embedded.private import private_dir
 from tasks.jobs.model.errors import KeelError
-from tasks.stacks import LOCK_FILE
+from tasks.platform.stacks import LOCK_FILE
 
 PROBE_RETRIES = 4  # ``running_owner`` takes a shared lock for an instant
 

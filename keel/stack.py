@@ -31,21 +31,21 @@ import redis
 
 from keel import stacks
 from keel.embedded import EmbeddedPostgres, EmbeddedRedis
-from keel.embedded.lifeline import PRIVATE_UMASK
 from keel.embedded.private import create_private
 from keel.errors import StartRefused
 from keel.home import HomeBusy, HomeLock
 from keel.supervisor import Child, Supervisor
-from tasks.catalog import parse_builtin
-from tasks.config import (
+from tasks.jobs.upkeep import liveness
+from tasks.platform.builtins import parse_builtin
+from tasks.platform.config import (
     ENV_FILE_NAME,
     ProcessSettings,
     keel_home,
     reload_settings,
     write_env_file,
 )
-from tasks.jobs.upkeep import liveness
-from tasks.migrate import migrate
+from tasks.platform.lifeline import PRIVATE_UMASK
+from tasks.platform.migrate import migrate
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STACK_HEADER = "Keel-Stack"  # web.system.STACK_HEADER: /readyz names the stack that started it
@@ -63,7 +63,7 @@ _IMPORT_CHECK = """
 import sys
 from importlib import import_module
 
-from tasks.catalog import extend_import_path
+from tasks.platform.catalog import extend_import_path
 
 extend_import_path()
 for name in sys.argv[1:]:

@@ -1,6 +1,6 @@
 """The registry of running stacks, written: ``keel up`` registers its home, and unregisters it.
 
-Reading it, and choosing a stack from it, is ``tasks.stacks``: every process
+Reading it, and choosing a stack from it, is ``tasks.platform.stacks``: every process
 that looks for a stack (the ``keel`` commands, workers, your scripts) does it
 the same way.
 """
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from keel.embedded.private import private_dir, write_private
-from tasks.stacks import registry_dir
+from tasks.platform.stacks import registry_dir
 
 
 def _entry(home: Path) -> Path:

@@ -2,7 +2,7 @@
 
 A *unit* is a child command (worker, beat, Flower, sandbox, web) or an
 embedded server; both answer ``poll()`` with an exit code once they have
-died. Children are tied to the supervisor (``keel.embedded.lifeline``), so
+died. Children are tied to the supervisor (``tasks.platform.lifeline``), so
 a ``kill -9`` of ``keel up`` takes them along; their output reaches the
 supervisor's stdout line by line, prefixed with their name the way foreman
 and honcho do it.
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO, Protocol
 
-from keel.embedded.lifeline import tied_to_parent
+from tasks.platform.lifeline import tied_to_parent
 
 RESTART_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0)
 STABLE_AFTER_S = 60.0

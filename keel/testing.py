@@ -63,9 +63,9 @@ def keel_stack() -> Iterator[dict[str, str]]:
     from urllib.parse import urlparse
 
     from keel.embedded import EmbeddedPostgres, EmbeddedRedis
-    from tasks import db
-    from tasks.config import reload_settings
-    from tasks.migrate import migrate
+    from tasks.platform import db
+    from tasks.platform.config import reload_settings
+    from tasks.platform.migrate import migrate
 
     assert _HOME is not None, "keel.testing was not configured (pytest_plugins)"
     postgres = EmbeddedPostgres(_HOME)
@@ -89,9 +89,10 @@ def keel_worker(keel_stack: dict[str, str]) -> Iterator[Any]:
     """A worker of Keel's app in threads of this process, consuming every job queue."""
     from celery.contrib.testing.worker import start_worker
 
-    from tasks.catalog import celery_queues
-    from tasks.celery import app, load_job_modules
+    from tasks.celery import app
+    from tasks.jobs.calls.loading import load_job_modules
     from tasks.jobs.model import registry
+    from tasks.platform.catalog import celery_queues
 
     load_job_modules()
     queues = sorted({*celery_queues(), *registry.queues()})

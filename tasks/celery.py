@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from importlib import import_module
 from typing import Any
 
 from celery import Celery, Task
 from celery.signals import celeryd_after_setup, setup_logging, worker_process_shutdown
 
-from tasks.catalog import celery_queues, job_modules
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model import registry
+from tasks.jobs.observe import events
+from tasks.platform.catalog import job_modules
+from tasks.platform.celery_app import set_app
+from tasks.platform.deadletters import dead_lettered
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ CELERY_OWN = "celery."  # the names of Celery's built-in tasks
 app = KeelCelery(
     "keel",
     include=job_modules(),
-    events="tasks.celery_events:KeelEvents",
+    events="tasks.platform.celery_events:KeelEvents",
     task_cls="tasks.jobs.run.execute:KeelTask",
 )
 app.config_from_object("tasks.celeryconfig")
@@ -43,38 +46,23 @@ app.config_from_object("tasks.celeryconfig")
 # ``@shared_task`` against Celery's fallback app — its default queue "celery", which no
 # Keel worker consumes. Keel's app is the process's default.
 app.set_default()
-# Named, not imported: Celery loads its bootsteps by name, and the job layer they
-# come from imports this app (to publish) — nothing here imports it back.
+set_app(app)  # the app the job layer publishes on (``tasks.platform.celery_app``)
+# A dead letter the transport sets aside is an event on its queue's stream.
+dead_lettered.connect(events.dead_letter_event, weak=False)
+# Named, not imported: Celery loads its bootsteps by name, when a worker starts.
 app.steps["worker"].add("tasks.jobs.upkeep.maintenance:Maintenance")
 app.steps["consumer"].add("tasks.jobs.upkeep.liveness:Heartbeat")
 app.steps["consumer"].add("tasks.jobs.run.slots:PrefetchWatch")
 
 
-def load_job_modules() -> list[str]:
-    """Import every job module and bind every task (idempotent); the declared job names.
-
-    Binding declares Celery-style Keel tasks (``KeelTask.on_bound``), so a
-    process that never runs a worker — the API, the CLI — knows them too.
-    """
-    for module in app.conf.include:
-        import_module(module)
-    app.finalize(auto=True)
-    return registry.names()
-
-
-def known_queues() -> list[str]:
-    """Every queue a loaded job type runs on (your modules' too), and Celery's declared ones."""
-    return sorted(set(celery_queues()) | set(registry.queues()))
-
-
 @setup_logging.connect
 def keel_logging(loglevel: Any = None, **kwargs: Any) -> None:
-    """Celery's worker, beat and Flower log Keel's way (``tasks.logs``): connecting here
+    """Celery's worker, beat and Flower log Keel's way (``tasks.platform.logs``): connecting here
     keeps Celery from configuring logging itself. ``-l`` counts when ``KEEL_LOG_LEVEL`` is
-    unset. They trace here too, if asked to (``tasks.tracing``)."""
+    unset. They trace here too, if asked to (``tasks.platform.tracing``)."""
     import sys
 
-    from tasks import logs, tracing
+    from tasks.platform import logs, tracing
 
     command = next((arg for arg in sys.argv[1:] if arg in ("worker", "beat", "flower")), "worker")
     logs.configure(command, level=loglevel)
@@ -87,10 +75,10 @@ def keel_logging(loglevel: Any = None, **kwargs: Any) -> None:
 @worker_process_shutdown.connect
 def flush_spans(**kwargs: Any) -> None:
     """A prefork pool process ends with ``os._exit``: no ``atexit``, so the spans its last
-    runs made are exported here, or never (``tasks.tracing``; nothing when tracing is off),
-    and so are the job metrics it counted (``tasks.tallies``)."""
-    from tasks import tracing
+    runs made are exported here, or never (``tasks.platform.tracing``; nothing when tracing is off),
+    and so are the job metrics it counted (``tasks.platform.tallies``)."""
     from tasks.jobs.observe import metrics
+    from tasks.platform import tracing
 
     tracing.flush()
     metrics.TALLY.close()

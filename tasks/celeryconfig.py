@@ -16,10 +16,10 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from tasks.catalog import celery_queues
-from tasks.config import Settings, get_settings
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
-from tasks.rabbitmq import CONFIRM_TIMEOUT_S
+from tasks.platform.catalog import celery_queues
+from tasks.platform.config import Settings, get_settings
+from tasks.platform.rabbitmq import CONFIRM_TIMEOUT_S
 
 # The built-in apps' queues that are on (KEEL_BUILTIN_JOBS), and "default".
 QUEUES = celery_queues()
@@ -30,8 +30,9 @@ def redis_broker(settings: Settings) -> dict[str, Any]:
     return {
         "broker_url": settings.redis_url,  # None until configured: Celery says so on use
         # Poison messages go to dead letters instead of killing the worker: kombu's
-        # Redis transport and Celery's consumer, each guarded (tasks.transport, tasks.consumer).
-        "broker_transport": "tasks.transport:Transport",
+        # Redis transport and Celery's consumer, each guarded (tasks.platform.transport,
+        # tasks.platform.consumer).
+        "broker_transport": "tasks.platform.transport:Transport",
         # A hung Redis keeps its sockets open, so every blocking step needs a timeout
         # or it waits forever: connecting, each command (``socket_timeout``, which
         # bounds a publish; the consumer's BRPOP is watched by kombu's health checks
@@ -39,7 +40,7 @@ def redis_broker(settings: Settings) -> dict[str, Any]:
         # busy. Redis answers in well under a millisecond: half a second means hung.
         "broker_connection_timeout": 2,
         # A message reserved by a worker that then died comes back after the visibility
-        # timeout, if kombu kept a copy of it (a recorded job's has none, tasks.transport:
+        # timeout, if kombu kept a copy of it (a recorded job's has none, tasks.platform.transport:
         # the reconciler publishes the job again from its record). Keel keeps it short:
         # a redelivery of a job that is still running is refused by the claim (the
         # record is active and locked), so it costs nothing, and delayed jobs never
@@ -71,7 +72,7 @@ def rabbitmq_broker(settings: Settings) -> dict[str, Any]:
     message), declared so by every Keel process, including the queues a job
     module adds (``task_create_missing_queue_type``); Celery sees them and
     uses per-consumer prefetch, as quorum queues require. Every publish waits
-    for the broker's confirm, bounded (``tasks.rabbitmq``). RabbitMQ itself
+    for the broker's confirm, bounded (``tasks.platform.rabbitmq``). RabbitMQ itself
     returns a dead worker's unacknowledged messages when its connection drops
     (no visibility timeout); heartbeats every 10 s find a connection that
     went silent. Redis's transport options (priority lists, visibility
@@ -82,7 +83,7 @@ def rabbitmq_broker(settings: Settings) -> dict[str, Any]:
     transport = "SSLTransport" if url.lower().startswith("amqps") else "Transport"
     return {
         "broker_url": url,
-        "broker_transport": f"tasks.rabbitmq:{transport}",
+        "broker_transport": f"tasks.platform.rabbitmq:{transport}",
         # TCP connect, then each step of the AMQP handshake: as long as a confirm may take.
         "broker_connection_timeout": CONFIRM_TIMEOUT_S,
         "broker_heartbeat": 10,
@@ -111,7 +112,7 @@ def broker_options(settings: Settings) -> dict[str, Any]:
 
 _settings = get_settings()
 globals().update(broker_options(_settings))
-worker_consumer = "tasks.consumer:Consumer"
+worker_consumer = "tasks.platform.consumer:Consumer"
 broker_connection_retry_on_startup = True
 broker_pool_acquire_timeout = 1
 task_default_queue = "default"

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import psycopg
 from sqlalchemy.engine import make_url
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def _redis() -> Finding:
 
 def _rabbitmq() -> Finding:
     """An AMQP handshake, on a connection of its own (not the publishers' pool)."""
-    from tasks.celery import app
+    from tasks.platform.celery_app import app
 
     with app.connection_for_write() as connection:  # Keel's transport, TLS, connect timeout
         connection.ensure_connection(max_retries=0)
@@ -130,8 +130,8 @@ def _beat() -> Finding:
 
 
 def _dead_letters() -> Finding:
-    from tasks import deadletters
     from tasks.jobs.upkeep import liveness
+    from tasks.platform import deadletters
 
     client = liveness.quick_client()
     held = {queue: client.llen(deadletters.key(queue)) for queue in deadletters.queues(client)}
@@ -145,7 +145,7 @@ def _dead_letters() -> Finding:
 def _overdue() -> Finding:
     from sqlalchemy import text
 
-    from tasks.db import transaction
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         count = session.execute(

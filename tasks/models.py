@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tasks.db import Base
 from tasks.jobs.model.models import (
     ArchivedJob,
     DedupClaim,
@@ -20,6 +19,7 @@ from tasks.notifications.models import (
     CampaignWatch,
     GroupAttempt,
 )
+from tasks.platform.db import Base
 from tasks.reports.models import ReportArtifact
 
 metadata = Base.metadata

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -34,8 +34,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.config.update(test_config)
 
     # Imported here, not at the top: ``keel.cli`` lives in this package and must stay fast.
-    from tasks import catalog, db, quotas, tracing
-    from tasks.celery import load_job_modules
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.platform import catalog, db, quotas, tracing
     from web import (
         access,
         bulk,
@@ -84,7 +84,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
 
 class StoreDeadline:
-    """WSGI middleware: a request's database work shares one deadline (``tasks.db``).
+    """WSGI middleware: a request's database work shares one deadline (``tasks.platform.db``).
 
     It covers the view, not the body a streamed response yields afterwards
     (an event stream reads Redis only, for minutes).

@@ -5,11 +5,11 @@ an event stream: when the stream starts): ``method``, ``route`` (the URL rule's 
 ``/api/v1/jobs/<job_id>``, never the path or its query, which may hold a sign-in token),
 ``status``, ``duration_ms``, ``request_id``, once the caller is known ``tenant_id``, and
 the ``job_id`` an answer names (``{"jobId": …}``: the job a POST added).
-Never a header: the bearer token stays out (``tasks.logs.redact`` would mask it anyway).
+Never a header: the bearer token stays out (``tasks.platform.logs.redact`` would mask it anyway).
 
 The request id is the caller's ``X-Request-ID`` when it is a plain token (letters, digits,
 ``._:-``, at most 128), else a new one; the response carries it back in ``X-Request-ID``.
-Every line logged during the request carries it (``tasks.logs.bind``).
+Every line logged during the request carries it (``tasks.platform.logs.bind``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from tasks import logs
+from tasks.platform import logs
 from web import http_metrics
 
 log = logging.getLogger("keel.access")

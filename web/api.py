@@ -18,7 +18,7 @@ from flask import Blueprint, request
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
-from tasks.ids import CONTROL
+from tasks.platform.ids import CONTROL
 from web import auth
 from web.errors import ApiError
 
@@ -52,7 +52,8 @@ class Operation:
 OPERATIONS: list[Operation] = []
 
 # Ids in paths: what the records can hold (String(200)), with no control character nor line
-# break (``tasks.ids``: Postgres text cannot hold NUL; C1 controls and U+2028/U+2029 break a
+# break (``tasks.platform.ids``: Postgres text cannot hold NUL; C1 controls and U+2028/U+2029 break
+# a
 # line too) and no "/" (it would be another path). An operation may narrow this with
 # ``params=``. A value outside it is refused with 400 before the view runs, so no lookup
 # sees it. Every pattern here is checked with ``re.fullmatch``: ``re.match`` with ``$`` also

@@ -16,8 +16,8 @@ from flask import Blueprint, g, url_for
 from pydantic import AwareDatetime, Field
 
 from tasks.jobs.model.models import State
-from tasks.jobs.store.bulk import BulkFilter
 from tasks.jobs.upkeep import bulk_actions
+from tasks.jobs.upkeep.bulk_actions import BulkFilter
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.jobs import TEXT

@@ -8,8 +8,8 @@ from typing import Any
 from flask import Blueprint, g
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from tasks import quotas
 from tasks.notifications import campaigns, service, templates
+from tasks.platform import quotas
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.schemas import Open, Strict, configured_bound

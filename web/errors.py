@@ -8,8 +8,6 @@ from typing import cast
 from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
-from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
-from tasks.db import STORE_UNAVAILABLE
 from tasks.jobs.model.errors import (
     JobConflict,
     JobNotFound,
@@ -18,6 +16,8 @@ from tasks.jobs.model.errors import (
     Refused,
     Unavailable,
 )
+from tasks.platform.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
+from tasks.platform.db import STORE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def init_app(app: Flask) -> None:
             headers["Allow"] = ", ".join(error.valid_methods)  # type: ignore[attr-defined]
         return error_response(ApiError(status, error.description or error.name, headers=headers))
 
-    # Down, hung past the request's deadline (tasks.deadline), or out of
+    # Down, hung past the request's deadline (tasks.platform.deadline), or out of
     # connections: the same errors a worker gives its delivery back for.
     for store_error in STORE_UNAVAILABLE:
         app.register_error_handler(

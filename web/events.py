@@ -30,11 +30,11 @@ from typing import Any
 
 from flask import Blueprint, Response, g, request
 
-from tasks import broker
-from tasks.catalog import BUILTIN_APPS
 from tasks.jobs.model.models import FINISHED_STATES, JobRecord
 from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import get_owned
+from tasks.platform import broker
+from tasks.platform.builtins import BUILTIN_APPS
 from web import stream_leases
 from web.api import operation
 from web.errors import RETRY_AFTER_S, ApiError

@@ -14,9 +14,9 @@ import os
 import signal
 from typing import Any
 
-from keel.embedded.lifeline import die_with_parent
-from tasks import db, logs, tracing
-from tasks.config import get_settings
+from tasks.platform import db, logs, tracing
+from tasks.platform.config import get_settings
+from tasks.platform.lifeline import die_with_parent
 
 worker_class = "web.serving.StreamingWorker"
 # Processes (KEEL_WEB_WORKERS), each with a pool of threads: up to
@@ -25,7 +25,7 @@ workers = get_settings().web_workers
 threads = 128
 # gthread beats from each process's main loop, not from the request threads, so
 # this only catches a wedged process: it is no limit on a request or a stream.
-# Requests are bounded by their own deadlines (tasks.db, tasks.broker); streams
+# Requests are bounded by their own deadlines (tasks.platform.db, tasks.platform.broker); streams
 # by their ``timeout`` (web.events.MAX_TIMEOUT_S).
 timeout = 30
 graceful_timeout = 20
@@ -36,7 +36,8 @@ keepalive = 5
 # ~/.gunicorn/gunicorn.ctl), so two servers of one user (two stacks, or a test
 # run beside `keel up`) would take it from each other. Keel does not use it.
 control_socket_disable = True
-# gunicorn's own lines in Keel's format (tasks.logs); the access log is the app's (web.access).
+# gunicorn's own lines in Keel's format (tasks.platform.logs); the access log is the app's
+# (web.access).
 logconfig_dict = logs.gunicorn_config("web")
 
 
@@ -52,12 +53,14 @@ def worker_int(worker: Any) -> None:
     when ``keel up`` dies: the worker exits now. gunicorn's own ``sys.exit`` would wait for
     every request thread to finish its request, and the master waits for its workers up to
     ``graceful_timeout``. A graceful stop is SIGTERM, unchanged. The spans it still holds are
-    exported first (``os._exit`` skips ``atexit``; bounded: ``tasks.tracing.FLUSH_TIMEOUT_MS``)."""
+    exported first (``os._exit`` skips ``atexit``; bounded:
+    ``tasks.platform.tracing.FLUSH_TIMEOUT_MS``)."""
     tracing.flush()
     os._exit(0)
 
 
 def post_worker_init(worker: Any) -> None:
-    """A worker opens its database connections before it accepts requests (``tasks.db.warm``):
+    """A worker opens its database connections before it accepts requests
+    (``tasks.platform.db.warm``):
     a burst of requests on a fresh process would otherwise pay for them inside their deadline."""
     db.warm()

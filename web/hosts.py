@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 from flask import Flask, Response, request
 from werkzeug.utils import redirect
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 from web.errors import ApiError
 
 PROBES = frozenset({"/healthz", "/readyz"})

@@ -3,7 +3,7 @@
 gunicorn serves the API from several processes (``KEEL_WEB_WORKERS``), and several hosts
 may serve it, while a scrape reaches one of them: a process's own Prometheus histogram
 would show a sliver. So each process counts its requests in memory (``observe``) and adds
-them to one Redis hash every ``FLUSH_S`` seconds, once each (``tasks.tallies``: what a
+them to one Redis hash every ``FLUSH_S`` seconds, once each (``tasks.platform.tallies``: what a
 kill loses, what a lost reply does); ``/metrics`` reads the hash (``web.system``), as it
 reads the job metrics.
 
@@ -17,8 +17,8 @@ import atexit
 import os
 from typing import Any
 
-from tasks.broker import redis_client
-from tasks.tallies import Tally
+from tasks.platform.broker import redis_client
+from tasks.platform.tallies import Tally
 
 KEY = "keel:metrics:http"
 # Each process's last flush number added (a field per process; removed at a graceful exit).
@@ -48,7 +48,7 @@ def parse(name: str) -> tuple[tuple[str, str, str], str]:
 
 
 class Recorder(Tally):
-    """This process's request counts (``tasks.tallies``)."""
+    """This process's request counts (``tasks.platform.tallies``)."""
 
     def __init__(self) -> None:
         super().__init__(APPLIED_KEY, FLUSH_S, "keel-http-metrics")

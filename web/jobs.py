@@ -22,9 +22,7 @@ from typing import Any, Literal, get_args
 from flask import Blueprint, g
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks import quotas
-from tasks.celery import load_job_modules
-from tasks.ids import CONTROL
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.end.cancel import Cancelling, cancel
 from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
@@ -35,10 +33,12 @@ from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
     DEFAULT_PAGE,
     MAX_PAGE,
+    JobFilter,
     get_owned,
     list_jobs,
 )
-from tasks.jobs.store.listing import JobFilter
+from tasks.platform import quotas
+from tasks.platform.ids import CONTROL
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
@@ -55,7 +55,7 @@ from web.schemas import (
 )
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
-# Printable text: no control character nor line break (``tasks.ids``; Postgres text cannot
+# Printable text: no control character nor line break (``tasks.platform.ids``; Postgres text cannot
 # hold NUL). A pydantic pattern: its engine (Rust's regex) anchors ``$`` at the very end.
 TEXT = rf"^[^{CONTROL}]+$"
 StateName = Literal[

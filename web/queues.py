@@ -17,7 +17,7 @@ from pydantic import Field
 
 from tasks.jobs.intake import pauses
 from tasks.jobs.observe.queries import iso
-from tasks.jobs.store.counts import by_queue
+from tasks.jobs.observe.queue_counts import by_queue
 from web.api import operation
 from web.auth import OPERATOR
 from web.errors import ApiError

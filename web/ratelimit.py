@@ -20,7 +20,7 @@ The limiter fails open: if Redis cannot be reached the request goes through and
 the problem is logged (at most once per back-off period), because refusing all
 traffic whenever Redis blips would turn a cache outage into an API outage. When
 the limiter uses the stack's own Redis, a hung Redis it meets is also noted for
-the rest of the process (``tasks.broker``), so the same request does not wait
+the rest of the process (``tasks.platform.broker``), so the same request does not wait
 for it again to emit its events or publish its job.
 """
 
@@ -37,8 +37,8 @@ import redis
 from flask import Flask, current_app
 from limits import RateLimitItem, parse
 
-from tasks import broker
-from tasks.config import get_settings
+from tasks.platform import broker
+from tasks.platform.config import get_settings
 from web.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ class TenantRateLimiter:
         The user's share is checked first, so requests refused for it do not
         spend the budget the tenant's other users share.
         """
-        shared = self.storage_url is None  # the stack's Redis, which tasks.broker watches too
+        # the stack's Redis, which tasks.platform.broker watches too
+        shared = self.storage_url is None
         if self.item is None or time.monotonic() < self._down_until:
             return
         if shared and broker.unreachable():

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 from flask import Blueprint, current_app, g
 from pydantic import AwareDatetime, Field, field_validator
 
-from tasks import quotas
 from tasks.jobs.observe.queries import iso
-from tasks.jobs.store.counts import counts
+from tasks.jobs.observe.queue_counts import counts
+from tasks.platform import quotas
 from tasks.reports import service
 from tasks.reports.jobs import QUEUE, ReportRequest
 from web.api import operation

@@ -15,12 +15,12 @@ from flask import Blueprint, g
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from tasks import quotas
-from tasks.celery import load_job_modules
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model.options import Backoff, JobOptions, KeepJobs
 from tasks.jobs.model.schedule_rules import JobTemplate, first_fire, next_fire
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
+from tasks.platform import quotas
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError

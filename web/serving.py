@@ -9,7 +9,7 @@ thread from a pool and beats from its main loop: a stream costs one mostly
 sleeping thread and lasts as long as it should. gevent would make a stream
 cheaper still, but it needs monkey-patching under psycopg, redis-py, kombu
 and Celery's producer, and any call that blocks in C stalls every request of
-the process — the database deadlines (``tasks.deadline``) are written for
+the process — the database deadlines (``tasks.platform.deadline``) are written for
 plain threads.
 
 What this class adds to ``gthread``:

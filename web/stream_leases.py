@@ -38,8 +38,8 @@ from typing import Any
 
 from flask import current_app
 
-from tasks import broker
-from tasks.config import get_settings
+from tasks.platform import broker
+from tasks.platform.config import get_settings
 from web.errors import RETRY_AFTER_S, ApiError
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ return 0
 
 
 def _cap(config_name: str, default: int) -> int | None:
-    """A cap from the app's config, else the settings (``tasks.config``, checked when the
+    """A cap from the app's config, else the settings (``tasks.platform.config``, checked when the
     process starts); ``None`` when it is off."""
     raw = current_app.config.get(config_name)
     if raw is None:

@@ -22,12 +22,14 @@ from prometheus_client.core import (
     Metric,
 )
 
-from tasks import celery, deadletters, health
-from tasks.config import get_settings
+from tasks import health
+from tasks.jobs.calls.loading import known_queues
 from tasks.jobs.intake import pauses
 from tasks.jobs.observe import metrics as job_metrics
-from tasks.jobs.store.counts import counts, due_delayed, oldest_waiting_s
+from tasks.jobs.observe.queue_counts import counts, due_delayed, oldest_waiting_s
 from tasks.jobs.upkeep import liveness
+from tasks.platform import deadletters
+from tasks.platform.config import get_settings
 from web import http_metrics
 from web.api import operation
 from web.errors import ApiError
@@ -36,11 +38,6 @@ from web.schemas import Health, Open, Readiness, SystemStatus
 
 bp = Blueprint("system", __name__)
 log = logging.getLogger(__name__)
-
-
-def known_queues() -> list[str]:
-    """Every queue a loaded job type runs on (your modules' too), and Celery's declared ones."""
-    return celery.known_queues()
 
 
 # Every metric name /metrics exports (samples carry the suffixes: _total, _bucket, _sum,

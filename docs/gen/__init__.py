@@ -5,7 +5,7 @@ so that they cannot drift from it:
 
 - ``docs/reference/http-api.md`` from the OpenAPI document the web app serves
   (``GET /api/v1/openapi.json``), fetched through the app itself;
-- ``docs/reference/configuration.md`` from ``tasks.config.Settings``: every field,
+- ``docs/reference/configuration.md`` from ``tasks.platform.config.Settings``: every field,
   its ``KEEL_*`` name, type, default and description.
 
 The pages are committed (readable without building the site);

@@ -1,9 +1,9 @@
-"""The configuration reference page, generated from ``tasks.config.Settings``.
+"""The configuration reference page, generated from ``tasks.platform.config.Settings``.
 
 Every field becomes a variable (``KEEL_`` + its name in upper case) with its
 type, default and constraints as the model declares them. Its description is
 the field's note in ``docs.gen.settings_notes`` if it has one, else its
-``description``, else the comment written at it in ``tasks/config.py`` (on its
+``description``, else the comment written at it in ``tasks/platform/config.py`` (on its
 line, or the comment lines right above it).
 """
 
@@ -38,13 +38,13 @@ class Undocumented(Exception):
 
 
 def settings_class() -> type:
-    from tasks.config import Settings
+    from tasks.platform.config import Settings
 
     return Settings
 
 
 def env_name(name: str, field: FieldInfo) -> str:
-    from tasks.config import PREFIX
+    from tasks.platform.config import PREFIX
 
     alias = field.validation_alias or field.alias
     return alias if isinstance(alias, str) else PREFIX + name.upper()
@@ -180,7 +180,8 @@ def descriptions(cls: type) -> dict[str, str]:
     if missing:
         raise Undocumented(
             f"settings without a description: {', '.join(missing)}. Write a comment at each in"
-            " tasks/config.py (or a description=, or a note in docs/gen/settings_notes.py)."
+            " tasks/platform/config.py (or a description=, or a note in"
+            " docs/gen/settings_notes.py)."
         )
     return found
 
@@ -195,11 +196,11 @@ def render(cls: type) -> str:
     lines = [
         "# Configuration reference",
         "",
-        GENERATED.format(source="tasks.config.Settings"),
+        GENERATED.format(source="tasks.platform.config.Settings"),
         "",
         "Every process of Keel — web, worker, beat, Flower, the `keel` command — is configured"
         " by the same `KEEL_*` environment variables, declared with their types and defaults"
-        " in one pydantic model, `tasks.config.Settings`; this page is generated from it.",
+        " in one pydantic model, `tasks.platform.config.Settings`; this page is generated from it.",
         "",
         "A process reads its environment first, then `$KEEL_HOME/env`, the file `keel up`"
         " writes with the effective values of the stack it runs (so every `keel` command and"

@@ -2,7 +2,7 @@
 
 Keyed by ``Settings`` field name. The page takes a field's note when it has
 one, else its ``description`` or the comment written at it in
-``tasks/config.py``; a field with none of these stops the generator, and so
+``tasks/platform/config.py``; a field with none of these stops the generator, and so
 does a note for a field that no longer exists.
 
 ``OTHER_VARIABLES`` are read outside ``Settings``: by the provider sandbox

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import psutil
 
-from keel.embedded.lifeline import stop_process, tied_to_parent
 from keel.embedded.private import open_private_log, private_dir
 from keel.errors import StartRefused
+from tasks.platform.lifeline import stop_process, tied_to_parent
 
 SERVER_USER = "pgserver"
 HANDLE_FILE = ".handle_pids.json"  # pgserver's; meaningless once we own the postmaster

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import redis
 
-from keel.embedded.lifeline import stop_process, tied_to_parent
 from keel.embedded.private import private_dir, write_private
+from tasks.platform.lifeline import stop_process, tied_to_parent
 
 
 def free_port() -> int:

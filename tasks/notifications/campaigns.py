@@ -10,8 +10,6 @@ from typing import Any
 
 from sqlalchemy import select, text
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs import JobNotFound, Owner
 from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import iso
@@ -21,6 +19,8 @@ from tasks.notifications.models import (
     CampaignGeneration,
     CampaignRecipient,
 )
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 EVENTS_QUEUE = "notifications"

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.model.errors import ControlFlow
+from tasks.platform.db import transaction
 
 
 class Rollover(ControlFlow):

@@ -12,7 +12,6 @@ import threading
 
 from celery import chord, current_app
 
-from tasks.config import get_settings
 from tasks.jobs import (
     Backoff,
     JobContext,
@@ -28,6 +27,7 @@ from tasks.jobs.observe.queries import get as get_job
 from tasks.notifications import campaigns, generations
 from tasks.notifications.generations import Rollover
 from tasks.notifications.provider import GroupConflict, ProviderClient, ProviderRejected
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 QUEUE = "notifications"

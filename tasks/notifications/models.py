@@ -17,7 +17,7 @@ from sqlalchemy import Boolean, DateTime, Index, Integer, String, Text, func, te
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from tasks.db import Base
+from tasks.platform.db import Base
 
 
 class Campaign(Base):

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ValidationError
 from requests.adapters import HTTPAdapter
 from urllib3.util import Retry
 
-from tasks.config import get_settings
 from tasks.jobs.model.errors import KeelError, Unavailable
+from tasks.platform.config import get_settings
 
 # The provider's documented limits: messages per add request, characters per message.
 MAX_MESSAGES_PER_REQUEST = 1000

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tasks.catalog import CAMPAIGN_MONITOR_ID as MONITOR_ID
 from tasks.jobs import JobOptions
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
 from tasks.jobs.schedule.standing import standing
 from tasks.notifications.jobs import MONITOR, QUEUE
+from tasks.platform.builtins import CAMPAIGN_MONITOR_ID as MONITOR_ID
 
 MONITOR_EVERY_MS = 10_000
 

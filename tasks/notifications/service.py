@@ -8,8 +8,6 @@ from dataclasses import dataclass
 from sqlalchemy import insert, text
 from sqlalchemy.orm import Session
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add, in_transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import new_job_id
@@ -19,7 +17,9 @@ from tasks.jobs.model.models import JobRecord
 from tasks.jobs.observe.queries import get as get_job
 from tasks.notifications import campaigns, generations, jobs, templates
 from tasks.notifications.models import Campaign, CampaignRecipient
-from tasks.quotas import TenantQuotas
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
+from tasks.platform.quotas import TenantQuotas
 
 DEFAULT_CHUNK = 5000
 

@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from tasks.jobs.store import affected
+from tasks.platform.db import affected
 from tasks.reports.models import ReportArtifact
 
 

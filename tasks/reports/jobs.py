@@ -10,8 +10,6 @@ import time
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs import (
     Backoff,
     Deduplication,
@@ -24,6 +22,8 @@ from tasks.jobs import (
 from tasks.jobs.intake.manual_retry import RetryRules, declare_rules
 from tasks.jobs.model.errors import Unavailable
 from tasks.jobs.model.models import JobRecord
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 from tasks.reports import artifacts
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
@@ -134,7 +134,7 @@ def generate_report(job: JobContext) -> dict:
     if settings.fault_injection and data.get("crashAfterStoreOnRun") == job.attempts_started:
         _crash_worker()
     reused = stored.job_id != job.id
-    # The line carries the job's fields (tasks.logs): its id, name, queue, tenant, attempt.
+    # The line carries the job's fields (tasks.platform.logs): its id, name, queue, tenant, attempt.
     log.info("report %s: %d rows stored as %s", data["reportId"], rows, stored.object_key)
     return artifacts.as_result(stored, reused=reused)
 

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import DateTime, Integer, String, func
 from sqlalchemy.orm import Mapped, mapped_column
 
-from tasks.db import Base
+from tasks.platform.db import Base
 
 
 class ReportArtifact(Base):

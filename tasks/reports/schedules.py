@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from tasks.catalog import DAILY_CLEANUP_ID
 from tasks.jobs import Backoff, JobOptions
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, upsert
 from tasks.jobs.schedule.standing import standing
+from tasks.platform.builtins import DAILY_CLEANUP_ID
 from tasks.reports.jobs import CLEANUP, QUEUE
 
 DAILY_CLEANUP = SchedulerSpec(

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from tasks import quotas
 from tasks.jobs import Owner, add
 from tasks.jobs.intake.manual_retry import RetryRequest, retry_failed
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.observe.queries import get_owned
+from tasks.platform import quotas
 from tasks.reports.jobs import GENERATE, QUEUE, RETRY_RULES, report_options
 from tasks.reports.operation_key import operation_key
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from tasks import logs
+from tasks.platform import logs
 from tests.support.client import bearer
 
 

@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text
 
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import add
 from tasks.jobs.model.models import JobAction
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
+from tasks.platform.db import transaction
 from tests.support import jobs as _test_jobs  # noqa: F401  (test.echo, test.celery_logs)
 from tests.support.client import bearer, ts, unique
 

@@ -14,10 +14,10 @@ import pytest
 from celery import shared_task
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import Deduplication, JobOptions, KeelTask, Owner, add
 from tasks.jobs.model.models import RetryAudit
-from tasks.jobs.store.counts import counts
+from tasks.jobs.observe.queue_counts import counts
+from tasks.platform.db import transaction
 from tests.support import events as job_events
 from tests.support.client import bearer, metrics_headers, record, unique, wait_state
 from tests.support.inline import join

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.config import reload_settings
+from tasks.platform.config import reload_settings
 from tests.support.client import bearer, metrics_headers
 from web import create_app
 

@@ -373,7 +373,7 @@ def test_a_finished_campaign_shows_its_generations_and_four_invariants_passing(
 def test_the_queues_page_counts_jobs_per_state_and_links_to_flower(
     worker, served, fresh_browser, screenshots, monkeypatch
 ):
-    from tasks.config import reload_settings
+    from tasks.platform.config import reload_settings
 
     browser = fresh_browser
     # Flower's address comes from configuration (web.hosts), never from the Host header

@@ -17,8 +17,8 @@ import requests
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as seen
 
-from tasks.config import get_settings
 from tasks.jobs import JobOptions, Owner, add
+from tasks.platform.config import get_settings
 from tests.browser.test_dashboard import in_seconds, text_of
 from tests.support.browser import chromium, wait
 from tests.support.client import bearer, unique, wait_state

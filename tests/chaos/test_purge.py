@@ -16,9 +16,9 @@ import time
 
 from sqlalchemy import text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import add
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.chaos import ensure_broker_epoch, priority_lists
 from tests.support.client import unique, wait_state
 from tests.support.stack import PROJECT_ROOT

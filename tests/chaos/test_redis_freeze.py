@@ -28,7 +28,7 @@ import time
 import pytest
 import redis
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 from tests.support.chaos import (
     add_reports,
     job_rows,

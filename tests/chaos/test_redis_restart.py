@@ -14,8 +14,8 @@ import time
 import pytest
 import redis
 
-from tasks.config import get_settings
 from tasks.jobs import add
+from tasks.platform.config import get_settings
 from tests.support.chaos import (
     add_reports,
     completed_runs,

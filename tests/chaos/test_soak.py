@@ -100,9 +100,9 @@ import redis
 import requests
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.schedule.schedulers import fire_prefix
 from tasks.notifications.verify import verify
+from tasks.platform.db import transaction
 from tasks.reports.operation_key import operation_key
 from tests.support.chaos import artifact_rows, job_rows, settle, stragglers
 from tests.support.client import bearer, unique

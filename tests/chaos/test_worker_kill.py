@@ -16,8 +16,8 @@ import time
 import pytest
 from sqlalchemy import text
 
-from tasks.config import get_settings
-from tasks.db import transaction
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 from tests.support.chaos import (
     add_reports,
     completed_runs,
@@ -111,7 +111,7 @@ def test_sigkill_during_200_in_flight_reports_repeatedly(spawn, round_no):
 RESERVE_AND_WAIT = """
 import sys, time
 from kombu import Connection
-with Connection(sys.argv[1], transport="tasks.transport:Transport") as conn:
+with Connection(sys.argv[1], transport="tasks.platform.transport:Transport") as conn:
     message = conn.SimpleQueue(sys.argv[2]).get(block=True, timeout=30)
     print(message.headers["id"], flush=True)
     time.sleep(300)
@@ -124,7 +124,7 @@ def test_a_message_reserved_by_a_killed_worker_runs_soon_after_it_is_reconciled(
 
     The record is still waiting and nothing in Postgres is locked, so the
     promoter's stalled check cannot see it, and Keel's transport keeps no
-    unacked copy of a recorded job's message in Redis (``tasks.transport.QoS``):
+    unacked copy of a recorded job's message in Redis (``tasks.platform.transport.QoS``):
     the reconciler finds the waiting job without a message and publishes it
     again. The window is narrow in a real worker (between taking a message and
     claiming its record), so it is opened on purpose here with a bare consumer.

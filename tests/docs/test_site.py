@@ -15,7 +15,7 @@ import yaml
 
 from docs.gen import settings_notes
 from docs.gen.settings import Undocumented, descriptions
-from tasks.config import Settings
+from tasks.platform.config import Settings
 from tests.support.stack import PROJECT_ROOT
 
 README = PROJECT_ROOT / "README.md"

@@ -20,7 +20,6 @@ from celery.concurrency.prefork import TaskPool
 from celery.worker import state as worker_state
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.end import abort, finish, revocations, stalls
 from tasks.jobs.end.cancel import cancel
@@ -30,6 +29,7 @@ from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.run import termination
 from tasks.jobs.store import runs
+from tasks.platform.db import transaction
 from tests.support.client import bearer, claimed_job, record, unique, wait_state
 from tests.support.ui import PAGE, csrf_token, signed_in
 

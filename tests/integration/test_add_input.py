@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.model.models import JobRecord
+from tasks.platform.db import transaction
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")

@@ -17,13 +17,13 @@ from celery.schedules import crontab
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs.model.schedule_rules import JobTemplate
 from tasks.jobs.schedule import beat_entries, schedulers, standing
 from tasks.jobs.schedule.beat import KeelScheduler
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 from tests.support.databases import jobs_failing_once

@@ -14,11 +14,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.schedule.schedulers import Scope, fire_prefix
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tasks.reports.schedules import DAILY_CLEANUP_ID
 from tests.support.client import unique, wait_state
 from tests.support.jobs import BEAT_TICKS_KEY

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from keel.cli import main
 from tasks.celeryconfig import broker_options
-from tasks.config import Settings, reload_settings
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS, broker_priority
+from tasks.platform.config import Settings, reload_settings
 
 REDIS = "redis://:secret@redis-host:6379/0"
 REDIS_ONLY_OPTIONS = {
@@ -29,7 +29,7 @@ REDIS_ONLY_OPTIONS = {
 def test_without_a_broker_url_messages_go_through_redis():
     options = broker_options(Settings(redis_url=REDIS))
     assert options["broker_url"] == REDIS
-    assert options["broker_transport"] == "tasks.transport:Transport"
+    assert options["broker_transport"] == "tasks.platform.transport:Transport"
     assert set(options["broker_transport_options"]) >= REDIS_ONLY_OPTIONS
 
 
@@ -37,7 +37,7 @@ def test_an_amqp_url_means_rabbitmq_quorum_queues_and_publisher_confirms():
     url = "amqp://keel:pw@mq-host:5672/keel"
     options = broker_options(Settings(redis_url=REDIS, broker_url=url))
     assert options["broker_url"] == url
-    assert options["broker_transport"] == "tasks.rabbitmq:Transport"
+    assert options["broker_transport"] == "tasks.platform.rabbitmq:Transport"
     assert options["broker_transport_options"]["confirm_publish"] is True
     assert not REDIS_ONLY_OPTIONS & set(options["broker_transport_options"])
     assert [q.queue_arguments for q in options["task_queues"]] == [{"x-queue-type": "quorum"}] * 3
@@ -46,7 +46,7 @@ def test_an_amqp_url_means_rabbitmq_quorum_queues_and_publisher_confirms():
 
 def test_amqps_keeps_tls():
     options = broker_options(Settings(redis_url=REDIS, broker_url="amqps://keel:pw@mq-host/keel"))
-    assert options["broker_transport"] == "tasks.rabbitmq:SSLTransport"
+    assert options["broker_transport"] == "tasks.platform.rabbitmq:SSLTransport"
 
 
 @pytest.mark.parametrize("url", ["redis://other:6379/1", "http://mq-host", "mq-host:5672"])

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from tasks.broker import redis_client
 from tasks.jobs import add
 from tasks.jobs.upkeep.broker_reset import EPOCH_KEY, check_epoch
+from tasks.platform.broker import redis_client
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import BulkJob, Deduplication, JobOptions, Owner, add_bulk
 from tasks.jobs.model.errors import QuotaExceeded
 from tasks.jobs.model.models import JobRecord
-from tasks.setting_types import TenantLimits
+from tasks.platform.db import transaction
+from tasks.platform.setting_types import TenantLimits
 from tests.support.client import record, unique
 from tests.support.inline import join
 
@@ -92,8 +92,8 @@ class Statements:
 def test_calls_recorded_together_are_one_insert_and_each_runs_once():
     from sqlalchemy import event
 
-    from tasks.db import engine
     from tasks.jobs import recorded_together
+    from tasks.platform.db import engine
     from tests.support.jobs import celery_part
 
     label = unique("together")
@@ -201,8 +201,8 @@ def test_a_tenants_calls_recorded_together_past_its_quota_add_nothing(monkeypatc
 
     from celery import group
 
-    from tasks.config import reload_settings
     from tasks.jobs import acting_as, recorded_together
+    from tasks.platform.config import reload_settings
     from tests.support.jobs import celery_part
 
     monkeypatch.setenv("KEEL_TENANT_QUOTAS", json.dumps({"liveJobs": 5}))

@@ -16,13 +16,13 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from keel.cli import main as keel
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.intake import pauses
 from tasks.jobs.intake.bulk import BulkJob, add_bulk
-from tasks.jobs.store.bulk import BulkFilter
 from tasks.jobs.upkeep import bulk_actions
+from tasks.jobs.upkeep.bulk_actions import BulkFilter
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.client import bearer, record, unique
 from tests.support.inline import join
 from tests.support.jobs import BROKEN_KEY

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import Owner, acting_as
+from tasks.platform.db import transaction
 from tests.support.jobs import echo
 from tests.support.stack import WorkerProcess, wait_for
 

@@ -11,10 +11,10 @@ import pytest
 from celery import chain
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import upkeep
+from tasks.platform.db import transaction
 from tests.support.broker_lists import headers_in
 from tests.support.client import bearer, unique
 from tests.support.jobs import echo

@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
-from tasks.config import get_settings, sqlalchemy_url
 from tasks.jobs import Owner, acting_as, in_transaction, recorded_together
 from tasks.jobs.intake.caller_transaction import (
     BACKSTOP_S,
     ForeignDatabase,
     NotInCallersTransaction,
 )
+from tasks.platform.config import get_settings, sqlalchemy_url
 from tests.support import events
 from tests.support.client import record, wait_state
 from tests.support.jobs import celery_add
@@ -80,7 +80,7 @@ KILLED_AFTER_COMMIT = """
 import os, signal, sys
 from sqlalchemy import create_engine, event
 from sqlalchemy.orm import Session
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 from tasks.jobs import in_transaction, recorded_together
 from tests.support.jobs import celery_add
 

@@ -6,9 +6,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.notifications import jobs, service
+from tasks.platform.db import transaction
 from tests.support.client import record, unique
 from tests.support.databases import jobs_failing_once
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
+from tasks.platform.db import transaction
 from tests.support.client import bearer, unique
 from tests.support.stack import WorkerProcess, wait_for
 

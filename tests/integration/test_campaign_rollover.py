@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import new_job_id
 from tasks.notifications import campaigns, generations
 from tasks.notifications.models import Campaign
+from tasks.platform.db import transaction
 
 pytestmark = pytest.mark.usefixtures("stack")
 

@@ -8,8 +8,8 @@ import time
 import pytest
 import requests
 
-from tasks.db import transaction
 from tasks.notifications.verify import verify
+from tasks.platform.db import transaction
 from tests.support.client import bearer, wait_state
 from tests.support.stack import WorkerProcess, sandbox_admin_headers, wait_for
 

@@ -16,12 +16,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from keel.embedded import free_port
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.end import revocations
 from tasks.jobs.end.cancel import cancel
 from tasks.jobs.store import runs
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique, wait_state
 from tests.support.databases import using

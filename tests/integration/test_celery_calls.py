@@ -16,8 +16,8 @@ from celery import chain, chord
 from sqlalchemy import text
 
 from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs import Owner, acting_as
+from tasks.platform.db import transaction
 from tasks.reports.jobs import generate_report
 from tests.support.client import record, unique, wait_state, waits_between_runs
 from tests.support.early import published_before_commit

@@ -16,14 +16,14 @@ from celery.exceptions import TimeoutError as ResultTimeout
 from celery.result import AsyncResult
 from sqlalchemy import event, text
 
-from tasks import db
-from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs import Owner, acting_as
 from tasks.jobs.calls.result_backend import FALLBACK_POLL_S
 from tasks.jobs.observe.events import result_channel
 from tasks.jobs.observe.queries import describe_full, get
+from tasks.platform import db
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.client import wait_state
 from tests.support.jobs import (
     FlakyIO,

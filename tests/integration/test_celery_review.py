@@ -6,9 +6,9 @@ import pytest
 from celery import chain, chord
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.end.cancel import cancel
 from tasks.jobs.end.stalls import requeue_stalled_once
+from tasks.platform.db import transaction
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.jobs import (
     celery_add,
@@ -234,7 +234,9 @@ def test_a_message_without_a_record_its_handler_cannot_take_fails_visibly():
 ROUTED = """
 from celery import shared_task
 
-from tasks.celery import app, load_job_modules
+from tasks.celery import app
+
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs import KeelTask
 from tasks.jobs.model import registry
 

@@ -14,11 +14,11 @@ import time
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import runs, upkeep
 from tasks.jobs.store.jobs import NewJob
+from tasks.platform.db import transaction
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")

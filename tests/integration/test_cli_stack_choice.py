@@ -19,7 +19,7 @@ import pytest
 from keel import stacks
 from keel.embedded import free_port
 from keel.home import HomeLock
-from tasks.config import write_env_file
+from tasks.platform.config import write_env_file
 from tests.support.keel_up import KEEL
 
 SECRET = "a-secret-key-of-at-least-32-bytes-0123456789"
@@ -146,7 +146,10 @@ def test_a_program_of_yours_in_another_folder_finds_the_stack_as_keel_does(tmp_p
     home, lock = running_home(tmp_path / "project", KEEL_WEB_URL="http://127.0.0.1:18123")
     elsewhere = tmp_path / "mine"
     elsewhere.mkdir()
-    script = "from tasks.config import get_settings; s = get_settings(); print(s.home, s.web_url)"
+    script = (
+        "from tasks.platform.config import get_settings; s = get_settings(); "
+        "print(s.home, s.web_url)"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL_")}
     env["XDG_RUNTIME_DIR"] = str(runtime)
     try:

@@ -1,4 +1,4 @@
-"""A recorded job's message leaves no unacked copy in Redis (``tasks.transport.QoS``).
+"""A recorded job's message leaves no unacked copy in Redis (``tasks.platform.transport.QoS``).
 
 A consumer on Keel's Redis transport holds a recorded job's message in memory only: its
 prefetch slot until the ack, a requeue or a warm shutdown putting it back from there. A
@@ -20,11 +20,11 @@ import pytest
 from kombu import Producer
 from sqlalchemy import text
 
-from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.db import engine
 from tasks.jobs import add
 from tasks.jobs.upkeep.reconcile import republish_lost
+from tasks.platform.broker import redis_client
+from tasks.platform.db import engine
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 from tests.support.jobs import rate_limited

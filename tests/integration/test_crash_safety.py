@@ -7,9 +7,9 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.jobs.intake.enqueue import add
+from tasks.platform.db import transaction
 from tasks.reports import artifacts
 from tasks.reports.jobs import GENERATE
 from tasks.reports.models import ReportArtifact

@@ -8,10 +8,10 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import Deduplication, JobOptions, add
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.store.dedup import holder_of
+from tasks.platform.db import transaction
 from tasks.reports.operation_key import operation_key
 from tests.support import events
 from tests.support.client import bearer, unique, wait_state

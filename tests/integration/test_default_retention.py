@@ -12,14 +12,14 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import func, select, text
 
-from tasks.broker import redis_client
 from tasks.celery import app as celery_app
-from tasks.config import reload_settings
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.model.models import ArchivedJob, JobRecord, State
 from tasks.jobs.store import counts
 from tasks.jobs.upkeep import retention
+from tasks.platform.broker import redis_client
+from tasks.platform.config import reload_settings
+from tasks.platform.db import transaction
 from tests.support.client import bearer
 
 DAY = 86_400

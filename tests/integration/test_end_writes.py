@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from tasks.db import transaction
 from tasks.jobs.end import finish
 from tasks.jobs.model.options import Deduplication
+from tasks.platform.db import transaction
 from tests.support.client import claimed_job, unique
 from tests.support.databases import jobs_failing_once
 

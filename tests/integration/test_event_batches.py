@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tasks.broker import redis_client
 from tasks.jobs.observe import events, metrics
+from tasks.platform.broker import redis_client
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")

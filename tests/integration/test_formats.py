@@ -13,12 +13,12 @@ import uuid
 import pytest
 from sqlalchemy import text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import add
 from tasks.jobs.intake.messages import KEEL_HEADER
 from tasks.jobs.model import formats
 from tasks.jobs.store import runs
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique
 from tests.support.inline import join

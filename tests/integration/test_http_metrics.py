@@ -8,7 +8,7 @@ import re
 
 import redis
 
-from tasks import tallies
+from tasks.platform import tallies
 from tests.support.client import bearer, metrics_headers, unique
 from web import http_metrics
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from tasks.config import get_settings
 from tasks.jobs.end import canvas
+from tasks.platform.config import get_settings
 from tests.support.client import record, unique, wait_state
 from tests.support.jobs import celery_collect
 

@@ -9,10 +9,10 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import add
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.run import job_log
+from tasks.platform.db import transaction
 from tests.support.client import unique
 
 pytestmark = pytest.mark.usefixtures("stack")

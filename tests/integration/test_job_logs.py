@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.store.logs import MAX_LINE_CHARS
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 from tests.support import jobs as test_jobs
 from tests.support.client import bearer, unique, wait_state
 

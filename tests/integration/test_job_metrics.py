@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tasks.broker import redis_client
 from tasks.jobs.observe import metrics
+from tasks.platform.broker import redis_client
 from tests.support.client import unique
 from web import system
 

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from tasks.db import transaction
 from tasks.jobs import Defer, JobOptions, add
 from tasks.jobs.end.cancel import cancel
 from tasks.jobs.store import waits
+from tasks.platform.db import transaction
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.stack import wait_for
 

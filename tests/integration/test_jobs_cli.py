@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from keel.cli import main as keel
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.model.models import JobAction, RetryAudit
+from tasks.platform.db import transaction
 from tests.support.client import record, unique, wait_state
 from tests.support.inline import join
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, acting_as, add
 from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.messages import KEY_HEADER, TENANT_HEADER
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.observe.queries import describe_full, get
 from tasks.jobs.store import upkeep
+from tasks.platform.db import transaction
 from tests.support.broker_lists import headers_in
 from tests.support.client import unique
 from tests.support.jobs import echo

@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import text
 
 from tasks.celery import app as celery_app
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.model.models import CANCELLABLE_STATES
+from tasks.platform.db import transaction
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.jobs import celery_keyed, nap
 from tests.support.stack import WorkerProcess, wait_for, worker_pair

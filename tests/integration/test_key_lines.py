@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from tasks.broker import redis_client
 from tasks.jobs import JobOptions, add
 from tasks.jobs.end.cancel import cancel
 from tasks.jobs.model.key_limits import KeyConcurrency
 from tasks.jobs.observe.queries import get
 from tasks.jobs.run import key_limits, limits
+from tasks.platform.broker import redis_client
 from tests.support import broker_lists
 from tests.support.client import unique
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tasks.jobs import Backoff, JobOptions, add
-from tasks.setting_types import parse_queue_limits as parse
+from tasks.platform.setting_types import parse_queue_limits as parse
 from tests.support.client import record, ts, unique, wait_state
 from tests.support.early import published_before_commit
 from tests.support.stack import WorkerProcess, wait_for

@@ -7,8 +7,8 @@ import time
 
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import add
+from tasks.platform.db import transaction
 from tests.support.client import metrics_headers
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import add
+from tasks.platform.db import transaction
 from tests.support.client import ts, unique, wait_state
 
 pytestmark = pytest.mark.usefixtures("inline_worker")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.db import transaction
 from tasks.jobs.store import pauses as pauses_store
+from tasks.platform.db import transaction
 from tests.support import jobs as _test_jobs  # noqa: F401  (test.pausable, in this process too)
 from tests.support.client import bearer, record, unique, wait_state
 from tests.support.stack import PROJECT_ROOT, WorkerProcess, wait_for

@@ -9,12 +9,12 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from tasks.db import engine, transaction
 from tasks.jobs.intake import pauses
 from tasks.jobs.intake.enqueue import add
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.store import pauses as store
+from tasks.platform.db import engine, transaction
 from tests.support.client import unique
 from tests.support.stack import wait_for
 

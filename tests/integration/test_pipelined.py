@@ -1,4 +1,5 @@
-"""Messages written in one Redis pipeline (``tasks.pipelined``) read as kombu's producer's do.
+"""Messages written in one Redis pipeline (``tasks.platform.pipelined``) read as kombu's producer's
+do.
 
 A batch of Keel's messages (a bulk add, a promotion, an add's message with its events)
 goes to Redis in one pipeline instead of through kombu's ``Producer.publish`` each. Real
@@ -18,14 +19,14 @@ from kombu.compression import decompress
 from kombu.utils import json as kombu_json
 from sqlalchemy import text
 
-from tasks import broker
-from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs import BulkJob, add_bulk
 from tasks.jobs.intake.messages import Message, announce, publish, publish_all
-from tasks.pipelined import FLUSH_AT, LPUSH_MAX, pipelined
-from tasks.transport import riding
+from tasks.platform import broker
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
+from tasks.platform.pipelined import FLUSH_AT, LPUSH_MAX, pipelined
+from tasks.platform.transport import riding
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 

@@ -17,10 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from keel.cli import main
-from tasks import deadletters
-from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.jobs.observe import events
+from tasks.platform import deadletters
+from tasks.platform.broker import redis_client
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
 

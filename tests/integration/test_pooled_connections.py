@@ -1,7 +1,7 @@
 """A pooled connection the server closed is replaced at checkout, not failed on.
 
 Keel sends no pre-ping (a ``SELECT 1`` per transaction on the hot path); the
-pool checks an idle connection by its socket instead (``tasks.db.still_open``).
+pool checks an idle connection by its socket instead (``tasks.platform.db.still_open``).
 A server that ended the session (a restart, ``pg_terminate_backend``, an idle
 timeout) has written its goodbye to that socket: the next transaction must
 get a fresh connection and succeed, in both kinds of transaction.
@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from tasks import db
-from tasks.db import transaction
+from tasks.platform import db
+from tasks.platform.db import transaction
 from tests.support.stack import wait_for
 
 BACKEND = text("SELECT pg_backend_pid()")

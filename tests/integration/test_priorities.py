@@ -16,14 +16,14 @@ import pytest
 from celery import chain, chord
 from sqlalchemy import text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import Owner, acting_as, add
 from tasks.jobs.calls.celery_task import wake_if_waiting
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.jobs.store import upkeep
 from tasks.notifications.jobs import CREATE
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.broker_lists import messages_in
 from tests.support.jobs import echo
 

@@ -8,10 +8,10 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from tasks.db import engine
 from tasks.jobs import Backoff, BulkJob, JobOptions, add, add_bulk
 from tasks.jobs.model.owner import Owner
-from tasks.jobs.store.counts import counts
+from tasks.jobs.observe.queue_counts import counts
+from tasks.platform.db import engine
 from tests.support.client import bearer, metrics_headers, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for
 

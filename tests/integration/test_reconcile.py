@@ -13,11 +13,11 @@ import pytest
 from kombu import Connection
 from sqlalchemy import text
 
-from tasks.broker import redis_client
 from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.upkeep.reconcile import LOCK_KEY, Busy, republish_lost
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tests.support.chaos import priority_lists
 from tests.support.client import unique
 

@@ -8,8 +8,8 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import DBAPIError
 
-from tasks.db import transaction
 from tasks.jobs.model.models import RetryAudit
+from tasks.platform.db import transaction
 from tests.support.client import bearer, unique, wait_state
 
 pytestmark = pytest.mark.usefixtures("inline_worker")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import Backoff, JobOptions, add
 from tasks.jobs.model.models import ArchivedJob, JobRecord
+from tasks.platform.db import transaction
 from tasks.reports.service import report_options
 from tests.support.client import bearer, unique
 from tests.support.stack import wait_for

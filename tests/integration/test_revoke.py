@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.broker import redis_client
 from tasks.celery import app
 from tasks.jobs import JobOptions, add
+from tasks.platform.broker import redis_client
 from tests.support.chaos import priority_lists
 from tests.support.client import record, unique, wait_state
 from tests.support.stack import WorkerProcess, wait_for

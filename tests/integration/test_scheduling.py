@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select, text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs import JobOptions, add
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.schedule.schedulers import Scope, fire_prefix, get
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 from tasks.reports.schedules import DAILY_CLEANUP_ID
 from tests.support.chaos import priority_lists
 from tests.support.client import bearer, unique, wait_state

@@ -8,9 +8,9 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.jobs.intake.enqueue import add
+from tasks.platform.db import transaction
 from tasks.reports.jobs import GENERATE
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key

@@ -7,12 +7,11 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.end.cancel import cancel
-from tasks.jobs.observe.queries import count_states
+from tasks.jobs.observe.queries import JobFilter, count_states
 from tasks.jobs.store import listing
-from tasks.jobs.store.listing import JobFilter
+from tasks.platform.db import transaction
 from tests.support import broker_lists
 from tests.support.client import unique
 

@@ -1,4 +1,4 @@
-"""Every round trip to Postgres has a client-side deadline (``tasks.deadline``).
+"""Every round trip to Postgres has a client-side deadline (``tasks.platform.deadline``).
 
 Why: a hung Postgres keeps its sockets open, so neither its own
 ``statement_timeout`` nor a pre-ping ever ends the wait; only a deadline
@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from tasks import db, deadline
-from tasks.db import STORE_UNAVAILABLE, transaction
+from tasks.platform import db, deadline
+from tasks.platform.db import STORE_UNAVAILABLE, transaction
 
 pytestmark = pytest.mark.stack  # starts processes of its own
 

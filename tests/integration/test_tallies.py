@@ -1,5 +1,5 @@
 """Counts kept in a process and added to several Redis hashes at once, each once
-(``tasks.tallies``): what the job metrics of every worker process go through."""
+(``tasks.platform.tallies``): what the job metrics of every worker process go through."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import redis
 
-from tasks import tallies
-from tasks.broker import redis_client
 from tasks.jobs.observe import events, metrics
+from tasks.platform import tallies
+from tasks.platform.broker import redis_client
 from tests.support.client import unique
 
 

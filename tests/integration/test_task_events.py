@@ -15,11 +15,11 @@ import pytest
 from celery import signals
 from sqlalchemy import func, select
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.model.models import JobRecord
 from tasks.notifications.jobs import MONITOR, QUEUE
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 from tests.support.events import celery_events
 from tests.support.inline import join
 from tests.support.stack import wait_for

@@ -21,7 +21,7 @@ import pytest
 import redis
 import requests
 
-from tasks.config import reload_settings
+from tasks.platform.config import reload_settings
 from tests.support.client import bearer, unique, wait_state
 from tests.support.databases import fresh_database
 from tests.support.otlp import Receiver, Span, ancestors

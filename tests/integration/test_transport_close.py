@@ -17,8 +17,8 @@ from kombu import Connection
 from kombu.common import ignore_errors
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tasks.config import get_settings
-from tasks.transport import Transport
+from tasks.platform.config import get_settings
+from tasks.platform.transport import Transport
 
 pytestmark = pytest.mark.usefixtures("stack")
 

@@ -10,13 +10,13 @@ import logging
 import pytest
 from sqlalchemy import text
 
-from tasks import broker
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.intake import edits, messages, promote
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
+from tasks.platform import broker
+from tasks.platform.db import transaction
 from tests.support import broker_lists
 from tests.support.client import unique
 

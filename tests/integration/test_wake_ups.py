@@ -9,9 +9,9 @@ import threading
 import pytest
 from sqlalchemy import text
 
-from tasks.db import engine, transaction
 from tasks.jobs import add
 from tasks.jobs.calls.celery_task import wake_if_waiting
+from tasks.platform.db import engine, transaction
 from tests.support import broker_lists
 
 pytestmark = pytest.mark.usefixtures("stack")

@@ -1,4 +1,4 @@
-"""An API process opens its request pool before it serves (``tasks.db.warm``).
+"""An API process opens its request pool before it serves (``tasks.platform.db.warm``).
 
 Why: a fresh API process's first requests paid, inside their 1 s deadline, for
 SQLAlchemy's first-connect checks and a new server process per connection. Eight
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import event
 
-from tasks import db, deadline
+from tasks.platform import db, deadline
 from tests.support.databases import using
 
 pytestmark = pytest.mark.usefixtures("stack")
@@ -66,13 +66,13 @@ def test_warm_against_a_hung_database_gives_up_at_its_deadline_and_says_so(silen
     with using(f"postgresql+psycopg://keel@127.0.0.1:{silent_server}/keel"):
         # When a process warms with 0.5 s to do it
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="tasks.db"):
+        with caplog.at_level(logging.WARNING, logger="tasks.platform.db"):
             opened = db.warm(0.5)
         took = time.monotonic() - started
     # Then it opened nothing, did not raise, and gave up at its deadline, not libpq's 2 s
     assert opened == 0
     assert 0.4 <= took < 1.5, took
-    [record] = [r for r in caplog.records if r.name == "tasks.db"]
+    [record] = [r for r in caplog.records if r.name == "tasks.platform.db"]
     assert "opened 0 connections of 5" in record.getMessage()
     assert "did not answer in time" in record.getMessage()
     assert deadline.budgeted() is False  # the process's own scope is left as it was

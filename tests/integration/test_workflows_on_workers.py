@@ -9,8 +9,8 @@ import pytest
 from celery import chain, chord
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import add
+from tasks.platform.db import transaction
 from tests.support.client import ts, unique, wait_state
 from tests.support.jobs import celery_add, celery_autoretry_all, celery_collect, celery_got
 from tests.support.stack import worker_pair

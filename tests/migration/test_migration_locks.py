@@ -22,9 +22,9 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
-from tasks.config import get_settings
-from tasks.db import transaction
-from tasks.migrate import alembic_config
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
+from tasks.platform.migrate import alembic_config
 from tests.support.databases import fresh_database
 from tests.support.stack import wait_for
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 from alembic import command
 
-from tasks.migrate import alembic_config
+from tasks.platform.migrate import alembic_config
 from tests.support.stack import PROJECT_ROOT
 
 

@@ -19,12 +19,12 @@ import pytest
 from celery import chord
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import Backoff, BulkJob, Deduplication, JobOptions, KeepJobs, add, add_bulk
 from tasks.jobs.observe.queries import describe_full, get
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from tasks.jobs.store.runs import claim
+from tasks.platform.db import transaction
 from tests.support import broker_lists
 from tests.support.client import bearer, unique
 from tests.support.jobs import celery_add, celery_collect, celery_part, celery_retry, echo

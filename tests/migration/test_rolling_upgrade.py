@@ -43,9 +43,9 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.schedule.schedulers import SYSTEM, fire_prefix
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 from tests.support import kept_logs
 from tests.support.chaos import completed_runs, job_rows, settle, stragglers
 from tests.support.databases import _admin, _named, using

@@ -24,9 +24,9 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, make_url, text
 
-from tasks.config import get_settings
-from tasks.migrate import alembic_config
 from tasks.models import metadata
+from tasks.platform.config import get_settings
+from tasks.platform.migrate import alembic_config
 from tests.support.stack import PROJECT_ROOT
 
 pytestmark = pytest.mark.stack  # starts processes of its own
@@ -168,7 +168,10 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stac
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KEEL_REDIS_URL")}
-    found = "import migrations, tasks.migrate; print(migrations.__file__, tasks.migrate.__file__)"
+    found = (
+        "import migrations, tasks.platform.migrate; "
+        "print(migrations.__file__, tasks.platform.migrate.__file__)"
+    )
     where = run([venv / "bin" / "python", "-c", found], elsewhere, env)
     assert all(path.startswith(str(venv)) for path in where.split()), where
 

@@ -22,7 +22,7 @@ SETTINGS = {
     "KEEL_STALLED_INTERVAL_S": "1",
     "KEEL_VISIBILITY_TIMEOUT_S": "15",
     # Celery's text lines, which test_partitions reads (a host's default outside a terminal
-    # is JSON: tasks.logs).
+    # is JSON: tasks.platform.logs).
     "KEEL_LOG_FORMAT": "text",
 }
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.broker import redis_client
+from tasks.platform.broker import redis_client
 from tests.integration.test_dedup import (
     test_fifty_concurrent_identical_submissions_make_one_job,
     test_same_request_while_unfinished_returns_the_live_job,

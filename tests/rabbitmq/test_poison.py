@@ -14,10 +14,10 @@ import json
 
 from kombu import Connection, Exchange, Producer, Queue
 
-from tasks import deadletters
-from tasks.broker import redis_client
 from tasks.jobs import add
 from tasks.jobs.observe import events
+from tasks.platform import deadletters
+from tasks.platform.broker import redis_client
 from tests.rabbitmq.conftest import amqp_url
 from tests.support.client import unique, wait_state
 from tests.support.rabbitmq import queue_depth

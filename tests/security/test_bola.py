@@ -32,11 +32,11 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs.intake import pauses
 from tasks.jobs.intake.enqueue import new_job_id
 from tasks.jobs.model.models import BulkAction, JobRecord, JobSchedulerRecord, RetryAudit
 from tasks.jobs.observe.queries import describe, get
+from tasks.platform.db import transaction
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
 from tests.support import jobs as _test_jobs  # noqa: F401  (the pausable queue)
 from tests.support.client import bearer, unique

@@ -18,7 +18,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from tasks.config import reload_settings
+from tasks.platform.config import reload_settings
 from tests.support.client import bearer, unique
 from tests.support.keel_up import KEEL
 from tests.support.ui import PAGE, csrf_token, signed_in
@@ -184,7 +184,7 @@ def link_for(app: Flask, user: str, roles: tuple[str, ...] = ()) -> str:
 def link_unused(path: str) -> bool:
     from itsdangerous import URLSafeTimedSerializer
 
-    from tasks import broker
+    from tasks.platform import broker
 
     claims = URLSafeTimedSerializer("unused").loads_unsafe(path.rsplit("/", 1)[1])[1]
     return not broker.redis_client().exists(NONCE_KEY.format(nonce=claims["n"]))

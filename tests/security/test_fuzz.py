@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tasks import db
-from tasks.config import reload_settings
 from tasks.jobs.schedule import schedulers
+from tasks.platform import db
+from tasks.platform.config import reload_settings
 from tests.security.conftest import OPENAPI, documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web import create_app

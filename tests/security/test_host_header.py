@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from flask import Flask
 
-from tasks.config import reload_settings
+from tasks.platform.config import reload_settings
 from tests.support.client import bearer, unique
 from tests.support.ui import PAGE, csrf_token, signed_in
 

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from keel.cli import main as keel
 from tasks.celery import app as celery_app
-from tasks.celery import load_job_modules
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model.errors import InvalidId
 from tasks.jobs.schedule import beat_entries, schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
@@ -382,8 +382,8 @@ def test_a_cli_id_ending_in_a_line_break_is_a_one_line_error(args, brk):
 def test_the_cli_still_removes_a_scheduler_an_earlier_release_let_in():
     # Given a tenant's scheduler whose id ends in a newline, as the dashboard's form made them
     # (written as that release wrote it: the job layer refuses such an id now)
-    from tasks.db import transaction
     from tasks.jobs.model.models import JobSchedulerRecord
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         session.add(

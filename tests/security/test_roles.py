@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from tasks.db import transaction
 from tasks.jobs.model.models import JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.platform.db import transaction
 from tests.security.conftest import documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web.api import OPERATIONS

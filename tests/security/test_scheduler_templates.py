@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from keel.cli import main as keel
-from tasks.db import transaction
 from tasks.jobs.model.models import JobRecord, JobSchedulerRecord
 from tasks.jobs.schedule.schedulers import fire_job_id, fire_prefix
+from tasks.platform.db import transaction
 from tasks.reports.models import ReportArtifact
 from tasks.reports.operation_key import operation_key
 from tests.security.conftest import record_figure

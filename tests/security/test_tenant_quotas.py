@@ -17,9 +17,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tasks.config import reload_settings
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.observe.queries import get
+from tasks.platform.config import reload_settings
 from tasks.reports.jobs import GENERATE
 from tasks.reports.operation_key import operation_key
 from tasks.reports.service import report_options

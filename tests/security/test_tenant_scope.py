@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.intake.enqueue import new_job_id
 from tasks.notifications import campaigns
 from tasks.notifications.models import Campaign, CampaignRecipient
 from tasks.notifications.templates import MAX_TEXT_LENGTH, TEXT_PER_REQUEST
+from tasks.platform.db import transaction
 from tasks.reports.jobs import GENERATE
 from tests.security.conftest import record_figure
 from tests.support.client import bearer, unique, wait_state

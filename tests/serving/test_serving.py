@@ -26,8 +26,8 @@ import psutil
 import pytest
 import requests
 
-from tasks.broker import REDIS_TIMEOUT_S, UNREACHABLE_S
-from tasks.config import get_settings
+from tasks.platform.broker import REDIS_TIMEOUT_S, UNREACHABLE_S
+from tasks.platform.config import get_settings
 from tasks.reports.operation_key import operation_key
 from tests.support.chaos import job_rows, settle, stragglers
 from tests.support.client import bearer, metrics_headers, token, unique

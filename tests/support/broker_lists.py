@@ -11,9 +11,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 
 SEP = "\x06\x16"  # kombu's separator between a queue's name and its priority
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs import Owner
 from tasks.jobs.intake.enqueue import add
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
+from tasks.platform.db import transaction
 from tasks.reports.jobs import GENERATE
 from tasks.reports.operation_key import operation_key
 from tasks.reports.service import report_options

@@ -40,9 +40,9 @@ def record(job_id: str) -> dict[str, Any] | None:
 def claimed_job(**opts: Any) -> Any:
     """A job on a queue no worker consumes, claimed here as a worker would claim it (a
     ``tasks.jobs.store.runs.ClaimedJob``)."""
-    from tasks.db import transaction
     from tasks.jobs import JobOptions, add
     from tasks.jobs.store import runs
+    from tasks.platform.db import transaction
 
     job_id = add("test.echo", {}, queue=unique("quiet"), opts=JobOptions(**opts)).job_id
     with transaction() as session:

@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tasks import db
-from tasks.config import get_settings, reload_settings, sqlalchemy_url
-from tasks.db import transaction
-from tasks.migrate import migrate
+from tasks.platform import db
+from tasks.platform.config import get_settings, reload_settings, sqlalchemy_url
+from tasks.platform.db import transaction
+from tasks.platform.migrate import migrate
 
 TEMPLATE = "keel_template"
 
@@ -52,7 +52,7 @@ def using(url: str) -> Iterator[None]:
     try:
         yield
     finally:
-        # Under the lock engines are made under (``tasks.db._scope``): no other thread of
+        # Under the lock engines are made under (``tasks.platform.db._scope``): no other thread of
         # this process (the inline worker's maintenance) can make one from the block's
         # settings while they change back, or keep one it made inside the block.
         with db._lock:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks.db import transaction
 from tasks.jobs import JobOptions
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
+from tasks.platform.db import transaction
 from tests.support.client import unique
 
 

@@ -27,7 +27,7 @@ def inline_worker(concurrency: int = 8) -> Iterator[Any]:
     """A worker consuming Keel's queues from threads of this process (the jobs of the logic
     tests mostly wait: report steps, backoffs; threads overlap the waiting)."""
     from tasks.celery import app
-    from tasks.transport import Transport
+    from tasks.platform.transport import Transport
 
     # Stopping waits for the consumer's BRPOP to time out (kombu: 1 s); a shorter one
     # here lets each module's worker stop at once. Only this process's consumer polls.

@@ -59,7 +59,7 @@ def db_error(job: JobContext) -> None:
     """Fail inside the database, the way an oversized value would (the SQL must not leak)."""
     from sqlalchemy import text
 
-    from tasks.db import transaction
+    from tasks.platform.db import transaction
 
     with transaction() as session:
         session.execute(text("SELECT CAST(:v AS varchar(3))::int"), {"v": "secret-value-xyz"})
@@ -84,8 +84,8 @@ def outlast(job: JobContext) -> dict:
     from sqlalchemy import text
     from sqlalchemy.exc import DBAPIError
 
-    from tasks.config import get_settings
-    from tasks.db import transaction
+    from tasks.platform.config import get_settings
+    from tasks.platform.db import transaction
 
     if job.attempts_started == 1:
         release = get_settings().home / f"{job.id}.release"
@@ -184,7 +184,7 @@ BEAT_TICKS_KEY = "keel:test:beat-ticks"
 def beat_tick() -> None:
     """A plain Celery task (no job record): notes each run's task id in Redis, so a test can
     count how many times a ``beat_schedule`` entry fired it."""
-    from tasks.broker import redis_client
+    from tasks.platform.broker import redis_client
 
     redis_client().rpush(BEAT_TICKS_KEY, beat_tick.request.id)
 
@@ -320,14 +320,14 @@ ERRBACKS_KEY = "keel:test:errbacks"
 @shared_task(name="test.note_errback", base=Task)  # plain: Celery calls it with the task id
 def note_errback(task_id: str) -> None:
     """A ``link_error`` errback: notes the id of each failed task it is called for in Redis."""
-    from tasks.broker import redis_client
+    from tasks.platform.broker import redis_client
 
     redis_client().rpush(ERRBACKS_KEY, task_id)
 
 
 def errbacks_for(job_id: str) -> list[str]:
     """The calls ``note_errback`` noted for ``job_id`` (one entry per call)."""
-    from tasks.broker import redis_client
+    from tasks.platform.broker import redis_client
 
     calls = redis_client().lrange(ERRBACKS_KEY, 0, -1)
     return [called.decode() for called in calls if called.decode() == job_id]
@@ -376,7 +376,7 @@ BROKEN_KEY = "keel:test:broken:{}"
 def fixable(job: JobContext) -> dict:
     """Fails while ``BROKEN_KEY`` of its ``key`` is set in Redis (a provider down), then works:
     what a bulk retry after the fix runs again."""
-    from tasks.broker import redis_client
+    from tasks.platform.broker import redis_client
 
     if redis_client().exists(BROKEN_KEY.format(job.data["key"])):
         raise PlainFailure("provider down")

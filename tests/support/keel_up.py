@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from keel.embedded import free_port
-from tasks.config import read_env_file
+from tasks.platform.config import read_env_file
 from tests.support.stack import PROJECT_ROOT, wait_for
 
 KEEL = str(Path(sys.executable).with_name("keel"))

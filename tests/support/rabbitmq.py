@@ -33,7 +33,7 @@ from amqp.exceptions import PreconditionFailed
 from kombu import Connection, pools
 
 from keel.embedded import free_port
-from tasks.config import get_settings, reload_settings
+from tasks.platform.config import get_settings, reload_settings
 from tests.support import kept_logs
 
 SCRIPT_DIRS = (Path("/usr/lib/rabbitmq/bin"), Path("/usr/lib/rabbitmq/sbin"))

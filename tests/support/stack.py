@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from keel.embedded import EmbeddedPostgres, EmbeddedRedis
-from tasks import db
-from tasks.config import reload_settings
-from tasks.migrate import migrate
+from tasks.platform import db
+from tasks.platform.config import reload_settings
+from tasks.platform.migrate import migrate
 from tests.support.databases import make_template
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks.db import transaction
+from tasks.platform.db import transaction
 from tests.support.client import ts
 
 

@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from tasks.config import reload_settings
-from tasks.db import transaction
 from tasks.jobs.end.cancel import cancel_many
 from tasks.jobs.intake import pauses
 from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord
+from tasks.platform.config import reload_settings
+from tasks.platform.db import transaction
 from tests.support.client import bearer, unique, wait_state
 from tests.support.ui import PAGE, csrf_token, signed_in
 

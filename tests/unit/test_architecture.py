@@ -1,22 +1,32 @@
-"""The job layer's architecture holds: layered packages, no cycles, nothing flat.
+"""Keel's architecture holds across the whole tree: layers, no cycles, nothing flat.
 
 ``lint-imports`` checks the contracts in ``pyproject.toml`` (``[tool.importlinter]``):
-the packages of ``tasks/jobs/`` import only from the layers below them, no two
-modules of a package import each other in a cycle, the generic layer does not
-import the seed apps, and ``tasks/`` never imports ``web``.
+infrastructure (``tasks.platform``), the job layer, the seed apps, the app's assembly,
+``web`` and ``keel`` import only downwards; the packages of ``tasks/jobs/`` are layered
+too; no two modules of a package import each other in a cycle; nothing above the job
+layer reaches into its store; the generic layer does not import the seed apps; the
+provider sandbox imports nothing of Keel. A copy of the tree with one wrong import
+added shows the contracts catch it.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.support.stack import PROJECT_ROOT
 
 JOBS = PROJECT_ROOT / "tasks" / "jobs"
+TREE_LAYERS = "The whole tree is layered: platform, job layer, apps, assembly, web, keel"
+JOB_LAYERS = "The job layer's packages import only from the layers below them"
+NO_STORE = "Above the job layer, nothing reaches into its store"
 
 
 def contracts() -> list[dict]:
@@ -25,19 +35,81 @@ def contracts() -> list[dict]:
     return found
 
 
-def test_the_import_contracts_hold():
+def contract(name: str) -> dict:
+    [found] = [c for c in contracts() if c["name"] == name]
+    return found
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the tree at ``root`` (its packages first on the import path)."""
     lint = Path(sys.executable).with_name("lint-imports")
-    done = subprocess.run(
-        [str(lint), "--no-cache"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(lint), "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=180
     )
+
+
+def test_the_import_contracts_hold():
+    done = lint_imports(PROJECT_ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout, done.stdout[-2000:]
 
 
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packages the contracts cover, and pyproject.toml, copied (no tests, no venv)."""
+    root = tmp_path_factory.mktemp("tree")
+    shutil.copy(PROJECT_ROOT / "pyproject.toml", root)
+    packages = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+    for package in packages["root_packages"]:
+        shutil.copytree(
+            PROJECT_ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return root
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "broken"),
+    [
+        ("web/queues.py", "from tasks.jobs.store import jobs", NO_STORE),
+        ("keel/cli.py", "from tasks.jobs.store.listing import JobFilter", NO_STORE),
+        ("tasks/platform/db.py", "from tasks.jobs.model import registry", TREE_LAYERS),
+        ("tasks/jobs/intake/enqueue.py", "from tasks.celery import app", TREE_LAYERS),
+        ("tasks/reports/jobs.py", "from web import tokens", TREE_LAYERS),
+        ("tasks/jobs/model/options.py", "from tasks.jobs.store import jobs", JOB_LAYERS),
+    ],
+    ids=["web-store", "cli-store", "platform-jobs", "jobs-assembly", "app-web", "model-store"],
+)
+def test_a_wrong_import_breaks_a_contract(tree_copy: Path, module: str, line: str, broken: str):
+    path = tree_copy / module
+    kept = path.read_text()
+    try:
+        path.write_text(f"{kept}\n{line}  # noqa\n")
+        done = lint_imports(tree_copy)
+    finally:
+        path.write_text(kept)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert f"{broken} BROKEN" in done.stdout, done.stdout[-3000:]
+
+
+def test_every_top_level_part_of_tasks_is_in_the_whole_tree_layers():
+    named = {
+        part.strip()
+        for layer in contract(TREE_LAYERS)["layers"]
+        for part in layer.split("|")
+        if part.strip().startswith("tasks.")
+    }
+    parts = {
+        f"tasks.{p.stem}"
+        for p in (PROJECT_ROOT / "tasks").iterdir()
+        if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()
+    }
+    assert parts == named, f"not layered: {sorted(parts - named)}; gone: {sorted(named - parts)}"
+
+
 def test_every_package_of_the_job_layer_is_a_layer_and_nothing_lies_flat():
     packages = {p.name for p in JOBS.iterdir() if (p / "__init__.py").exists()}
-    [layered] = [c for c in contracts() if c["type"] == "layers"]
-    layers = {name.removeprefix("tasks.jobs.") for name in layered["layers"]}
+    layers = {name.removeprefix("tasks.jobs.") for name in contract(JOB_LAYERS)["layers"]}
     assert packages == layers, (packages, layers)
     flat = sorted(p.name for p in JOBS.glob("*.py") if p.name != "__init__.py")
     assert flat == [], f"modules at tasks/jobs/'s top level belong in a layer: {flat}"
@@ -47,8 +119,7 @@ def test_the_init_docstring_lists_the_layers_in_their_order():
     import tasks.jobs
 
     doc = tasks.jobs.__doc__ or ""
-    [layered] = [c for c in contracts() if c["type"] == "layers"]
-    named = [name.removeprefix("tasks.jobs.") + "/" for name in layered["layers"]]
+    named = [name.removeprefix("tasks.jobs.") + "/" for name in contract(JOB_LAYERS)["layers"]]
     positions = [doc.find(f"``{name}``") for name in named]
     assert all(p >= 0 for p in positions), dict(zip(named, positions, strict=True))
     assert positions == sorted(positions), dict(zip(named, positions, strict=True))

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 from pydantic import ValidationError
 
-from tasks.config import Settings
 from tasks.jobs.run import slots
 from tasks.jobs.run.slots import ConsumerWatch, SlotWatch
 from tasks.jobs.upkeep import healthcheck, liveness
+from tasks.platform.config import Settings
 
 
 class FakeQoS:

@@ -1,4 +1,5 @@
-"""Delivery tags (``tasks.transport``): unique per message, across threads and forked children.
+"""Delivery tags (``tasks.platform.transport``): unique per message, across threads and forked
+children.
 
 A tag keys kombu's unacked copy of a message in Redis: two messages sharing one
 would restore or remove each other's copy.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 
-from tasks import transport
+from tasks.platform import transport
 
 
 def test_tags_are_unique_across_threads():

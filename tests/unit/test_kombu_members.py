@@ -1,4 +1,4 @@
-"""The private kombu members Keel relies on (``tasks.kombu_members``) are there, as Keel
+"""The private kombu members Keel relies on (``tasks.platform.kombu_members``) are there, as Keel
 uses them, in the installed kombu; and Keel overrides no kombu member that list leaves out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from tasks import kombu_members, transport
+from tasks.platform import kombu_members, transport
 
 
 def _params(member: object) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ def modules_after(statement: str, env: dict[str, str] | None = None) -> set[str]
     return set(result.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["tasks.config", "keel.cli"])
+@pytest.mark.parametrize("module", ["tasks.platform.config", "keel.cli"])
 def test_importing_configuration_or_the_cli_imports_no_celery(module):
     loaded = modules_after(f"import {module}")
     assert module in loaded

@@ -1,4 +1,5 @@
-"""Keel's log lines (``tasks.logs``): JSON and text, the job's and request's fields, redaction."""
+"""Keel's log lines (``tasks.platform.logs``): JSON and text, the job's and request's fields,
+redaction."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import pytest
 from celery import Celery
 
-from tasks import logs
+from tasks.platform import logs
 
 SECRET = "test-secret-key-for-keel-suite-0123456789"  # the suite's KEEL_SECRET_KEY
 TOKEN = "eyJhbGciOiJIUzUxMiJ9.eyJzdWIiOiJhbGljZSJ9.c2lnbmF0dXJlLW9mLXRoZS10b2tlbg"
@@ -132,7 +133,7 @@ def test_auto_is_text_on_a_terminal_and_json_elsewhere():
 
 
 def test_a_servers_password_and_a_secret_json_escapes_are_masked_too(lines, monkeypatch):
-    from tasks.config import reload_settings
+    from tasks.platform.config import reload_settings
 
     odd = 'flower"pass\\word-1234'  # a quote and a backslash: JSON writes them escaped
     monkeypatch.setenv("KEEL_FLOWER_PASSWORD", odd)

@@ -1,4 +1,4 @@
-"""The JSON a pipelined message is written in (``tasks.pipelined._json``): orjson where it
+"""The JSON a pipelined message is written in (``tasks.platform.pipelined._json``): orjson where it
 writes what kombu's encoder would, kombu's encoder for everything else."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tasks import pipelined
+from tasks.platform import pipelined
 
 
 class Text(str):

@@ -11,7 +11,7 @@ def test_proxies_and_ca_bundle_from_the_environment_still_apply(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/keel-ca.pem")
     monkeypatch.setenv("KEEL_PROVIDER_URL", "http://provider.example:8025")
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     get_settings.cache_clear()
     try:

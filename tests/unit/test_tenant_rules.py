@@ -8,7 +8,7 @@ import pytest
 
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS, priority_for
 from tasks.notifications.templates import Shape, batches, longest, render
-from tasks.setting_types import parse_tenant_quotas as parse
+from tasks.platform.setting_types import parse_tenant_quotas as parse
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,10 @@ from flask.sessions import SecureCookieSessionInterface
 from flask_wtf.csrf import CSRFError, CSRFProtect
 from werkzeug.exceptions import HTTPException
 
-from tasks.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
-from tasks.config import get_settings
-from tasks.db import STORE_UNAVAILABLE
 from tasks.jobs.model.errors import KeelError
+from tasks.platform.broker import UNREACHABLE_ERRORS as BROKER_UNAVAILABLE
+from tasks.platform.config import get_settings
+from tasks.platform.db import STORE_UNAVAILABLE
 from web.errors import RETRY_AFTER_S, ApiError, code_of, error_response, status_of
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ CONTENT_SECURITY_POLICY = (
 
 def init_app(app: Flask) -> None:
     """The dashboard's routes, its session cookie and its CSRF protection."""
-    from tasks import catalog
+    from tasks.platform import catalog
     from web.ui import bulk, jobs, queues, schedulers, signin  # noqa: F401  (routes)
 
     if catalog.enabled("notifications"):  # its module imports the notifications app
@@ -170,7 +170,7 @@ def _unexpected(error: Exception) -> Any:
 
 @bp.context_processor
 def _dashboard_context() -> dict[str, Any]:
-    from tasks import catalog
+    from tasks.platform import catalog
     from web import hosts
 
     principal = g.get("principal")

@@ -15,10 +15,10 @@ from typing import Any
 import requests
 from flask import g, render_template, request, url_for
 
-from tasks import catalog
 from tasks.jobs.model.errors import KeelError
 from tasks.notifications import campaigns
 from tasks.notifications.verify import verify
+from tasks.platform import catalog
 from web.auth import OPERATOR
 from web.campaigns import campaign_for, resume_for
 from web.errors import ApiError

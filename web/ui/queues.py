@@ -18,8 +18,8 @@ from tasks.jobs.intake import pauses
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import STATES
 from tasks.jobs.observe.queries import activity
+from tasks.jobs.observe.queue_counts import by_queue
 from tasks.jobs.run.limits import configured
-from tasks.jobs.store.counts import by_queue
 from web.auth import OPERATOR
 from web.errors import ApiError
 from web.ui import bp

@@ -18,9 +18,8 @@ from werkzeug.datastructures import MultiDict
 
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import KeelError, Refused
-from tasks.jobs.observe.queries import list_jobs
+from tasks.jobs.observe.queries import JobFilter, list_jobs
 from tasks.jobs.schedule import schedulers
-from tasks.jobs.store.listing import JobFilter
 from web.api import check_payload, load_json, validate
 from web.auth import OPERATOR
 from web.errors import status_of

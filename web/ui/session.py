@@ -141,7 +141,7 @@ def redeem_link(token: str) -> Principal:
 def _redis(call: Callable[[Any], Any], what: str = "the dashboard") -> Any:
     """``call(redis)``; 503 while Redis does not answer (sessions are checked there: a session
     that could outlive its sign-out is not ended)."""
-    from tasks import broker
+    from tasks.platform import broker
 
     refused = ApiError(
         503, f"{what} is unavailable while Redis does not answer", headers={"Retry-After": "2"}

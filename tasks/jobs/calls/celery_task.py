@@ -51,8 +51,6 @@ from celery.exceptions import MaxRetriesExceededError, Retry
 from celery.result import AsyncResult as CeleryResult  # the method below takes its name
 from pydantic import BaseModel
 
-from tasks import quotas
-from tasks.db import transaction
 from tasks.jobs.calls.async_result import KeelResult
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.bulk import BulkJob, add_bulk
@@ -67,6 +65,8 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import jobs as store
+from tasks.platform import quotas
+from tasks.platform.db import transaction
 
 # The open ``recorded_together`` blocks' calls, and the innermost block's quota rule.
 _TOGETHER: ContextVar[tuple[_Together, bool] | None] = ContextVar("keel_together", default=None)
@@ -224,7 +224,7 @@ def wake_if_waiting(job_id: str, ctx: dict[str, Any]) -> None:
     The canvas the call names (its chord, chain, links) is written to the record
     before the message goes: the record is what publishes the job again if the
     message is lost before a worker claims it (Keel's transport keeps no copy of a
-    recorded job's message: ``tasks.transport``), or held by a pause or a limit. Not
+    recorded job's message: ``tasks.platform.transport``), or held by a pause or a limit. Not
     when another transaction holds the row to change it (a claim under way, or the caller's own
     open transaction, which waiting for would never end): the message alone carries it.
     """

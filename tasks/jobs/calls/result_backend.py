@@ -29,12 +29,12 @@ from celery import states
 from celery.backends.redis import RedisBackend, ResultConsumer
 from celery.canvas import Signature
 
-from tasks.db import transaction
 from tasks.jobs.end import ending
 from tasks.jobs.end.canvas import body_id_of, is_keel_chord, keel_task, open_chord, part_ended
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.observe import results
 from tasks.jobs.observe.events import ENDED, RESULT_CHANNEL_PREFIX
+from tasks.platform.db import transaction
 
 FALLBACK_POLL_S = 5.0
 

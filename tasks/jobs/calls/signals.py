@@ -8,8 +8,6 @@ from typing import Any
 
 from celery.signals import task_revoked, task_unknown, worker_init, worker_process_init
 
-from tasks import db
-from tasks.db import transaction
 from tasks.jobs.end import ending, revocations
 from tasks.jobs.intake import tenancy
 from tasks.jobs.model.models import State
@@ -17,6 +15,8 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store import runs
 from tasks.jobs.store.jobs import NewJob
+from tasks.platform import db
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.end import ending
 from tasks.jobs.model.errors import ControlFlow
 from tasks.jobs.model.models import JobRecord, State
@@ -36,6 +35,7 @@ from tasks.jobs.observe import events
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store import runs
 from tasks.jobs.store.runs import ClaimedJob
+from tasks.platform.db import transaction
 
 ABORTED = "aborted on request"
 AUDIT_ACTION = "abort"

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.end import abort, ending
 from tasks.jobs.model.errors import JobConflict, JobNotFound
 from tasks.jobs.model.models import CANCELLABLE_STATES, JobRecord, State
@@ -31,6 +30,7 @@ from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import owned_by
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import CancelledJob
+from tasks.platform.db import transaction
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,6 @@ from typing import Any
 from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
-from tasks import tracing
-from tasks.db import transaction
 from tasks.jobs.end import chord_parts, ending, steps
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.celery_options import (
@@ -51,6 +49,8 @@ from tasks.jobs.store import canvas as store
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import NewJob, ReadyJob
 from tasks.jobs.store.runs import ClaimedJob
+from tasks.platform import tracing
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

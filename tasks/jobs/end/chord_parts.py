@@ -22,10 +22,10 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.celery import app
 from tasks.jobs.store import canvas as store
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import ReadyJob
+from tasks.platform.celery_app import app
 
 # A removed part's place among the body's results (never a result: it is not JSON a task
 # could return as such, a key no handler's result is expected to carry).

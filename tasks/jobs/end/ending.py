@@ -22,7 +22,6 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.end import chord_parts, steps
 from tasks.jobs.intake.celery_options import failure_policy
 from tasks.jobs.intake.promote import publish_ready
@@ -34,6 +33,7 @@ from tasks.jobs.store import dedup, parents, upkeep, waits
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import ReadyJob
 from tasks.jobs.store.upkeep import Partition
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 _UNKNOWN = object()

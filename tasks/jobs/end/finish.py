@@ -31,7 +31,6 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction, tried_again_if_rolled_back
 from tasks.jobs.end import abort, canvas
 from tasks.jobs.end.ending import (
     ended,
@@ -48,6 +47,7 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.observe import events, metrics
 from tasks.jobs.store import runs, waits
 from tasks.jobs.store.runs import ClaimedJob
+from tasks.platform.db import transaction, tried_again_if_rolled_back
 
 log = logging.getLogger(__name__)
 

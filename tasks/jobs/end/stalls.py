@@ -10,14 +10,14 @@ messages are published inside the transaction that requeues the jobs.
 
 from __future__ import annotations
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.end import ending
 from tasks.jobs.end.abort import ABORTED
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 ABORTED_STALLED = f"{ABORTED}: its worker was gone"
 

@@ -13,8 +13,6 @@ from celery import signature
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from tasks import tracing
-from tasks.celery import app
 from tasks.jobs.end.chord_parts import keel_task
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.celery_options import (
@@ -28,6 +26,8 @@ from tasks.jobs.model.owner import Owner, acting_as
 from tasks.jobs.observe import events
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.platform import tracing
+from tasks.platform.celery_app import app
 
 log = logging.getLogger(__name__)
 

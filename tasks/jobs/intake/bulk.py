@@ -7,7 +7,7 @@ committed, as a single ``add`` does (``tasks.jobs.intake.enqueue``): published
 inside it, a message could reach a worker before its record was visible
 there (the claim finds no row, the delivery is dropped, and the job waited
 for the reconciler, up to ~25 s). Their messages go out in one Redis pipeline
-(``tasks.jobs.intake.promote.publish_ready``, ``tasks.pipelined``); a pipeline
+(``tasks.jobs.intake.promote.publish_ready``, ``tasks.platform.pipelined``); a pipeline
 that fails parks every job of it for the promoter, and a producer killed
 between the commit and the
 publish leaves waiting jobs without messages, which the reconciler
@@ -33,8 +33,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks import tracing
-from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.enqueue import AddedJob, add, check_data, new_job_id
@@ -45,7 +43,9 @@ from tasks.jobs.model.owner import Owner
 from tasks.jobs.observe import events
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
-from tasks.setting_types import TenantLimits
+from tasks.platform import tracing
+from tasks.platform.db import transaction
+from tasks.platform.setting_types import TenantLimits
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, scoped_session
 
-from tasks.config import get_settings, sqlalchemy_url
-from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import Refused
 from tasks.jobs.store import upkeep
+from tasks.platform.config import get_settings, sqlalchemy_url
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 # How long a job recorded in a caller's transaction waits for its publish after the

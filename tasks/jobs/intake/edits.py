@@ -24,7 +24,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.intake.submit import SubmissionRefused, check_data, task_style
 from tasks.jobs.model import registry
@@ -35,6 +34,7 @@ from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import owned_by
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store import upkeep
+from tasks.platform.db import transaction
 
 DATA_EDITABLE = (State.WAITING, State.DELAYED)
 

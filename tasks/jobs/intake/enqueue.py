@@ -7,9 +7,9 @@ publishes it once the broker is back — accepted work is never lost.
 
 Publishing is bounded so that a hung broker cannot hold the API: the
 broker's socket timeout (``tasks.celeryconfig``; on RabbitMQ the confirm
-timeout, ``tasks.rabbitmq``) bounds one attempt, there is no retry after a
+timeout, ``tasks.platform.rabbitmq``) bounds one attempt, there is no retry after a
 timeout (a retry against a hung server only doubles the wait; a stale
-connection is retried at once, ``tasks.broker.publish``), and while the
+connection is retried at once, ``tasks.platform.broker.publish``), and while the
 broker is known to be unreachable the job is parked without trying.
 """
 
@@ -26,10 +26,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tasks import broker, deadline, tracing
-from tasks.celery import app
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.celery_options import with_options
 from tasks.jobs.intake.messages import Message, publish, publish_all
@@ -41,8 +37,12 @@ from tasks.jobs.store import canvas as canvas_store
 from tasks.jobs.store import dedup, upkeep
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob, ReadyJob
-from tasks.setting_types import TenantLimits
-from tasks.transport import riding
+from tasks.platform import broker, deadline, tracing
+from tasks.platform.celery_app import app
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
+from tasks.platform.setting_types import TenantLimits
+from tasks.platform.transport import riding
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def add(
     the running job adding it as its child (``JobContext.add_child``), which a
     ``Defer(..., waiting_children=True)`` then waits for.
 
-    Traced (``tasks.tracing``), the add is a ``keel.add`` span, and its context is kept on
+    Traced (``tasks.platform.tracing``), the add is a ``keel.add`` span, and its context is kept on
     the record, for every later publish of the job to join.
 
     ``TypeError`` if ``data`` is not a dict (``check_data``); nothing is recorded.
@@ -325,7 +325,7 @@ def publish_or_park(
     """Publish a waiting job; if the broker is down or hung, park it for the promoter.
 
     ``event`` (the job's ``waiting``) goes out with the message, in the same Redis
-    round trip (``tasks.transport.riding``), else on its own before the job is parked.
+    round trip (``tasks.platform.transport.riding``), else on its own before the job is parked.
     """
     if broker.publish_unreachable():
         log.info("broker unreachable; job %s parked for republish", job_id)
@@ -333,7 +333,8 @@ def publish_or_park(
             event.send()
         park_for_republish([job_id])
         return
-    # Waiting on the broker is not database time: a request's budget (tasks.deadline) stands
+    # Waiting on the broker is not database time: a request's budget (tasks.platform.deadline)
+    # stands
     # still meanwhile, so a hung broker leaves the park below the whole of it.
     with deadline.paused():
         failed = _publish(job_id, name, queue, data, ctx, priority, event, tenant)

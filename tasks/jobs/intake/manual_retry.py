@@ -15,7 +15,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import publish_or_park
 from tasks.jobs.model.errors import InvalidJobState, JobConflict, JobNotFound
 from tasks.jobs.model.models import LIVE_STATES, JobRecord, RetryAudit, State
@@ -25,6 +24,7 @@ from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import owned_by
 from tasks.jobs.store import dedup
 from tasks.jobs.store import jobs as store
+from tasks.platform.db import transaction
 
 # The domain says what else makes a retry pointless (e.g. a stored result): a message, or None.
 ConflictCheck = Callable[[Session, JobRecord], str | None]

@@ -4,13 +4,13 @@ Every Keel job is woken by a Celery task message (protocol 2, as Celery's own
 ``app.amqp.as_task_v2`` builds it: ``_built``), so a plain Celery worker, Flower and
 ``celery inspect`` read it as any other task. It is published through a kombu
 producer directly rather than ``app.send_task``: a Keel job names its queue
-(no router to consult), its publish retry policy is Keel's (``tasks.broker``),
+(no router to consult), its publish retry policy is Keel's (``tasks.platform.broker``),
 and ``send_task``'s per-call routing, option merging and queue declaration
 cost several times what building and writing the message does (a batch of
 10,000: ~2,500 messages/s through ``send_task``, ~15,000/s this way). On Redis,
 a batch skips the producer's per-message ``publish`` too: its messages and
 their ``task-sent`` events go in one pipeline, each written by the channel as
-the producer would write it (``publish_all``, ``tasks.pipelined``). What a
+the producer would write it (``publish_all``, ``tasks.platform.pipelined``). What a
 Celery user hooks into still happens: ``before_task_publish`` and
 ``after_task_publish`` fire for each message, and Flower gets a ``task-sent``
 event for each (one ``task.multi`` message per batch, which Celery's event
@@ -40,13 +40,13 @@ from celery.utils.saferepr import saferepr
 from celery.utils.time import utcoffset
 from kombu.utils import json
 
-from tasks import broker, tracing
-from tasks.celery import app
-from tasks.config import get_settings
 from tasks.jobs.intake import tenancy
 from tasks.jobs.model import formats, registry
 from tasks.jobs.model.formats import KEEL_HEADER
-from tasks.pipelined import Pipelined, pipelined
+from tasks.platform import broker, tracing
+from tasks.platform.celery_app import app
+from tasks.platform.config import get_settings
+from tasks.platform.pipelined import Pipelined, pipelined
 
 log = logging.getLogger(__name__)
 # The job's tenant, whose keys its key limits are (``tasks.jobs.run.key_limits``), and the
@@ -146,8 +146,10 @@ class Message:
         self.name, self.queue = name, queue
         self.headers, self.properties, self.body = message.headers, message.properties, message.body
         self.sent: dict[str, Any] | None = message.sent_event
-        self.trace: dict[str, str] | None = ctx.get("trace")  # the add's (``tasks.tracing``)
-        # Built here from what the job's record holds: plain JSON values (``tasks.pipelined``)
+        # the add's (``tasks.platform.tracing``)
+        self.trace: dict[str, str] | None = ctx.get("trace")
+        # Built here from what the job's record holds: plain JSON values
+        # (``tasks.platform.pipelined``)
         self.plain = build is _built
 
     def alike(
@@ -184,7 +186,8 @@ class Message:
         return made
 
     def publish(self, producer: Any) -> None:
-        """Write the message through ``producer`` (no retry: ``tasks.broker.publish`` decides).
+        """Write the message through ``producer`` (no retry: ``tasks.platform.broker.publish``
+        decides).
 
         ``retry`` with a policy of no retries is not the same as no ``retry``: without
         kombu's ``ensure``, a producer with no channel yet connects with the transport's
@@ -237,7 +240,7 @@ class Message:
     def _signalled(self, declare: list[Any] | None) -> Iterator[None]:
         """Celery's ``before_task_publish`` and ``after_task_publish`` around the publish."""
         # Published later than added (a delay, a retry, a park): in the trace of the add
-        # (the context kept on the record, ``tasks.tracing``), unless a run sends it.
+        # (the context kept on the record, ``tasks.platform.tracing``), unless a run sends it.
         with tracing.restored(self.trace):
             signals.before_task_publish.send(
                 sender=self.name,
@@ -340,7 +343,8 @@ def messages_for(
 
 
 def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
-    """Send ``messages`` and their ``task-sent`` events in one pipeline (``tasks.pipelined``):
+    """Send ``messages`` and their ``task-sent`` events in one pipeline
+    (``tasks.platform.pipelined``):
     all, or, if the send fails, any part of them (the error is raised). False, sending
     nothing, where the producer's channel cannot take a pipeline (RabbitMQ)."""
     if get_settings().broker_on_amqp:  # decided before the channel: ``broker.publish`` opens it

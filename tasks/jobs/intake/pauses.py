@@ -33,11 +33,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tasks.db import transaction
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import pauses as store
 from tasks.jobs.store import runs
 from tasks.jobs.store.pauses import ALL_TENANTS, Hold, Pause
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

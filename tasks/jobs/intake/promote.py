@@ -23,14 +23,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-from tasks import broker
-from tasks.celery import app
-from tasks.db import transaction
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.messages import Message, announce, messages_for, publish_all
 from tasks.jobs.observe import events
 from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import NewJob, ReadyJob
+from tasks.platform import broker
+from tasks.platform.celery_app import app
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 # A job that just became waiting; a bulk add's own records are sent as they are.

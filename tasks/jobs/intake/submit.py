@@ -28,7 +28,7 @@ from tasks.jobs.model import registry
 from tasks.jobs.model.errors import Refused
 from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
-from tasks.setting_types import TenantLimits
+from tasks.platform.setting_types import TenantLimits
 
 
 class SubmissionRefused(Refused):
@@ -54,7 +54,7 @@ class Submission:
 
 def task_style(name: str) -> str:
     """How the Celery task behind ``name`` takes its data: ``context`` or ``celery``."""
-    from tasks.celery import app
+    from tasks.platform.celery_app import app
 
     task = app.tasks.get(name)
     return str(getattr(task, "job_style", "context"))

@@ -46,13 +46,13 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.config import get_settings
 from tasks.jobs.model.errors import LimitExceeded, QuotaExceeded
 from tasks.jobs.model.options import Deduplication
 from tasks.jobs.store import admission
 from tasks.jobs.store import jobs as store
 from tasks.jobs.store.jobs import NewJob
-from tasks.setting_types import TenantLimits
+from tasks.platform.config import get_settings
+from tasks.platform.setting_types import TenantLimits
 
 # kombu's Redis priority lists (``priority_steps``); 0 is served first.
 PRIORITY_STEPS = (0, 3, 6, 9)

@@ -9,26 +9,17 @@
   layer says what happens next (``UnrecoverableError``, ``Defer``, a run that
   is no longer ours, a limit that holds a delivery). One reaching the API is
   a bug, answered as such (500).
+
+The root (``KeelError``) and ``ControlFlow`` are infrastructure's too: they are
+defined in ``tasks.platform.errors`` and are the same classes here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-
-class KeelError(Exception):
-    """Keel could not do what was asked: the root of every error Keel raises.
-
-    It carries a message and ``details`` (a list, for a client or a log);
-    nothing about HTTP.
-    """
-
-    code = "keel_error"
-
-    def __init__(self, message: str | None = None, *, details: list[Any] | None = None) -> None:
-        super().__init__(message or (self.__doc__ or "").strip().splitlines()[0])
-        self.details = details or []
+from tasks.platform.errors import ControlFlow as ControlFlow
+from tasks.platform.errors import KeelError as KeelError
 
 
 class Refused(KeelError):
@@ -41,12 +32,6 @@ class Unavailable(KeelError):
     """A part Keel needs cannot be reached right now; try again shortly."""
 
     code = "unavailable"
-
-
-class ControlFlow(KeelError):
-    """How a handler or the job layer says what happens next; never a caller's error."""
-
-    code = "control_flow"
 
 
 class JobNotFound(Refused):

@@ -24,9 +24,9 @@ read leniently (``tasks.jobs.model.options.JobOptions.columns``), never to ``job
 
 from __future__ import annotations
 
-# The header a job's task message says its format in; only a message Keel sent for a job it
-# recorded first carries it (``tasks.jobs.intake.messages``, ``tasks.transport``).
-KEEL_HEADER = "keel"
+# The header a job's task message says its format in (``tasks.platform.headers``).
+from tasks.platform.headers import KEEL_HEADER as KEEL_HEADER
+
 MESSAGE_FORMAT = 1
 MESSAGE_FORMATS_READ = frozenset({1})
 RECORD_FORMAT = 1

@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
-from tasks.db import Base
+from tasks.platform.db import Base
 
 
 class State(StrEnum):

@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.celery import app
 from tasks.jobs.model.errors import Refused
+from tasks.platform.celery_app import app
 
 PAGE = 1000
 MAX_DEPTH = 32  # of nested signatures in a message body; deeper ones are not searched

@@ -4,9 +4,9 @@ Names and fields follow BullMQ's QueueEvents: ``waiting, active, progress,
 completed, failed, retrying, delayed, deduplicated, stalled``, plus
 ``cancelled`` (a job cancelled or revoked before it ran, ``tasks.jobs.end.cancel``, or whose
 run was aborted), ``aborting`` (an active job's run asked to stop, ``tasks.jobs.end.abort``) and
-``dead-lettered`` (an unreadable broker item set aside, ``tasks.transport``). Emitting is
+``dead-lettered`` (an unreadable broker item set aside, ``tasks.platform.transport``). Emitting is
 best effort: a job never fails because its event could not be written, and
-while Redis is unreachable (``tasks.broker``) events are dropped at once
+while Redis is unreachable (``tasks.platform.broker``) events are dropped at once
 rather than each waiting for a timeout.
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import orjson
 
-from tasks import broker
-from tasks.broker import redis_client
 from tasks.jobs.observe import metrics
+from tasks.platform import broker
+from tasks.platform.broker import redis_client
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -71,7 +71,7 @@ class Event:
     """One event: its stream entry (and, for an ending event, the news on its result's
     channel), and what it counts: its counter and (``observed``: a ``(kind, seconds)``
     histogram observation, ``tasks.jobs.observe.metrics``) what the transition measured.
-    ``emit`` sends it; a publish can take it along (``tasks.transport``)."""
+    ``emit`` sends it; a publish can take it along (``tasks.platform.transport``)."""
 
     __slots__ = ("counted", "entry", "event", "job_id", "name", "observed", "queue")
 
@@ -128,7 +128,7 @@ def _send(batch: list[Event]) -> None:
     if not batch:
         return
     last = batch[-1]
-    if broker.unreachable():  # the counts wait in the tally (tasks.tallies)
+    if broker.unreachable():  # the counts wait in the tally (tasks.platform.tallies)
         log.info("Redis unreachable: %d events up to %s dropped", len(batch), last.event)
         for event in batch:
             event.count()
@@ -286,7 +286,7 @@ def read(
 ) -> Iterator[dict[str, Any]]:
     """Events of ``queues`` after id ``since`` (``$``: new ones only); forever if ``follow``.
 
-    ``block_ms`` stays under the client's socket timeout (``tasks.broker``):
+    ``block_ms`` stays under the client's socket timeout (``tasks.platform.broker``):
     a blocking read that outlasts it would look like a hung Redis.
     """
     cursors: dict[Any, Any] = {stream_key(q): since for q in queues}
@@ -301,3 +301,20 @@ def read(
                 yield {"id": entry_id.decode(), **_decode(fields)}
         if not follow and batch and all(len(e) < 500 for _, e in batch):
             return
+
+
+DEAD_LETTERED = "dead-lettered"
+
+
+def dead_letter_event(sender: Any, job_id: str, name: str | None = None, **kwargs: Any) -> None:
+    """A broker item set aside as a dead letter, on its queue's stream (a receiver of
+    ``tasks.platform.deadletters.dead_lettered``, connected by the app's assembly)."""
+    emit(
+        sender.queue,
+        DEAD_LETTERED,
+        job_id,
+        name,
+        deadLetterId=sender.id,
+        reason=sender.reason,
+        source=sender.source,
+    )

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.db import transaction
 from tasks.jobs.observe.queries import iso
 from tasks.jobs.store import logs as store
 from tasks.jobs.store.logs import LogLine
+from tasks.platform.db import transaction
 
 MAX_PAGE = 1_000
 DEFAULT_PAGE = 100

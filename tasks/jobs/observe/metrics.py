@@ -7,7 +7,7 @@ finished run adds to a histogram, both in Redis hashes, and the web app's
 collector (``web.system``) turns them into Prometheus families at scrape time.
 
 A process adds its counts up in memory and sends them every ``FLUSH_S``
-seconds in one round trip, each once (``tasks.tallies``: a kill loses at most
+seconds in one round trip, each once (``tasks.platform.tallies``: a kill loses at most
 that second's counts). Sent with each event, they were nine Redis commands of
 a no-op job's twenty-four, the most of its Redis time.
 """
@@ -18,8 +18,8 @@ import atexit
 import os
 from typing import Any
 
-from tasks.broker import redis_client
-from tasks.tallies import Tally
+from tasks.platform.broker import redis_client
+from tasks.platform.tallies import Tally
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 HISTOGRAMS = ("duration", "wait")

@@ -15,13 +15,14 @@ from typing import Any
 
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.model.errors import JobNotFound, Refused
 from tasks.jobs.model.models import STATES, JobRecord
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.store import counts, listing
 from tasks.jobs.store import jobs as store
-from tasks.jobs.store.listing import JobFilter, PageKey
+from tasks.jobs.store.listing import JobFilter as JobFilter
+from tasks.jobs.store.listing import PageKey
+from tasks.platform.db import transaction
 
 MAX_PAGE = 100
 DEFAULT_PAGE = 20

@@ -37,11 +37,11 @@ from typing import Any
 from celery import states
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.model import owner as owner_context
 from tasks.jobs.model.errors import JobFailed
 from tasks.jobs.model.models import State
 from tasks.jobs.store import jobs as jobs_store
+from tasks.platform.db import transaction
 
 _CELERY_STATE = {
     State.WAITING: states.PENDING,

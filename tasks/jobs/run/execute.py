@@ -22,9 +22,6 @@ from celery import Task, shared_task
 from celery.exceptions import Ignore, Reject, Retry
 from pydantic import BaseModel
 
-from tasks import tracing
-from tasks.config import get_settings
-from tasks.db import STORE_UNAVAILABLE, transaction
 from tasks.jobs.calls.celery_task import CeleryTask, RetriesExhausted, RetryRequested
 from tasks.jobs.end import abort, cancel, ending, finish
 from tasks.jobs.intake import enqueue, pauses, tenancy
@@ -47,6 +44,9 @@ from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store.jobs import NewJob
 from tasks.jobs.store.pauses import Hold
 from tasks.jobs.store.runs import ClaimedJob
+from tasks.platform import tracing
+from tasks.platform.config import get_settings
+from tasks.platform.db import STORE_UNAVAILABLE, transaction
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import logging
 
 from sqlalchemy.exc import IntegrityError
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.store import logs as store
-from tasks.logs import redact
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
+from tasks.platform.logs import redact
 
 log = logging.getLogger("tasks.jobs.job_log")
 

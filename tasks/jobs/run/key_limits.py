@@ -39,8 +39,6 @@ from typing import Any
 from celery import Task
 from sqlalchemy import text
 
-from tasks.broker import redis_client
-from tasks.db import transaction
 from tasks.jobs.end import cancel
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import ControlFlow, RateLimited, Refused
@@ -48,6 +46,8 @@ from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate, key_value
 from tasks.jobs.model.models import State
 from tasks.jobs.run import limits
 from tasks.jobs.store import upkeep
+from tasks.platform.broker import redis_client
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

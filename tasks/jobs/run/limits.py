@@ -37,10 +37,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tasks.broker import redis_client
-from tasks.config import get_settings
 from tasks.jobs.model.errors import ControlFlow
-from tasks.setting_types import QueueLimit
+from tasks.platform.broker import redis_client
+from tasks.platform.config import get_settings
+from tasks.platform.setting_types import QueueLimit
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import os
 import threading
 import time
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.store import runs
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ worker (running, reserved, waiting out an ETA or a rate limit) carries that
 message — is held for good; once every slot is held so, the worker consumes
 nothing again while looking alive (its loop, timers and remote control all
 run). Keel's transport frees a slot when the ack itself fails
-(``tasks.transport.QoS``); ``PrefetchWatch`` is the net under that and any
+(``tasks.platform.transport.QoS``); ``PrefetchWatch`` is the net under that and any
 other path: every ``CHECK_S`` it compares the slots held with the requests
 this worker knows, and a slot orphaned for ``KEEL_PREFETCH_ORPHAN_S`` (30 s;
 0: never) is given back, with an error line naming how many. A message's
@@ -42,7 +42,7 @@ from celery import bootsteps
 from celery.signals import task_received
 from celery.worker import state
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import logging
 import math
 import time
 
-from tasks.broker import redis_client
 from tasks.jobs.model.key_limits import KeyConcurrency
 from tasks.jobs.run import capacity, limits
 from tasks.jobs.run.key_limits import KeyNames, take_slot
-from tasks.quotas import current
+from tasks.platform.broker import redis_client
+from tasks.platform.quotas import current
 
 log = logging.getLogger(__name__)
 

@@ -40,11 +40,11 @@ from typing import Any
 
 from celery.worker import state as worker_state
 
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.end import abort
 from tasks.jobs.run.timeouts import seconds_text
 from tasks.jobs.store import runs
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from typing import Any
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import worker_process_init
 
-from tasks.db import STORE_UNAVAILABLE, request_scope, transaction
 from tasks.jobs.end import abort, finish
 from tasks.jobs.store import runs
+from tasks.platform.db import STORE_UNAVAILABLE, request_scope, transaction
 
 log = logging.getLogger(__name__)
 

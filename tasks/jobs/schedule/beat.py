@@ -5,7 +5,7 @@ Keel's config). Each tick fires the schedulers that are due and sleeps until
 the next one, at most ``max_interval`` so changes made through the API reach
 a running beat within a second. Several beats may run at once: row locks
 with SKIP LOCKED and derived job ids keep it at one job per scheduled time.
-A tenant's scheduler fires under the tenant's quotas (``tasks.quotas``).
+A tenant's scheduler fires under the tenant's quotas (``tasks.platform.quotas``).
 
 The app's ``beat_schedule`` entries become system schedulers when beat
 starts (``tasks.jobs.schedule.beat_entries``), so they too fire once per scheduled
@@ -24,14 +24,14 @@ from typing import Any
 import redis
 from celery.beat import Scheduler
 
-from tasks import quotas
-from tasks.catalog import disabled_apps
-from tasks.celery import load_job_modules
-from tasks.db import passing
+from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model.errors import JobNotFound
 from tasks.jobs.observe import quiet
 from tasks.jobs.schedule import beat_entries, schedulers, standing
 from tasks.jobs.upkeep import liveness
+from tasks.platform import quotas
+from tasks.platform.catalog import disabled_apps
+from tasks.platform.db import passing
 
 log = logging.getLogger(__name__)
 

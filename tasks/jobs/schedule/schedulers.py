@@ -32,10 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
-from tasks import broker
-from tasks.celery import app
-from tasks.db import passing, transaction
-from tasks.ids import has_control
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.enqueue import AddedJob, add
 from tasks.jobs.intake.messages import PUBLISH_RETRY
@@ -46,7 +42,11 @@ from tasks.jobs.model.options import JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.model.schedule_rules import JobTemplate, Rule, first_fire, next_fire
 from tasks.jobs.observe.queries import iso
-from tasks.setting_types import Quota, TenantLimits
+from tasks.platform import broker
+from tasks.platform.celery_app import app
+from tasks.platform.db import passing, transaction
+from tasks.platform.ids import has_control
+from tasks.platform.setting_types import Quota, TenantLimits
 
 log = logging.getLogger(__name__)
 SYSTEM = ""  # the tenant of schedulers managed by the CLI and at startup
@@ -143,7 +143,8 @@ def upsert_plain(scheduler_id: str, spec: StoredSpec, queue: str) -> JobSchedule
 
 def check_id(scope: Scope, scheduler_id: str) -> str:
     """``scheduler_id`` if every way to name a scheduler of ``scope`` again can (``InvalidId``):
-    a tenant's by the API's rule, any by no control character or line break (``tasks.ids``)."""
+    a tenant's by the API's rule, any by no control character or line break
+    (``tasks.platform.ids``)."""
     if scope.tenant_id != SYSTEM and not _TENANT_ID.fullmatch(scheduler_id):
         raise InvalidId(
             f"{scheduler_id!r} is not a scheduler id: 1..{MAX_ID} of A-Z a-z 0-9 . _ : -, "

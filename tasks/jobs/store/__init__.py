@@ -16,16 +16,9 @@ The lifecycle modules (``enqueue``, ``execute``, ``finish``, ``promote``,
 ``stalls``, ``manual_retry``, ``cancel``, ``maintenance``) own the transactions and call
 these named operations; nothing else writes these tables, by SQL or by the ORM (the
 audit trail's rows included: ``jobs.add_action``). A structure test
-(``tests/unit/test_architecture.py``) holds every table of the job layer's models to it.
+(``tests/unit/test_architecture.py``) holds every table of the job layer's models to it,
+and an import contract keeps every layer above the job layer out of this package (what
+they read of it, they read through ``tasks.jobs.observe`` and ``tasks.jobs.upkeep``).
 """
 
 from __future__ import annotations
-
-from typing import Any, cast
-
-from sqlalchemy.engine import CursorResult, Result
-
-
-def affected(result: Result[Any]) -> int:
-    """How many rows an UPDATE or DELETE touched (``Result`` is typed without it)."""
-    return cast(CursorResult[Any], result).rowcount or 0

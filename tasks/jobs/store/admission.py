@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from tasks.db import run_alone
 from tasks.jobs.model.options import Deduplication
 from tasks.jobs.store.jobs import INSERT_IF, NewJob, row_of
+from tasks.platform.db import run_alone
 
 OVER_QUOTA = "KQ001"  # keel_admit_job's SQLSTATE: the tenant is at its live-jobs quota
 
@@ -68,7 +68,7 @@ def admit(
     up_to: int,
 ) -> Admitted:
     """Claim ``dedup`` (simple or throttle) and check ``max_live`` (under ``lock_key``), then
-    record ``job``: one statement on its own, in autocommit (``tasks.db.run_alone``).
+    record ``job``: one statement on its own, in autocommit (``tasks.platform.db.run_alone``).
     The party's jobs on the queue that rank at or before the job are counted up to ``up_to``
     (what places the job among the broker's priorities)."""
     params = {

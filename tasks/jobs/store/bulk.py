@@ -21,9 +21,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.jobs.model.models import BulkAction, State
-from tasks.jobs.store import affected
 from tasks.jobs.store.jobs import ReadyJob, ready_job
 from tasks.jobs.store.upkeep import ARCHIVE_DELETED
+from tasks.platform.db import affected
 
 BATCH = 500  # rows a batch locks and changes: its transaction is short whatever the total
 LOCK_WAIT_MS = 2000  # a batch waits this long at most for a row another transaction holds

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from tasks.db import transaction
 from tasks.jobs.model.models import STATES
-from tasks.jobs.store import affected
+from tasks.platform.db import affected, transaction
 
 _COMPACT_LOCK = 0x6B65656C  # "keel"
 

@@ -4,7 +4,7 @@ A job's runs (claim, progress, completion, failure) are ``runs``; what the
 workers' maintenance and the reconciler do to many records at once is
 ``upkeep``. Callers own the transaction (``with transaction() as session``)
 and pass the session in; the ``*_alone`` forms of an add are their own
-statement, sent without a Session (``tasks.db.run_alone``).
+statement, sent without a Session (``tasks.platform.db.run_alone``).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import exists, select, text
 from sqlalchemy.orm import Session
 
-from tasks.db import run_alone
 from tasks.jobs.model.models import JobAction, JobRecord, RetryAudit, State
 from tasks.jobs.model.options import JobOptions
+from tasks.platform.db import run_alone
 
 
 @dataclass(frozen=True)
@@ -150,12 +150,13 @@ def insert_counting(session: Session, job: NewJob, up_to: int) -> tuple[bool, in
 
 
 def insert_alone(job: NewJob) -> bool:
-    """``insert`` as its own statement, without a Session (``tasks.db.run_alone``)."""
+    """``insert`` as its own statement, without a Session (``tasks.platform.db.run_alone``)."""
     return run_alone(_INSERT, row_of(job)) is not None
 
 
 def insert_counting_alone(job: NewJob, up_to: int) -> tuple[bool, int]:
-    """``insert_counting`` as its own statement, without a Session (``tasks.db.run_alone``):
+    """``insert_counting`` as its own statement, without a Session
+    (``tasks.platform.db.run_alone``):
     an add with no dedup rule and no quota, such as a Celery ``.delay()``."""
     statement = _INSERT_COUNTING_BY_PARTY[job.tenant_id is None]
     row = run_alone(statement, {**row_of(job), "up_to": up_to})

@@ -5,7 +5,7 @@ token it got when it claimed the job, so a worker that lost its job
 (stalled, then picked up elsewhere) cannot overwrite what the new owner
 records. Callers own the transaction and pass the session in; the
 ``*_alone`` forms of a worker's claim and completion are their own
-statement, sent without a Session (``tasks.db.run_alone``).
+statement, sent without a Session (``tasks.platform.db.run_alone``).
 
 A run whose job an owner asked to abort (``abort_requested_at``, ``tasks.jobs.end.abort``)
 records no completion, failure or deferral: those statements refuse it, and its end is
@@ -23,12 +23,11 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.db import engine, run_alone
 from tasks.jobs.model import formats
 from tasks.jobs.model.models import JobRecord, State
 from tasks.jobs.model.options import JobOptions
-from tasks.jobs.store import affected
 from tasks.jobs.store.jobs import CancelledJob, Job, cancelled_job, get
+from tasks.platform.db import affected, engine, run_alone
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ _FINISH_RUN = f"""
 # ``before`` then holds the row as committed (the update itself follows it there).
 #
 # The delivery's canvas context (chord, chain, links) replaces the record's, except the
-# call's ``headers=``, the add's trace context (``tasks.tracing``) and its time limits
+# call's ``headers=``, the add's trace context (``tasks.platform.tracing``) and its time limits
 # (``timelimit``): only its add records them, and every later run and publish reads them
 # there (a message from a release that did not send time limits must not drop them).
 #
@@ -142,7 +141,7 @@ def claim(
 def claim_alone(
     job_id: str, token: str, lock_s: float, worker: str, ctx: dict[str, Any] | None = None
 ) -> ClaimedJob | None:
-    """``claim`` as its own statement, without a Session (``tasks.db.run_alone``): a
+    """``claim`` as its own statement, without a Session (``tasks.platform.db.run_alone``): a
     recorded job's delivery, the hot path."""
     return _claimed(run_alone(_CLAIM, _claim_params(job_id, token, lock_s, worker, ctx)), token)
 
@@ -308,7 +307,7 @@ def complete(session: Session, job: ClaimedJob, result: Any) -> Completed | None
 
 
 def complete_alone(job: ClaimedJob, result: Any) -> bool:
-    """``complete`` as its own statement, without a Session (``tasks.db.run_alone``);
+    """``complete`` as its own statement, without a Session (``tasks.platform.db.run_alone``);
     ``False``: not done, for the job is no longer ours or another job waits for it (then
     ``complete`` records it, in a transaction that wakes the waiter)."""
     return run_alone(_COMPLETE_ALONE, _complete_params(job, result)) is not None

@@ -16,9 +16,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from tasks.jobs.model.models import State
-from tasks.jobs.store import affected
 from tasks.jobs.store.jobs import ReadyJob, ready_job
 from tasks.jobs.store.runs import NOW_ISO
+from tasks.platform.db import affected
 
 # Statements a delivery makes before (or instead of) its claim lock the row by id first
 # and test its state there, like the claim: the delivery may come from a promoter whose

@@ -21,14 +21,14 @@ import logging
 import uuid
 from collections.abc import Callable
 
-from tasks.broker import redis_client
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import republish
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import TooMany
 from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import ReadyJob
+from tasks.platform.broker import redis_client
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 EPOCH_KEY = "keel:broker:epoch"
@@ -42,7 +42,7 @@ def republish_waiting(batch: int = 500) -> int:
     ``keel up``, a job added meanwhile) has its message there already: sending
     another would only make a duplicate delivery, refused by the claim but
     logged. A message a worker holds is not in Redis (a recorded job's has no
-    unacked copy: ``tasks.transport``): its job gets a second message, which the
+    unacked copy: ``tasks.platform.transport``): its job gets a second message, which the
     claim refuses. Each goes behind its party's load, as an add's would.
     """
     count, last = 0, ""

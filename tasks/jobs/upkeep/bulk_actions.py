@@ -40,7 +40,6 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from tasks.db import transaction
 from tasks.jobs.end import cancel as cancelling
 from tasks.jobs.intake import manual_retry
 from tasks.jobs.intake.promote import publish_ready
@@ -51,9 +50,10 @@ from tasks.jobs.observe.queries import iso
 from tasks.jobs.store import bulk as store
 from tasks.jobs.store import pauses as pauses_store
 from tasks.jobs.store import upkeep as upkeep_store
-from tasks.jobs.store.bulk import BulkFilter
+from tasks.jobs.store.bulk import BulkFilter as BulkFilter
 from tasks.jobs.store.jobs import ReadyJob
 from tasks.jobs.store.pauses import ALL_TENANTS
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

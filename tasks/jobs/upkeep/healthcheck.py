@@ -39,8 +39,8 @@ from typing import Any
 
 import redis
 
-from tasks.config import get_settings
 from tasks.jobs.upkeep import liveness
+from tasks.platform.config import get_settings
 
 
 def _running(pid: object) -> bool:

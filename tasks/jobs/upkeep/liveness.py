@@ -47,9 +47,9 @@ from celery import bootsteps
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tasks.config import get_settings
 from tasks.jobs.run import capacity
 from tasks.jobs.run.slots import ConsumerWatch, queue_keys
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 

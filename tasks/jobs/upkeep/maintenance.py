@@ -23,13 +23,13 @@ from typing import Any
 
 from celery import bootsteps
 
-from tasks.config import get_settings
-from tasks.db import passing
 from tasks.jobs.end import canvas, revocations, stalls
 from tasks.jobs.intake import pauses, promote
 from tasks.jobs.run import termination
 from tasks.jobs.store import counts
 from tasks.jobs.upkeep import broker_reset, bulk_actions, reconcile, retention
+from tasks.platform.config import get_settings
+from tasks.platform.db import passing
 
 log = logging.getLogger(__name__)
 Step = tuple[str, Callable[[], object]]  # what it does (for the log), and the call

@@ -9,7 +9,7 @@ Every ``KEEL_RECONCILE_INTERVAL_S`` (15 s), one worker looks at the waiting
 jobs whose last publish is more than ``KEEL_RECONCILE_GRACE_S`` (10 s) old,
 queue by queue, and republishes those the broker has no message for: not in
 the queue's priority lists, not among the unacked copies kombu keeps in Redis
-(a recorded job's message taken by a worker has none: ``tasks.transport``;
+(a recorded job's message taken by a worker has none: ``tasks.platform.transport``;
 so this is also what runs again a job whose worker died before claiming it), and
 not named by a message or a live job as a task that runs after it (a chord
 callback or a chain's next step, which Celery sends itself). The records are
@@ -50,16 +50,16 @@ from contextlib import contextmanager
 
 from celery.backends.base import KeyValueStoreBackend
 
-from tasks.broker import redis_client
-from tasks.celery import app
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.intake.enqueue import republish
 from tasks.jobs.model.errors import Refused, Unavailable
 from tasks.jobs.observe import broker_contents
 from tasks.jobs.observe.broker_contents import Contents, TooMany
 from tasks.jobs.store import upkeep
 from tasks.jobs.store.jobs import ReadyJob
+from tasks.platform.broker import redis_client
+from tasks.platform.celery_app import app
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 MAX_MESSAGES = 20_000

@@ -34,12 +34,12 @@ import time
 import uuid
 from datetime import timedelta
 
-from tasks.broker import redis_client
-from tasks.celery import app
-from tasks.config import get_settings
-from tasks.db import transaction
 from tasks.jobs.model.models import State
 from tasks.jobs.store import upkeep
+from tasks.platform.broker import redis_client
+from tasks.platform.celery_app import app
+from tasks.platform.config import get_settings
+from tasks.platform.db import transaction
 
 log = logging.getLogger(__name__)
 

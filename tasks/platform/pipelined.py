@@ -6,7 +6,7 @@ merging, declarations and batch bookkeeping run for every message. A batch of
 Keel's messages (a bulk add, a promotion, an add's message with its events)
 goes to one Redis channel and needs none of that per message. ``pipelined``
 yields a ``Pipelined`` over one redis-py pipeline of Keel's Redis channel
-(``tasks.transport.Channel``); its ``publish`` serializes and compresses a body
+(``tasks.platform.transport.Channel``); its ``publish`` serializes and compresses a body
 as the producer would (kombu's serializer registry), then hands the message to
 the channel's own ``prepare_message`` and ``_inplace_augment_message`` (which
 encode the body and give it its delivery tag) and pushes it to the queue's
@@ -31,9 +31,9 @@ message: a job's data and its call's headers were recorded before it is sent, as
 text and numbers. orjson writes no spaces and leaves non-ASCII text as UTF-8 where the
 standard encoder escapes it: the same JSON to any reader.
 
-Commands that ride along with the next publish (``tasks.transport.riding``)
+Commands that ride along with the next publish (``tasks.platform.transport.riding``)
 go first in the pipeline, as they do in kombu's publish batch; a rider's error is
-its own (logged), as in ``tasks.transport.Channel._put``. A round trip that fails,
+its own (logged), as in ``tasks.platform.transport.Channel._put``. A round trip that fails,
 or in which a message's command fails, raises ``RoundTripFailed``: any part of the
 batch may have been written.
 
@@ -59,7 +59,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport.virtual.exchange import FanoutExchange
 from kombu.utils import json
 
-from tasks.transport import _RIDERS, Channel
+from tasks.platform.transport import _RIDERS, Channel
 
 log = logging.getLogger(__name__)
 #: Values per LPUSH command (a bigger list goes in several).
@@ -71,7 +71,7 @@ FLUSH_AT = 1000
 class RoundTripFailed(Exception):
     """A pipeline's round trip failed (raised from its error): any part of it may have been
     written. ``started``: when the round trip began (``time.monotonic``), which tells a hung
-    server from one that refused at once (``tasks.broker.failed``)."""
+    server from one that refused at once (``tasks.platform.broker.failed``)."""
 
     def __init__(self, started: float) -> None:
         super().__init__("a Redis pipeline of messages failed; any part of it may have gone out")
@@ -82,7 +82,7 @@ class Pipelined:
     """One pipeline's messages: kombu's publish-batch interface (``add``) for the channel.
 
     ``riders``: how many commands the pipeline starts with that ride along
-    (``tasks.transport.riding``); their errors are theirs (logged), not the messages'."""
+    (``tasks.platform.transport.riding``); their errors are theirs (logged), not the messages'."""
 
     def __init__(self, channel: Channel, pipeline: Any, riders: int = 0) -> None:
         self.channel, self.pipeline = channel, pipeline

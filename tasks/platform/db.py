@@ -5,7 +5,7 @@ prefork children and gunicorn workers never share a connection pool with
 their parent. Callers own transactions (``with transaction() as s:``);
 helpers take a session and never commit.
 
-Every round trip has a deadline (``tasks.deadline``). An API request runs
+Every round trip has a deadline (``tasks.platform.deadline``). An API request runs
 its database work inside ``request_scope``: one deadline for all of it,
 through an engine whose pool wait and server-side ``statement_timeout`` fit
 inside that deadline, so a hung or overloaded Postgres costs a request at
@@ -23,18 +23,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
 from sqlalchemy import MetaData, TextClause, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
-from tasks import deadline
-from tasks.config import get_settings
+from tasks.platform import deadline
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -201,7 +201,7 @@ def still_open(dbapi_connection: Any) -> bool:
     server has said goodbye (restart, ``pg_terminate_backend``, an idle
     timeout) and closed it. This replaces a ``SELECT 1`` pre-ping per checkout
     — a round trip on every transaction of the hot path. What it cannot see (a
-    peer cut off without a word) the round-trip deadlines catch (``tasks.deadline``),
+    peer cut off without a word) the round-trip deadlines catch (``tasks.platform.deadline``),
     as they would have caught a pre-ping hanging on it.
     """
     if dbapi_connection.closed:
@@ -312,3 +312,8 @@ def run_alone(statement: TextClause, params: dict[str, Any]) -> dict[str, Any] |
             ) from exc
     finally:
         pooled.close()
+
+
+def affected(result: Result[Any]) -> int:
+    """How many rows an UPDATE or DELETE touched (``Result`` is typed without it)."""
+    return cast(CursorResult[Any], result).rowcount or 0

@@ -3,9 +3,9 @@
 An item in a queue's Redis list that is not a message (not JSON, not a
 kombu message, not a Celery task message) would otherwise kill the worker
 that pops it, or be deleted with a log line. Keel's transport
-(``tasks.transport``) moves it here instead, exactly as it was popped, so an
+(``tasks.platform.transport``) moves it here instead, exactly as it was popped, so an
 operator can see what arrived and from where (``keel deadletters list``) and
-then drop it. On RabbitMQ, the worker's consumer (``tasks.consumer``) keeps
+then drop it. On RabbitMQ, the worker's consumer (``tasks.platform.consumer``) keeps
 a message Celery cannot take here too, in the shape kombu's Redis transport
 stores messages. Each queue has one list, newest first, bounded so that a
 flood of junk cannot fill Redis — Keel's Redis, whichever the broker is.
@@ -20,8 +20,15 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from celery.utils.dispatch import Signal
+
 KEY_PREFIX = "keel:dead-letters:"
 MAX_KEPT = 10_000  # per queue; the oldest fall off
+
+
+# Sent once an item was set aside: ``sender`` is its ``DeadLetter``; ``job_id`` and ``name``
+# are the job and task its payload claims, if any (``tasks.platform.transport.task_of``).
+dead_lettered = Signal(name="dead_lettered")
 
 
 def key(queue: str) -> str:

@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from tasks.config import get_settings
-from tasks.rabbitmq import CONFIRM_TIMEOUT_S
+from tasks.platform.config import get_settings
+from tasks.platform.rabbitmq import CONFIRM_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 

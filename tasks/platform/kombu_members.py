@@ -1,6 +1,7 @@
 """The private members of kombu's Redis transport that Keel relies on, in one place.
 
-Keel's transport (``tasks.transport``), its batched publishing (``tasks.pipelined``) and
+Keel's transport (``tasks.platform.transport``), its batched publishing
+(``tasks.platform.pipelined``) and
 the prefetch watch (``tasks.jobs.run.slots``) override or call members of kombu's Redis
 ``Channel`` and ``QoS`` that kombu does not promise to keep. Each is listed here with the
 parameters Keel passes or receives, and ``tests/unit/test_kombu_members.py`` fails on a

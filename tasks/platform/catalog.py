@@ -18,53 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 
-from tasks.config import get_settings
+from tasks.platform.builtins import BUILTIN_APPS, DEFAULT_QUEUE, BuiltinApp, parse_builtin
+from tasks.platform.config import get_settings
 
 SIGNALS_MODULE = "tasks.jobs.calls.signals"
-DAILY_CLEANUP_ID = "daily-report-cleanup"
-CAMPAIGN_MONITOR_ID = "campaign-monitor"
-DEFAULT_QUEUE = "default"
-
-
-@dataclass(frozen=True)
-class BuiltinApp:
-    """What one of Keel's own job apps brings into a process when it is on."""
-
-    modules: tuple[str, ...]
-    queue: str
-    schedulers: tuple[str, ...]  # system schedulers its modules upsert when beat starts
-
-
-BUILTIN_APPS: dict[str, BuiltinApp] = {
-    "reports": BuiltinApp(
-        modules=("tasks.reports.jobs", "tasks.reports.schedules"),
-        queue="reports",
-        schedulers=(DAILY_CLEANUP_ID,),
-    ),
-    "notifications": BuiltinApp(
-        modules=("tasks.notifications.jobs", "tasks.notifications.schedules"),
-        queue="notifications",
-        schedulers=(CAMPAIGN_MONITOR_ID,),
-    ),
-}
 # Kept for callers that list Keel's own modules: every built-in app's, on or off.
 BUILTIN_JOB_MODULES = [SIGNALS_MODULE] + [m for a in BUILTIN_APPS.values() for m in a.modules]
-
-
-def parse_builtin(text: str) -> tuple[str, ...]:
-    """``KEEL_BUILTIN_JOBS``'s names, in ``BUILTIN_APPS`` order; an unknown name is an error."""
-    names = {name for name in text.replace(",", " ").split() if name}
-    if names == {"none"}:
-        return ()
-    unknown = sorted(names - set(BUILTIN_APPS))
-    if unknown:
-        raise ValueError(
-            f"unknown built-in job app {', '.join(unknown)}: choose from "
-            f"{', '.join(BUILTIN_APPS)}, or none"
-        )
-    return tuple(name for name in BUILTIN_APPS if name in names)
 
 
 def builtin_apps() -> tuple[str, ...]:

@@ -1,10 +1,10 @@
 """Keel's Redis transport: kombu's, except that poison messages go to dead letters.
 
 The private members of kombu's it overrides or calls are listed, and tested against the
-installed kombu, in ``tasks.kombu_members``.
+installed kombu, in ``tasks.platform.kombu_members``.
 
 Used when Celery's messages go through Redis (the default); on RabbitMQ
-kombu decodes nothing before Celery's consumer does, and ``tasks.consumer``
+kombu decodes nothing before Celery's consumer does, and ``tasks.platform.consumer``
 alone keeps what cannot be taken.
 
 kombu's Redis channel pops an item from a queue's list and decodes it in the
@@ -14,7 +14,7 @@ item, already popped, is gone. This channel screens every item it pops
 before kombu decodes it, where redis-py parses the reply (a response
 callback on the channel's own clients: redis-py's extension point, no
 patching). An item that fails is moved to its queue's dead-letter list
-(``tasks.deadletters``), logged and emitted as a ``dead-lettered`` event, and
+(``tasks.platform.deadletters``), logged and emitted as a ``dead-lettered`` event, and
 the worker goes on. That covers every list kombu pops: BRPOP names all of a
 queue's priority lists (``_q_for_pri``) and the reply says which one answered;
 RPOP serves ``basic_get``.
@@ -26,7 +26,7 @@ Three more places read a message:
   timeout restores it (``QoS.restore_by_tag``): an entry that cannot be
   decoded is moved aside instead of stopping every sweep;
 - Celery's consumer, which reads what kombu delivered as a task message:
-  ``tasks.consumer`` dead-letters what it cannot take.
+  ``tasks.platform.consumer`` dead-letters what it cannot take.
 
 An acknowledgement that Redis does not answer (a frozen or lost server: the
 command times out) still frees the consumer's prefetch slot (``QoS.ack``).
@@ -66,14 +66,12 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tasks import deadletters
-from tasks.deadletters import DeadLetter
-from tasks.jobs.model.errors import ControlFlow
-from tasks.jobs.model.formats import KEEL_HEADER
-from tasks.jobs.observe import events
+from tasks.platform import deadletters
+from tasks.platform.deadletters import DeadLetter
+from tasks.platform.errors import ControlFlow
+from tasks.platform.headers import KEEL_HEADER
 
 log = logging.getLogger(__name__)
-DEAD_LETTERED = "dead-lettered"
 # kombu's unacked copies say which queue they came from only inside the part
 # that could not be decoded: such an entry is filed under this name.
 UNACKED = "unacked"
@@ -155,7 +153,7 @@ def recorded_job(message: Any) -> bool:
     headers = getattr(message, "headers", None)
     if not isinstance(headers, dict) or not headers.get(KEEL_HEADER):
         return False
-    from tasks.celery import app  # loaded by then: kombu builds this transport for the app
+    from tasks.platform.celery_app import app  # set by then: kombu builds this transport for it
 
     if app.conf.worker_prefetch_multiplier != 1:
         return False
@@ -405,6 +403,8 @@ class Channel(kombu_redis.Channel):
 
 
 def announce(letter: DeadLetter, payload: Any) -> None:
+    """Log a dead letter and send ``deadletters.dead_lettered`` (the job layer makes it an
+    event on the queue's stream: ``tasks.jobs.observe.events.dead_letter_event``)."""
     job_id, name = task_of(payload)
     log.error(
         "dead-lettered an item of queue %s from %s (%s): %r; see `keel deadletters list`",
@@ -413,15 +413,7 @@ def announce(letter: DeadLetter, payload: Any) -> None:
         letter.reason,
         letter.raw[:512],
     )
-    events.emit(
-        letter.queue,
-        DEAD_LETTERED,
-        job_id,
-        name,
-        deadLetterId=letter.id,
-        reason=letter.reason,
-        source=letter.source,
-    )
+    deadletters.dead_lettered.send(sender=letter, job_id=job_id, name=name)
 
 
 class Transport(kombu_redis.Transport):

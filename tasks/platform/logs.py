@@ -42,7 +42,7 @@ from urllib.parse import unquote, urlsplit
 from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter
 
-from tasks import tracing
+from tasks.platform import tracing
 
 FIELDS = (
     "job_id",
@@ -192,7 +192,7 @@ class TextLines(logging.Formatter):
 
 def formatter(kind: str | None = None, stream: TextIO | None = None) -> logging.Formatter:
     """The formatter ``KEEL_LOG_FORMAT`` (or ``kind``) names; ``auto``: text on a terminal."""
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     kind = kind or get_settings().log_format
     if kind == "auto":
@@ -219,7 +219,7 @@ def _url_passwords(url: str) -> set[str]:
 
 def _remember_secrets() -> None:
     """The configured secrets and the servers' passwords, as written and as JSON escapes them."""
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     settings = get_settings()
     found = [settings.secret_key, settings.flower_password, settings.sandbox_admin_key]
@@ -239,7 +239,7 @@ def configure(
 
     ``quiet`` (a ``keel`` command not asked for ``--verbose``): warnings and errors only,
     whatever ``KEEL_LOG_LEVEL`` says, so that a command's streams carry its own output."""
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     _role["name"] = role
     _remember_secrets()
@@ -257,7 +257,7 @@ def configure(
 def gunicorn_config(role: str = "web") -> dict[str, Any]:
     """gunicorn's ``logconfig_dict``: its error log and every other logger through Keel's
     format on stderr (its own access log stays off: the app writes one, ``web.access``)."""
-    from tasks.config import get_settings
+    from tasks.platform.config import get_settings
 
     _role["name"] = role
     _remember_secrets()
@@ -285,7 +285,7 @@ def gunicorn_config(role: str = "web") -> dict[str, Any]:
             },
         },
         "formatters": {
-            "keel": {"()": "tasks.logs.formatter"},
-            "generic": {"()": "tasks.logs.formatter"},
+            "keel": {"()": "tasks.platform.logs.formatter"},
+            "generic": {"()": "tasks.platform.logs.formatter"},
         },
     }

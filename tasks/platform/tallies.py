@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any
 
-from tasks.broker import redis_client
+from tasks.platform.broker import redis_client
 
 log = logging.getLogger(__name__)
 

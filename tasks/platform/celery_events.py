@@ -30,7 +30,7 @@ from typing import Any
 from celery.app.events import Events
 from celery.events.dispatcher import EventDispatcher
 
-from tasks.config import get_settings
+from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class BoundedEventDispatcher(EventDispatcher):
 class KeelEvents(Events):
     """The app's events, sent through ``BoundedEventDispatcher``."""
 
-    dispatcher_cls = "tasks.celery_events:BoundedEventDispatcher"
+    dispatcher_cls = "tasks.platform.celery_events:BoundedEventDispatcher"
 
 
 class BatchedTaskEvents:

@@ -1,7 +1,7 @@
 """Keel's worker consumer: Celery's, except that a message it cannot take is dead-lettered
-(and that its task events leave in batches: ``tasks.celery_events``).
+(and that its task events leave in batches: ``tasks.platform.celery_events``).
 
-kombu has delivered a message (on Redis, ``tasks.transport`` saw to it
+kombu has delivered a message (on Redis, ``tasks.platform.transport`` saw to it
 that it is readable; RabbitMQ delivers any body with its properties, and
 kombu decodes nothing yet); Celery's consumer now reads it as a task
 message. Where Celery knows the message is bad (no task header, an
@@ -37,11 +37,11 @@ from celery.signals import task_rejected
 from celery.worker.consumer import Consumer as CeleryConsumer
 from kombu.utils.json import dumps
 
-from tasks import deadletters
-from tasks.broker import redis_client
-from tasks.celery_events import BatchedTaskEvents
-from tasks.deadletters import DeadLetter
-from tasks.transport import Channel, Poison, announce
+from tasks.platform import deadletters
+from tasks.platform.broker import redis_client
+from tasks.platform.celery_events import BatchedTaskEvents
+from tasks.platform.deadletters import DeadLetter
+from tasks.platform.transport import Channel, Poison, announce
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.jobs.model.errors import KeelError
+from tasks.platform.errors import KeelError
 
 ENV_FILE_NAME = "env"
 LOCK_FILE = "lock"

@@ -23,9 +23,14 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from tasks.jobs.model.errors import KeelError
-from tasks.setting_types import QueueLimit, TenantQuotas, parse_queue_limits, parse_tenant_quotas
-from tasks.stacks import ENV_FILE_NAME, keel_home, settings_home
+from tasks.platform.errors import KeelError
+from tasks.platform.setting_types import (
+    QueueLimit,
+    TenantQuotas,
+    parse_queue_limits,
+    parse_tenant_quotas,
+)
+from tasks.platform.stacks import ENV_FILE_NAME, keel_home, settings_home
 
 PREFIX = "KEEL_"
 
@@ -174,7 +179,7 @@ class Settings(BaseSettings):
     metrics_public: bool = False
     # An API request's database work, pool wait included, before it is answered 503.
     request_deadline_s: float = Field(default=1.0, gt=0, le=60)
-    # Logs of every process (tasks.logs): JSON lines, or text lines on a terminal ("auto").
+    # Logs of every process (tasks.platform.logs): JSON lines, or text lines on a terminal ("auto").
     log_format: Literal["auto", "json", "text"] = "auto"
     # DEBUG, INFO, WARNING, ERROR; unset: INFO (a worker's `-l`).
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] | None = None
@@ -195,7 +200,8 @@ class Settings(BaseSettings):
     # (tasks.jobs.run.slots); 0: never. At most 45 s: the health check reports a consumer that
     # consumed nothing for 60 s (tasks.jobs.upkeep.healthcheck), and not one that this repairs.
     prefetch_orphan_s: float = Field(default=30.0, ge=0, le=45)
-    # How long a worker's task event waits for others to leave with it (tasks.celery_events).
+    # How long a worker's task event waits for others to leave with it
+    # (tasks.platform.celery_events).
     event_flush_s: float = Field(default=0.05, ge=0, le=60)
     # Waiting jobs whose message left the broker (a purge) are republished
     # (tasks.jobs.upkeep.reconcile).
@@ -209,17 +215,19 @@ class Settings(BaseSettings):
     retention_interval_s: float = Field(default=60.0, gt=0)
     # The newest lines of a job's log (job.log(), self.log()) that are kept (tasks.jobs.store.logs).
     job_log_lines: int = Field(default=1_000, ge=1, le=10_000)
-    # Per-queue concurrency and rate limits (JSON; tasks.setting_types, tasks.jobs.run.limits).
+    # Per-queue concurrency and rate limits (JSON; tasks.platform.setting_types,
+    # tasks.jobs.run.limits).
     queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
     # Folders those modules import from (os.pathsep-separated), appended to every Keel
     # process's import path; `keel up` sets it to the folder it was started in.
     job_path: str = ""
-    # Keel's own job apps that run (tasks.catalog): "reports,notifications"; "" or "none": neither.
+    # Keel's own job apps that run (tasks.platform.catalog): "reports,notifications"; "" or "none":
+    # neither.
     # An empty variable means none here (not "unset"); `keel up` writes it as "none".
     builtin_jobs: str = Field(default_factory=_builtin_jobs_default)
-    # Tenants: quotas (JSON; tasks.quotas), token lifetime, request rates ("600/minute").
+    # Tenants: quotas (JSON; tasks.platform.quotas), token lifetime, request rates ("600/minute").
     tenant_quotas: Annotated[TenantQuotas, NoDecode] = Field(default_factory=TenantQuotas)
     token_max_ttl_s: int = 30 * 86_400
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
@@ -275,7 +283,7 @@ class Settings(BaseSettings):
     @field_validator("builtin_jobs")
     @classmethod
     def _builtin(cls, text: str) -> str:
-        from tasks.catalog import parse_builtin
+        from tasks.platform.builtins import parse_builtin
 
         return ",".join(parse_builtin(text)) or "none"
 

@@ -1,7 +1,7 @@
 """The settings that are JSON documents, as typed models: ``KEEL_QUEUE_LIMITS`` and
 ``KEEL_TENANT_QUOTAS``.
 
-``tasks.config.Settings`` parses both when it is built, so a malformed value
+``tasks.platform.config.Settings`` parses both when it is built, so a malformed value
 stops every process at start with a message naming the variable, instead of
 failing whichever code first reads it. This module imports nothing of Keel:
 the settings, the job layer and the web app all read these types.
