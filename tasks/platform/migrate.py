@@ -1,11 +1,12 @@
 """Schema migrations: Alembic ``upgrade head`` from wherever Keel is installed.
 
-The Alembic environment and versions are the top-level ``migrations``
-package, shipped in the wheel as package data and found here through
-importlib.resources, so ``keel db upgrade`` works the same from a checkout,
-an editable install or a wheel. ``alembic.ini`` at the repository root
-serves the plain ``alembic`` command in a checkout; this path needs nothing
-from it but the script location, which it sets itself.
+The Alembic environment and versions live in the repository's ``migrations/``
+folder and install as the package ``tasks.migrations`` (setup.py maps the one to
+the other; ``script.py.mako`` and ``versions/`` ship as its package data). They
+are found here through importlib.resources, so ``keel db upgrade`` works the same
+from an editable install of a checkout or from a wheel. ``alembic.ini`` at the
+repository root serves the plain ``alembic`` command in a checkout; this path
+needs nothing from it but the script location, which it sets itself.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from importlib import resources
 from alembic import command
 from alembic.config import Config
 
-MIGRATIONS_PACKAGE = "migrations"
+MIGRATIONS_PACKAGE = "tasks.migrations"  # the repository's migrations/ (setup.py)
 
 
 def script_location() -> str:
-    """The ``migrations`` folder (wheels install unzipped: a real folder Alembic can list)."""
+    """The migrations' folder (wheels install unzipped: a real folder Alembic can list)."""
     return str(resources.files(MIGRATIONS_PACKAGE))
 
 

@@ -31,8 +31,15 @@ from tests.support.stack import PROJECT_ROOT
 
 pytestmark = pytest.mark.stack  # starts processes of its own
 
-# The folders Keel's distribution is made of (setup.cfg's find include: their packages).
-SOURCE_ROOTS = ("tasks", "web", "keel", "provider_sandbox", "migrations")
+# The folders Keel's distribution is made of (setup.py's packages), and where each installs:
+# the repository's migrations/ is the package tasks.migrations.
+SOURCE_ROOTS = {
+    "tasks": "tasks",
+    "web": "web",
+    "keel": "keel",
+    "provider_sandbox": "provider_sandbox",
+    "migrations": "tasks/migrations",
+}
 
 # Local state that is no part of a source tree (and would slow the copy).
 NOT_SOURCE = shutil.ignore_patterns(
@@ -65,10 +72,10 @@ def wheel(tmp_path_factory) -> Path:
 def source_files() -> set[str]:
     """Every file of the source packages, as a wheel names it (caches left out)."""
     found = set()
-    for root in SOURCE_ROOTS:
+    for root, installed in SOURCE_ROOTS.items():
         for path in (PROJECT_ROOT / root).rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                found.add(path.relative_to(PROJECT_ROOT).as_posix())
+                found.add(f"{installed}/{path.relative_to(PROJECT_ROOT / root).as_posix()}")
     return found
 
 
@@ -80,14 +87,11 @@ def packages(files: set[str]) -> set[str]:
 def test_the_wheel_ships_every_package_and_file_of_the_source_tree(wheel):
     setup = configparser.ConfigParser()
     setup.read(PROJECT_ROOT / "setup.cfg")
-    include = setup["options.packages.find"]["include"].split()
     shipped = {n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n}
     source = source_files()
 
-    # Every package of the source tree is one setup.cfg names, and the wheel has it
+    # Every package of the source tree is in the wheel (setup.py's packages), and no other
     source_packages = packages(source)
-    unlisted = sorted(p for p in source_packages if not any(fnmatch.fnmatch(p, i) for i in include))
-    assert not unlisted, f"not in setup.cfg's [options.packages.find] include: {unlisted}"
     assert packages(shipped) == source_packages, (
         f"missing from the wheel: {sorted(source_packages - packages(shipped))}; "
         f"in the wheel only: {sorted(packages(shipped) - source_packages)}"
@@ -103,7 +107,12 @@ def test_the_wheel_ships_every_package_and_file_of_the_source_tree(wheel):
         for pattern in globs.split():
             matched = fnmatch.filter(shipped, f"{folder}/{pattern}")
             assert matched, f"setup.cfg's package_data {package}: {pattern} ships nothing"
-    for needed in ("migrations/script.py.mako", "web/ui/templates/ui/base.html", "keel/py.typed"):
+    for needed in (
+        "tasks/migrations/script.py.mako",
+        "tasks/migrations/env.py",
+        "web/ui/templates/ui/base.html",
+        "keel/py.typed",
+    ):
         assert needed in shipped
     # and its metadata carries the licence file and says what it is
     names = zipfile.ZipFile(wheel).namelist()
@@ -169,11 +178,20 @@ def test_a_built_wheel_installs_in_a_fresh_venv_and_migrates_a_new_database(stac
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KEEL_REDIS_URL")}
     found = (
-        "import migrations, tasks.platform.migrate; "
-        "print(migrations.__file__, tasks.platform.migrate.__file__)"
+        "import tasks.migrations, tasks.platform.migrate; "
+        "print(tasks.migrations.__file__, tasks.platform.migrate.__file__)"
     )
     where = run([venv / "bin" / "python", "-c", found], elsewhere, env)
     assert all(path.startswith(str(venv)) for path in where.split()), where
+    # the migrations are Keel's, under tasks: no top-level package of that generic name
+    gone = subprocess.run(
+        [venv / "bin" / "python", "-c", "import migrations"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert gone.returncode != 0 and "No module named 'migrations'" in gone.stderr, gone
 
     name, url = scratch_database()
     try:
