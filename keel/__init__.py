@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from celery import Celery
 
+    from tasks.assembly import KeelAppRefused, install
     from tasks.jobs.calls.celery_task import recorded_together
     from tasks.jobs.intake.bulk import BulkJob, add_bulk
     from tasks.jobs.intake.caller_transaction import in_transaction
@@ -47,7 +48,11 @@ if TYPE_CHECKING:
 
 # Each public name: the module it lives in, and its name there.
 _PUBLIC: dict[str, tuple[str, str]] = {
-    "app": ("tasks.celery", "app"),
+    # The app Keel runs on: the one keel.install(app) was called on, else KEEL_CELERY_APP's,
+    # else Keel's own (``celery -A keel`` runs that one).
+    "app": ("tasks.platform.celery_app", "keel_app"),
+    "install": ("tasks.assembly", "install"),
+    "KeelAppRefused": ("tasks.assembly", "KeelAppRefused"),
     "KeelScheduler": ("tasks.jobs.schedule.beat", "KeelScheduler"),
     "get_job": ("tasks.jobs.observe.queries", "get"),
     "JobRecord": ("tasks.jobs.model.models", "JobRecord"),
@@ -90,6 +95,7 @@ __all__ = [
     "JobNotFound",
     "JobOptions",
     "JobRecord",
+    "KeelAppRefused",
     "KeelError",
     "KeelScheduler",
     "KeelTask",
@@ -106,6 +112,7 @@ __all__ = [
     "get_job",
     "handler",
     "in_transaction",
+    "install",
     "recorded_together",
 ]
 assert sorted(__all__) == sorted(_PUBLIC)
@@ -116,6 +123,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module, attribute = _PUBLIC[name]
     value = getattr(import_module(module), attribute)
+    if name == "app":
+        value = value()
     globals()[name] = value  # the next use is a plain attribute
     return value
 

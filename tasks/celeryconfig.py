@@ -1,4 +1,9 @@
-"""Celery settings, loaded with ``app.config_from_object``.
+"""The Celery settings Keel runs with, applied by ``install`` (``tasks.celery``).
+
+``owned``: what Keel's semantics rest on, set on every Keel app whatever the app's
+own configuration says (``install`` adapts a differing value with a log line, or
+refuses the app when Keel cannot run with it: ``REFUSED``). ``defaults``: Keel's
+choice where the app has none of its own.
 
 Acks are late and a lost worker's message is rejected back to the queue;
 prefetch is one so a busy worker does not sit on other jobs. Results live in
@@ -18,7 +23,7 @@ from kombu import Exchange, Queue
 
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
 from tasks.platform.catalog import celery_queues
-from tasks.platform.config import Settings, get_settings
+from tasks.platform.config import Settings
 from tasks.platform.rabbitmq import CONFIRM_TIMEOUT_S
 
 # The built-in apps' queues that are on (KEEL_BUILTIN_JOBS), and "default".
@@ -110,26 +115,51 @@ def broker_options(settings: Settings) -> dict[str, Any]:
     return rabbitmq_broker(settings) if settings.broker_on_amqp else redis_broker(settings)
 
 
-_settings = get_settings()
-globals().update(broker_options(_settings))
-worker_consumer = "tasks.platform.consumer:Consumer"
-broker_connection_retry_on_startup = True
-broker_pool_acquire_timeout = 1
-task_default_queue = "default"
-task_acks_late = True
-task_reject_on_worker_lost = True
-# AsyncResult reads a Keel job's record (its messages ask Celery to store nothing: the
-# record is the only copy); a plain Celery task's result is Celery's own, in Redis. Chords
-# whose body is a Keel task are counted in the records (tasks.jobs.calls.result_backend).
-result_backend = f"tasks.jobs.calls.result_backend:KeelBackend+{_settings.redis_url}"
-task_track_started = False
-task_serializer = "json"
-accept_content = ["json"]
-worker_prefetch_multiplier = 1
-worker_concurrency = _settings.worker_concurrency
-worker_send_task_events = True
-task_send_sent_event = True
-worker_hijack_root_logger = False
-beat_scheduler = "tasks.jobs.schedule.beat:KeelScheduler"
-enable_utc = True
-timezone = "UTC"
+def owned(settings: Settings) -> dict[str, Any]:
+    """The settings every Keel app runs with, whatever its own configuration says."""
+    options = broker_options(settings)
+    return {
+        "broker_transport": options["broker_transport"],
+        "worker_consumer": "tasks.platform.consumer:Consumer",
+        # A job's record, not its message, is what is acknowledged: acks are late, a lost
+        # worker's message is rejected back, and a worker takes one message per process.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # AsyncResult reads a Keel job's record (its messages ask Celery to store nothing:
+        # the record is the only copy); a plain Celery task's result is Celery's own, in
+        # Redis. Chords whose body is a Keel task are counted in the records
+        # (tasks.jobs.calls.result_backend).
+        "result_backend": f"tasks.jobs.calls.result_backend:KeelBackend+{settings.redis_url}",
+        "task_track_started": False,
+        # Flower and the event stream see every job.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "beat_scheduler": "tasks.jobs.schedule.beat:KeelScheduler",
+    }
+
+
+# Settings a Keel app cannot run with, and why: install refuses the app in one line.
+REFUSED: dict[str, tuple[Any, str]] = {
+    # (the value Keel needs, why)
+    "task_serializer": ("json", "job arguments are recorded as JSON in Postgres"),
+    "result_serializer": ("json", "results are recorded as JSON in Postgres"),
+}
+
+
+def defaults(settings: Settings) -> dict[str, Any]:
+    """Keel's choices where the app has made none (a setting its configuration leaves unset)."""
+    options = broker_options(settings)
+    return {
+        **{key: value for key, value in options.items() if key != "broker_transport"},
+        "broker_connection_retry_on_startup": True,
+        "broker_pool_acquire_timeout": 1,
+        "task_default_queue": "default",
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "worker_concurrency": settings.worker_concurrency,
+        "enable_utc": True,
+        "timezone": "UTC",
+    }

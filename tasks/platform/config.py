@@ -218,6 +218,9 @@ class Settings(BaseSettings):
     # Per-queue concurrency and rate limits (JSON; tasks.platform.setting_types,
     # tasks.jobs.run.limits).
     queue_limits: Annotated[dict[str, QueueLimit], NoDecode] = Field(default_factory=dict)
+    # Your own Celery app, set up with keel.install(app) ("proj.celery:app"), for the Keel
+    # processes Celery does not start (the API, the CLI); empty: Keel's own app.
+    celery_app: str = ""
     # Your own job modules (comma-separated import paths), loaded by every Keel process.
     job_modules: str = ""
     # Folders those modules import from (os.pathsep-separated), appended to every Keel

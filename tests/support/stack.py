@@ -78,11 +78,14 @@ class TestStack:
 
 @dataclass
 class WorkerProcess:
-    """A real ``celery -A tasks worker`` subprocess."""
+    """A real ``celery -A tasks worker`` subprocess (or ``-A app``, in ``cwd``)."""
 
     home: Path
     name: str
     concurrency: int = 3
+    app: str = "tasks"
+    cwd: Path = PROJECT_ROOT
+    include: str | None = "tests.support.jobs"  # the test suite's job types
     extra_env: dict[str, str] = field(default_factory=dict)
     queues: str | None = None
     pool: str | None = None  # Celery's -P (prefork unless given)
@@ -99,10 +102,9 @@ class WorkerProcess:
             "-m",
             "celery",
             "-A",
-            "tasks",
+            self.app,
             "worker",
-            "-I",
-            "tests.support.jobs",
+            *(["-I", self.include] if self.include else []),
             "-n",
             f"{self.name}@%h",
             "-c",
@@ -118,7 +120,7 @@ class WorkerProcess:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             args,
-            cwd=PROJECT_ROOT,
+            cwd=self.cwd,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

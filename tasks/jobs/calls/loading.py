@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import import_module
-
 from tasks.jobs.model import registry
 from tasks.platform.catalog import celery_queues
 from tasks.platform.celery_app import app
@@ -12,11 +10,13 @@ from tasks.platform.celery_app import app
 def load_job_modules() -> list[str]:
     """Import every job module and bind every task (idempotent); the declared job names.
 
+    The modules are the app's (``imports``, ``include``, and the packages it
+    autodiscovers tasks in) with Keel's added to ``include`` (``tasks.assembly``).
+
     Binding declares Celery-style Keel tasks (``KeelTask.on_bound``), so a
     process that never runs a worker — the API, the CLI — knows them too.
     """
-    for module in app.conf.include:
-        import_module(module)
+    app.loader.import_default_modules()  # ``imports``, ``include``, ``autodiscover_tasks``
     app.finalize(auto=True)
     return registry.names()
 

@@ -1,0 +1,115 @@
+"""A Celery project of its own, made a Keel app with ``keel.install(app)`` (examples/plain_celery).
+
+Its app keeps its own configuration (JSON, its queues, a route to a queue of its own, a
+``beat_schedule``); its unchanged tasks, called with ``.delay()`` from the project's
+own process and run by ``celery -A proj worker``, are Keel jobs: recorded, retried with
+backoff through the record, routed as the app routes them, and ``AsyncResult.get()``
+returns their results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.client import record, wait_state, waits_between_runs
+from tests.support.stack import PROJECT_ROOT, WorkerProcess
+
+PROJECT = PROJECT_ROOT / "examples" / "plain_celery"
+
+# The project's process: its own app, set up for Keel by importing proj.celery.
+CALLS = """
+import json
+from proj.tasks import add, flaky, resize
+from proj.celery import app
+import keel
+
+sent = {"add": add.delay(2, 3), "flaky": flaky.delay(2), "resize": resize.delay("cat.png")}
+print(json.dumps({
+    "ids": {name: result.id for name, result in sent.items()},
+    "add": sent["add"].get(timeout=60),
+    "resize": sent["resize"].get(timeout=60),
+    "app": keel.app.main,
+    "keel_task": isinstance(add, keel.KeelTask),
+    "serializer": app.conf.task_serializer,
+    "routes": app.conf.task_routes,
+    "beat": sorted(app.conf.beat_schedule),
+    "acks_late": app.conf.task_acks_late,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def project_worker(stack):
+    env = {"PYTHONPATH": str(PROJECT), "KEEL_BUILTIN_JOBS": "none"}
+    process = WorkerProcess(
+        stack.home, "proj", app="proj", cwd=PROJECT, include=None, extra_env=env
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def run_in_project(code: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT), "KEEL_BUILTIN_JOBS": "none"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_projects_own_app_runs_its_unchanged_tasks_as_keel_jobs(project_worker):
+    seen = run_in_project(CALLS)
+    # The app is the project's, with its own settings kept and Keel's it must own
+    assert seen["app"] == "proj"
+    assert seen["keel_task"] is True, seen
+    assert seen["serializer"] == "json" and seen["acks_late"] is True
+    assert seen["routes"] == {"proj.tasks.resize": {"queue": "images"}}
+    assert seen["beat"] == ["tick-every-minute"]
+    # AsyncResult.get() returns what the tasks returned
+    assert (seen["add"], seen["resize"]) == (5, {"resized": "cat.png"})
+    ids = seen["ids"]
+    # Each call is a recorded job, on the queue the app routes it to
+    added = wait_state(ids["add"], "completed", "failed", timeout=30)
+    assert (added["state"], added["name"], added["result"]) == ("completed", "proj.tasks.add", 5)
+    assert added["queue"] == "celery", added
+    assert record(ids["resize"])["queue"] == "images"
+    # autoretry_for with retry_backoff=1 (no jitter): two failed runs, then completed, after
+    # waits of 1 s and 2 s (Celery's countdowns; the record's runs show them)
+    flaky = wait_state(ids["flaky"], "completed", "failed", timeout=60)
+    assert flaky["state"] == "completed", flaky
+    assert flaky["result"] == {"retries": 2}, flaky
+    assert (flaky["attemptsMade"], flaky["attemptsStarted"]) == (2, 3), flaky
+    waits = waits_between_runs(flaky)
+    assert len(waits) == 2, waits
+    assert 0.9 <= waits[0] <= 6 and 1.9 <= waits[1] <= 7, waits
+
+
+def test_a_setting_keel_cannot_run_with_is_refused_in_one_line(stack):
+    code = (
+        "from celery import Celery\nimport keel\n"
+        "app = Celery('proj')\napp.conf.task_serializer = 'pickle'\nkeel.install(app)\n"
+        "app.conf.task_serializer\n"
+    )
+    env = {**os.environ, "KEEL_BUILTIN_JOBS": "none"}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "task_serializer='pickle'" in last and "Keel needs 'json'" in last, last
