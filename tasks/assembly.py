@@ -15,8 +15,8 @@ What it changes on the app, and nothing else:
   refused at start, in one line saying which and why (``KeelAppRefused``). The app's
   own queues, routes, ``beat_schedule``, ``include`` and ``imports`` are kept; Keel's
   queues and job modules are added to them.
-- **Its workers and beat** run Keel's bootsteps (maintenance, heartbeat, prefetch
-  watch), Keel's event dispatcher and beat scheduler (which fires the app's
+- **Its workers and beat** run Keel's bootsteps (maintenance, the commit listener,
+  heartbeat, prefetch watch), Keel's event dispatcher and beat scheduler (which fires the app's
   ``beat_schedule`` too).
 
 The app becomes the process's default app and the one the job layer publishes on
@@ -50,7 +50,10 @@ TASK_CLASS = "tasks.jobs.run.execute:KeelTask"
 EVENTS_CLASS = "tasks.platform.celery_events:KeelEvents"
 CELERY_OWN = "celery."  # the names of Celery's built-in tasks
 BOOTSTEPS = {
-    "worker": ("tasks.jobs.upkeep.maintenance:Maintenance",),
+    "worker": (
+        "tasks.jobs.upkeep.maintenance:Maintenance",
+        "tasks.jobs.upkeep.committed:CommitListener",
+    ),
     "consumer": ("tasks.jobs.upkeep.liveness:Heartbeat", "tasks.jobs.run.slots:PrefetchWatch"),
 }
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
+from celery import _state
 from celery.local import Proxy
 
 from tasks.platform.catalog import extend_import_path
@@ -58,3 +59,11 @@ def keel_app() -> Celery:
 
 
 app: Celery = Proxy(keel_app)
+
+# Celery binds a ``@shared_task`` (and so a ``handler``) to the current app, and a thread
+# that never made or set one gets Celery's default app, which Celery makes for itself
+# (named "default", with none of Keel's settings). The default is Keel's app instead: the
+# installed one once there is one, else the one ``keel_app`` loads when first used, which
+# then sets itself as the default (``app.set_default()`` in ``install``).
+if _state.default_app is None:
+    _state.set_default_app(app)

@@ -32,6 +32,7 @@ from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.pool import StaticPool
 
 from tasks.platform import deadline
 from tasks.platform.config import get_settings
@@ -317,3 +318,22 @@ def run_alone(statement: TextClause, params: dict[str, Any]) -> dict[str, Any] |
 def affected(result: Result[Any]) -> int:
     """How many rows an UPDATE or DELETE touched (``Result`` is typed without it)."""
     return cast(CursorResult[Any], result).rowcount or 0
+
+
+def borrowed_engine(connection: Any) -> Engine:
+    """An engine over a psycopg connection its caller owns (a plain psycopg connection, or
+    Django's): Keel's statements run on it, in the caller's transaction, and Keel never
+    commits, rolls it back or closes it — the caller does what it would do anyway."""
+    borrowed = create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: connection,
+        poolclass=StaticPool,
+        pool_reset_on_return=None,
+    )
+    dialect: Any = borrowed.dialect
+    dialect.do_commit = dialect.do_rollback = dialect.do_close = _leave_it
+    return borrowed
+
+
+def _leave_it(dbapi_connection: Any) -> None:
+    """What a borrowed connection's commit, rollback and close do here: nothing."""

@@ -25,7 +25,7 @@ from tasks.jobs.intake.caller_transaction import (
 )
 from tasks.platform.config import get_settings, sqlalchemy_url
 from tests.support import events
-from tests.support.client import record, wait_state
+from tests.support.client import record, ts, wait_state
 from tests.support.jobs import celery_add
 from tests.support.stack import PROJECT_ROOT
 
@@ -197,3 +197,72 @@ def test_a_rolled_back_add_is_never_announced_even_after_a_later_commit(users_en
     queue = celery_add.job_queue()
     assert events.names(queue, announced) == ["delayed"]  # a committed one is, once
     assert record(delayed) is None and events.names(queue, delayed) == []
+
+
+# --- the caller's own connection, of other kinds: SQLAlchemy Core, plain psycopg --------------
+
+
+def psycopg_connection():
+    import psycopg
+
+    url = get_settings().sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    return psycopg.connect(url)
+
+
+def core_and_psycopg(users_engine):
+    """(name, open a connection in a transaction, its commit, its rollback, its close)."""
+
+    def core():
+        connection = users_engine.connect()
+        connection.begin()
+        return connection
+
+    return [("core", core), ("psycopg", psycopg_connection)]
+
+
+@pytest.mark.parametrize("kind", ["core", "psycopg"])
+def test_a_core_or_psycopg_callers_job_runs_once_committed_and_never_rolled_back(
+    users_engine, kind
+):
+    opener = dict(core_and_psycopg(users_engine))[kind]
+    sql = "INSERT INTO shop_orders (id, job_id) VALUES (%s, %s)"
+    kept, dropped = [], []
+    for n in range(6):
+        connection = opener()
+        try:
+            with in_transaction(connection):
+                job_id = celery_add.delay(n, 2000).id
+            order = (f"order-{uuid.uuid4().hex[:8]}", job_id)
+            if kind == "core":
+                connection.exec_driver_sql(sql, order)
+            else:
+                connection.execute(sql, order)
+            assert record(job_id) is None  # nobody else sees it before the commit
+            if n % 2:
+                connection.rollback()
+                dropped.append(job_id)
+            else:
+                connection.commit()
+                kept.append((job_id, n))
+        finally:
+            connection.close()
+    for job_id, n in kept:
+        done = wait_state(job_id, "completed", timeout=BACKSTOP_S + 30)
+        assert (done["result"], done["attemptsStarted"]) == (n + 2000, 1), done
+        # Published when the commit's NOTIFY reached a worker, not by the promoter once the
+        # parking ran out: it ran before it was due
+        assert ts(done["processedOn"]) < ts(done["runAt"]), done
+    for job_id in dropped:
+        assert record(job_id) is None
+
+
+def test_a_psycopg_connection_in_autocommit_is_refused():
+    from tasks.jobs.intake.caller_transaction import NoTransaction
+
+    connection = psycopg_connection()
+    connection.autocommit = True
+    try:
+        with pytest.raises(NoTransaction, match="autocommit"), in_transaction(connection):
+            pytest.fail("the block must not run")
+    finally:
+        connection.close()

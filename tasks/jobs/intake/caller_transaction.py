@@ -1,11 +1,11 @@
-"""Record jobs in the caller's own transaction: ``in_transaction(session)``.
+"""Record jobs in the caller's own transaction: ``in_transaction(connection)``.
 
-A Flask view that inserts an order and ``.delay()``s its confirmation wants both or
-neither: the job must not run for an order that was rolled back, nor be lost for one that
-committed. Inside ``with in_transaction(session):`` every job added on this thread
-(``.delay()``, ``apply_async``, ``tasks.jobs.add``) is inserted by the caller's SQLAlchemy
-``Session`` (Flask-SQLAlchemy's ``db.session`` is one), in its transaction, and its
-message is published only once that transaction commits:
+A view that inserts an order and ``.delay()``s its confirmation wants both or neither:
+the job must not run for an order that was rolled back, nor be lost for one that
+committed. Inside ``with in_transaction(connection):`` every job added on this thread
+(``.delay()``, ``apply_async``, ``tasks.jobs.add``) is inserted on the caller's
+connection, in its transaction, and its message is published only once that transaction
+commits:
 
 - **rollback** → no record, no message;
 - **commit** → the jobs become waiting and are published at once, in one transaction of
@@ -15,28 +15,42 @@ message is published only once that transaction commits:
   promoter publishes them when that runs out: a committed job is never stranded, on
   Redis or RabbitMQ.
 
-The session must be connected to Keel's database (``KEEL_DATABASE_URL``): a session of
-another database is refused with ``ForeignDatabase`` before anything is recorded.
+The caller's connection may be any of these, on Keel's database (``KEEL_DATABASE_URL``;
+another database's is refused with ``ForeignDatabase`` before anything is recorded):
+
+- a SQLAlchemy ``Session`` (Flask-SQLAlchemy's ``db.session``): published from its
+  ``after_commit``;
+- Django's connection (``django.db.connection``, psycopg 3), inside ``atomic()``:
+  published from Django's ``on_commit``;
+- a SQLAlchemy Core ``Connection`` or a plain psycopg ``Connection``, in a transaction:
+  neither can tell its caller's process that it committed, so the transaction also sends
+  a ``NOTIFY``, which Postgres delivers only once it commits, and every worker listens
+  (``tasks.jobs.upkeep.committed``) and publishes the jobs at once. Their events are the
+  publish's (``waiting``); a deduplication's or a delayed job's event is not announced.
+
+Keel never commits, rolls back or closes the caller's connection.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 from sqlalchemy import event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.orm import Session, scoped_session
 
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import Refused
 from tasks.jobs.store import upkeep
 from tasks.platform.config import get_settings, sqlalchemy_url
-from tasks.platform.db import transaction
+from tasks.platform.db import borrowed_engine, transaction
 
 log = logging.getLogger(__name__)
 # How long a job recorded in a caller's transaction waits for its publish after the
@@ -50,6 +64,12 @@ class ForeignDatabase(Refused):
     code = "foreign_database"
 
 
+class NoTransaction(Refused):
+    """``in_transaction`` was given a connection that is not in a transaction."""
+
+    code = "no_transaction"
+
+
 class NotInCallersTransaction(Refused):
     """A way of adding jobs that cannot record them in the caller's transaction (a bulk
     add): refused inside ``in_transaction`` rather than committed whatever the caller does."""
@@ -59,10 +79,12 @@ class NotInCallersTransaction(Refused):
 
 @dataclass
 class CallerTransaction:
-    """The caller's session, the jobs it recorded that wait for its commit, and what is
-    announced only then (a job's event, a deduplication)."""
+    """The caller's transaction (as a Session on its connection), the jobs it recorded that
+    wait for its commit, and what is announced only then (a job's event, a deduplication).
+    This kind hears the commit from a SQLAlchemy ``Session``'s events."""
 
     session: Session
+    owner: Any = None  # what the caller handed in: one transaction per owner when nested
     parked: list[str] = field(default_factory=list)
     announcements: list[Callable[[], object]] = field(default_factory=list)
     _armed: bool = False
@@ -79,12 +101,17 @@ class CallerTransaction:
         self.announcements.append(announce)
         self._arm()
 
+    def close(self) -> None:
+        """The block ended (the caller's session stays the caller's)."""
+
     def _arm(self) -> None:
         """Listen for this transaction's end, once (the first job of the transaction)."""
         if self._armed:
             return
         self._armed = True
-        generation = self._generation
+        self._listen(self._generation)
+
+    def _listen(self, generation: int) -> None:
         event.listen(
             self.session, "after_commit", lambda _s: self._committed(generation), once=True
         )
@@ -123,6 +150,40 @@ class CallerTransaction:
         self._ended(generation)
 
 
+@dataclass
+class HookedTransaction(CallerTransaction):
+    """A transaction whose owner calls back once it commits (Django's ``on_commit``, which
+    drops the callback if the block rolls back)."""
+
+    hook: Callable[[Callable[[], None]], object] | None = None
+
+    def _listen(self, generation: int) -> None:
+        assert self.hook is not None
+        self.hook(lambda: self._committed(generation))
+
+    def close(self) -> None:
+        self.session.close()  # Keel's Session on the caller's connection, not the connection
+
+
+@dataclass
+class NotifiedTransaction(CallerTransaction):
+    """A transaction on a connection that cannot say it committed (SQLAlchemy Core, plain
+    psycopg): Postgres says it, with the NOTIFY each held job sends, to the workers."""
+
+    def hold(self, job_id: str) -> None:
+        super().hold(job_id)
+        upkeep.notify_committed(self.session, job_id)
+
+    def on_commit(self, announce: Callable[[], object]) -> None:
+        """Nothing in this process hears the commit: the publish's events are the job's."""
+
+    def _listen(self, generation: int) -> None:
+        """The workers hear the commit (``tasks.jobs.upkeep.committed``)."""
+
+    def close(self) -> None:
+        self.session.close()
+
+
 _CALLER: ContextVar[CallerTransaction | None] = ContextVar("keel_caller_tx", default=None)
 
 
@@ -137,36 +198,100 @@ def _where(url: Any) -> tuple[Any, ...]:
     return (host, parsed.port or 5432, parsed.database)
 
 
-def _check_database(session: Session) -> None:
-    bind = session.get_bind()
-    theirs = _where(bind.engine.url)
+def _check_database(theirs: tuple[Any, ...]) -> None:
     ours = _where(get_settings().sqlalchemy_url)
-    if theirs != ours:
+    if tuple(theirs) != ours:
         raise ForeignDatabase(
-            f"in_transaction needs a session of Keel's database {ours[2]!r} on {ours[0]}:"
+            f"in_transaction needs a connection to Keel's database {ours[2]!r} on {ours[0]}:"
             f"{ours[1]}; this one is connected to {theirs[2]!r} on {theirs[0]}:{theirs[1]}"
         )
 
 
+def _psycopg_where(connection: Any) -> tuple[Any, ...]:
+    info = connection.info
+    return (info.host, int(info.port or 5432), info.dbname)
+
+
+# Keel's engine over each borrowed psycopg connection, made once per connection.
+_BORROWED: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _on_borrowed(connection: Any) -> Session:
+    """A Session of Keel's on a psycopg connection the caller owns (``db.borrowed_engine``)."""
+    if connection.closed:
+        raise TypeError("in_transaction was given a closed psycopg connection")
+    if connection.autocommit:
+        raise NoTransaction(
+            "in_transaction needs a connection in a transaction: this psycopg connection is "
+            "in autocommit mode, where each job would commit on its own"
+        )
+    _check_database(_psycopg_where(connection))
+    engine = _BORROWED.get(connection)
+    if engine is None:
+        engine = _BORROWED[connection] = borrowed_engine(connection)
+    return Session(engine)
+
+
+def _caller_transaction(target: Any) -> CallerTransaction:
+    """The kind of caller transaction ``target`` is (see the module)."""
+    if isinstance(target, scoped_session):  # Flask-SQLAlchemy's ``db.session``
+        target = target()
+    if isinstance(target, Session):
+        _check_database(_where(target.get_bind().engine.url))
+        return CallerTransaction(target, owner=target)
+    if isinstance(target, Connection):  # SQLAlchemy Core
+        if not target.in_transaction():
+            raise NoTransaction(
+                "in_transaction needs a SQLAlchemy Connection in a transaction "
+                "(connection.begin(), or engine.begin())"
+            )
+        _check_database(_where(target.engine.url))
+        return NotifiedTransaction(Session(bind=target), owner=target)
+    if isinstance(target, psycopg.Connection):
+        return NotifiedTransaction(_on_borrowed(target), owner=target)
+    if callable(getattr(target, "on_commit", None)) and hasattr(target, "in_atomic_block"):
+        return _django(target)
+    raise TypeError(
+        "in_transaction takes a SQLAlchemy Session or Connection, a psycopg Connection or "
+        f"Django's connection, not {type(target)!r}"
+    )
+
+
+def _django(connection: Any) -> CallerTransaction:
+    """Django's connection (``django.db.connection``), inside ``atomic()``."""
+    if not connection.in_atomic_block:
+        raise NoTransaction(
+            "in_transaction(django.db.connection) needs an atomic() block: outside one, "
+            "Django commits each statement on its own"
+        )
+    connection.ensure_connection()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):
+        raise TypeError(
+            "in_transaction needs Django's PostgreSQL backend on psycopg 3 "
+            f"(this connection is {type(raw)!r})"
+        )
+    return HookedTransaction(_on_borrowed(raw), owner=connection, hook=connection.on_commit)
+
+
 @contextmanager
-def in_transaction(session: Session | scoped_session[Session]) -> Iterator[CallerTransaction]:
-    """Record the jobs added in this block in ``session``'s transaction (see the module).
+def in_transaction(target: Any) -> Iterator[CallerTransaction]:
+    """Record the jobs added in this block in the transaction of ``target``: a SQLAlchemy
+    ``Session`` or ``Connection``, a psycopg ``Connection`` or Django's (see the module).
 
     The block does not commit: the caller does, as it would anyway. Blocks may nest; an
-    inner one naming another session records there.
+    inner one naming another connection records there.
     """
-    if isinstance(session, scoped_session):  # Flask-SQLAlchemy's ``db.session``
-        session = session()
-    if not isinstance(session, Session):
-        raise TypeError(f"in_transaction takes a SQLAlchemy Session, not {type(session)!r}")
-    _check_database(session)
     outer = _CALLER.get()
-    tx = outer if outer is not None and outer.session is session else CallerTransaction(session)
+    owner = target() if isinstance(target, scoped_session) else target
+    tx = outer if outer is not None and outer.owner is owner else _caller_transaction(target)
     token = _CALLER.set(tx)
     try:
         yield tx
     finally:
         _CALLER.reset(token)
+        if tx is not outer:
+            tx.close()
 
 
 def publish_now(job_ids: list[str]) -> None:

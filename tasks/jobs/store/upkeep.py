@@ -39,6 +39,20 @@ def park(session: Session, job_ids: Sequence[str], in_s: float) -> int:
     return affected(session.execute(_PARK, {"ids": list(job_ids), "s": in_s}))
 
 
+# Postgres delivers a NOTIFY when, and only if, the transaction that sent it commits: the
+# channel on which a caller's transaction says which jobs it recorded (``tasks.jobs.upkeep.
+# committed`` listens, and publishes them).
+COMMITTED_CHANNEL = "keel_committed"
+
+
+def notify_committed(session: Session, job_id: str) -> None:
+    """Tell the workers, once ``session``'s transaction commits, that ``job_id`` is parked
+    for its publish (nothing, if it rolls back)."""
+    session.execute(
+        text("SELECT pg_notify(:channel, :id)"), {"channel": COMMITTED_CHANNEL, "id": job_id}
+    )
+
+
 # A DELETE (``{delete}``, its RETURNING added) whose failed records go to the archive.
 ARCHIVE_DELETED = """
     WITH gone AS ({delete} RETURNING *)
