@@ -10,9 +10,10 @@ Its packages, each importing only from those listed after it (the
 - ``upkeep/``    the maintenance loop: promotion, stalled runs, reconciling,
   broker resets, the default retention (``retention``); liveness and the container
   health check
-- ``run/``       a delivery's run: limits (its queue's, ``limits``; its key's,
-  ``key_limits``), claim, handler, lock renewal
-  (``execute``: ``KeelTask``, ``handler``, ``JobContext``), the job's log (``job_log``),
+- ``run/``       a delivery's run (``execute``: ``KeelTask``, ``handler``), step by step:
+  ``admission`` (limits: its queue's, ``limits``; its key's, ``key_limits``), ``claim``,
+  ``running`` (the handler, ``JobContext`` from ``context``; lock renewal), ``outcome``;
+  a delivery let go (``delivery``), the job's log (``job_log``),
   a run ended in the pool's hands (``request``: past its time limit, ``timeouts``;
   stopped to abort its job, ``termination``)
 - ``calls/``     Celery's API over the records: ``apply_async``, retries,
@@ -62,7 +63,8 @@ if TYPE_CHECKING:
     from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
     from tasks.jobs.model.options import Backoff, Deduplication, JobOptions, KeepJobs
     from tasks.jobs.model.owner import Owner, acting_as
-    from tasks.jobs.run.execute import JobContext, KeelTask, handler
+    from tasks.jobs.run.context import JobContext
+    from tasks.jobs.run.execute import KeelTask, handler
 
 _HOMES = {
     "tasks.jobs.model.errors": (
@@ -82,7 +84,8 @@ _HOMES = {
     "tasks.jobs.intake.bulk": ("BulkJob", "add_bulk"),
     "tasks.jobs.intake.caller_transaction": ("in_transaction",),
     "tasks.jobs.model.owner": ("Owner", "acting_as"),
-    "tasks.jobs.run.execute": ("JobContext", "KeelTask", "handler"),
+    "tasks.jobs.run.context": ("JobContext",),
+    "tasks.jobs.run.execute": ("KeelTask", "handler"),
 }
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 

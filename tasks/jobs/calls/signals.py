@@ -33,7 +33,7 @@ def fail_unknown_job(
     """A message nobody can run fails its job loudly instead of vanishing.
 
     A message sent by name from another app has no record: it is recorded first (as a
-    delivery of a known task would be, ``tasks.jobs.run.execute``), with its canvas, so that
+    delivery of a known task would be, ``tasks.jobs.run.delivery``), with its canvas, so that
     a chord counting on it fails instead of waiting for ever.
     """
     if id is None or name is None:

@@ -3,7 +3,7 @@
 A job ends failed for good or cancelled along several paths: a run failing
 for good (``finish.failed``), a cancel or revoke (``cancel``), too many stalls
 (``stalls``), a message no worker can run (``calls.signals``), one that
-arrived without a record and was refused (``run.execute``), and a chord's body
+arrived without a record and was refused (``run.delivery``), and a chord's body
 whose part ended so (``fail_body``, below). The statement that moves the
 record is the store's; what follows it is here, once: the dedup claim freed,
 retention trimmed after the commit, the chord body counting on the job failed

@@ -18,7 +18,7 @@ receiver unpacks; a task declaring ``send_events = False`` keeps out of it).
 
 The ``keel`` header marks the message as a wake-up for a record (a delivery
 without one comes from plain Celery and is recorded on arrival:
-``tasks.jobs.run.execute``).
+``tasks.jobs.run.delivery``).
 """
 
 from __future__ import annotations

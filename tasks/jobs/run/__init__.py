@@ -1,2 +1,3 @@
-"""How a delivery runs: admitted by the queue's limits, claimed, run by its handler
-(``execute``, home of ``KeelTask``), its lock renewed, its prefetch slot watched."""
+"""How a delivery runs (``execute``, home of ``KeelTask``): admitted by the queue's limits
+(``admission``), claimed (``claim``), run by its handler (``running``) with its lock
+renewed, its end recorded (``outcome``); its prefetch slot watched."""
