@@ -223,12 +223,15 @@ def consume_every_job_queue(sender: Any = None, instance: Any = None, **kwargs: 
     """
     if instance is None:
         return
-    load_job_modules()
     queues = instance.app.amqp.queues
-    if set(queues.consume_from) != set(queues):  # -Q (or -X) chose the queues
+    # -Q (or -X) chose the queues: Celery's Queues then keep a selection of their own. (Not
+    # "consume_from differs from the queues": routing a task to a queue nobody declared adds
+    # it to the queues, not to what the worker consumes.)
+    if getattr(queues, "_consume_from", None) is not None:
         return
+    load_job_modules()
     for name in registry.queues():
-        if name not in queues:
+        if name not in queues.consume_from:
             # Declared as a publisher declares a queue it has not heard of (quorum on
             # RabbitMQ): a queue declared twice must be declared alike.
-            queues.select_add(queues.new_missing(name))
+            queues.select_add(queues[name] if name in queues else queues.new_missing(name))

@@ -127,6 +127,49 @@ class _EnvFile(PydanticBaseSettingsSource):
         return found
 
 
+class _DjangoSettings(PydanticBaseSettingsSource):
+    """A Django project's settings (``DJANGO_SETTINGS_MODULE`` set): ``KEEL_*`` names in its
+    settings module, the variables' own names, below the process environment. Keel's
+    database is the project's default one when that is PostgreSQL and no ``KEEL_DATABASE_URL``
+    names another (``keel.django``)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+            return {}
+        try:
+            from django.conf import settings as django_settings
+        except ImportError:
+            return {}
+        found = {
+            name: getattr(django_settings, f"{PREFIX}{name.upper()}")
+            for name in self.settings_cls.model_fields
+            if hasattr(django_settings, f"{PREFIX}{name.upper()}")
+        }
+        if "database_url" not in found:
+            databases = getattr(django_settings, "DATABASES", {}) or {}
+            url = django_database_url(databases.get("default") or {})
+            if url:
+                found["database_url"] = url
+        return found
+
+
+def django_database_url(database: dict[str, Any]) -> str | None:
+    """A Django ``DATABASES`` entry as a URL, if it is PostgreSQL; else None."""
+    if not str(database.get("ENGINE", "")).endswith("postgresql"):
+        return None
+    from urllib.parse import quote
+
+    user = quote(str(database.get("USER") or ""), safe="")
+    password = quote(str(database.get("PASSWORD") or ""), safe="")
+    credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = database.get("HOST") or "localhost"
+    port = f":{database['PORT']}" if database.get("PORT") else ""
+    return f"postgresql://{credentials}{host}{port}/{quote(str(database.get('NAME', '')))}"
+
+
 def _builtin_jobs_default() -> str:
     # Unlike other variables, KEEL_BUILTIN_JOBS="" is a choice (no built-in apps), and
     # the environment source drops empty values: read here before it does.
@@ -314,9 +357,10 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        django = _DjangoSettings(settings_cls)
         if not cls.use_env_file:
-            return init_settings, env_settings
-        return init_settings, env_settings, _EnvFile(settings_cls)
+            return init_settings, env_settings, django
+        return init_settings, env_settings, django, _EnvFile(settings_cls)
 
     @property
     def sqlalchemy_url(self) -> str:

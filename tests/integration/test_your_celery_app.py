@@ -42,6 +42,8 @@ print(json.dumps({
 }))
 """
 
+pytestmark = pytest.mark.stack  # starts worker processes of its own
+
 
 @pytest.fixture(scope="module")
 def project_worker(stack):

@@ -1,0 +1,54 @@
+"""A Django project with its Celery app made a Keel app (examples/django_project).
+
+``celery -A proj worker`` runs its ``@shared_task``, which writes through the ORM; the
+project's own tests (pytest-django, examples/django_project/tests) add jobs inside
+``transaction.atomic()`` on Django's connection: a rolled-back block leaves no job, a
+committed one runs once, and so does one whose process was killed between its commit and
+the publish. Keel's tables and Django's share the project's one database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.stack import PROJECT_ROOT, WorkerProcess
+
+PROJECT = PROJECT_ROOT / "examples" / "django_project"
+ENV = {
+    "DJANGO_SETTINGS_MODULE": "proj.settings",
+    "KEEL_BUILTIN_JOBS": "none",
+    "PYTHONPATH": str(PROJECT),
+}
+
+pytestmark = pytest.mark.stack  # starts worker processes of its own
+
+
+@pytest.fixture(scope="module")
+def django_worker(stack):
+    process = WorkerProcess(
+        stack.home, "django", app="proj", cwd=PROJECT, include=None, extra_env=ENV
+    )
+    process.start()
+    yield process
+    process.stop()
+
+
+def test_the_django_projects_own_tests_pass_against_a_real_worker(django_worker):
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini"],
+        cwd=PROJECT,
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, (
+        done.stdout[-4000:] + done.stderr[-2000:] + django_worker.log_tail()
+    )
+    assert "3 passed" in done.stdout, done.stdout[-2000:]
+    # The worker ran Keel's semantics under Django: it loaded the project's task
+    assert "shop.tasks.confirm" in django_worker.log_path.read_text(errors="replace")
