@@ -1,9 +1,10 @@
 # One image for every Keel process; compose picks the command.
 #
-# The image is the wheel: the first stage builds Keel's wheel from the whole source
-# tree, the second installs that wheel (and its dependencies) into a virtualenv and
-# keeps nothing else of the sources, so `celery -A keel` in the empty working folder
-# imports the installed packages, migrations and templates included.
+# The image is the wheel: the first stage builds Keel's wheel (and the provider sandbox's,
+# sandbox/, which compose's demo profile runs) from the whole source tree, the second
+# installs those wheels (and their dependencies) into a virtualenv and keeps nothing else
+# of the sources, so `celery -A keel` in the empty working folder imports the installed
+# packages, migrations and templates included.
 #
 # BASE_IMAGE: any Debian-like image with Python >= 3.11 as `python3` (with venv).
 # The default is the official one; the container tests pass a debootstrapped base.
@@ -13,14 +14,15 @@ FROM ${BASE_IMAGE} AS wheel
 WORKDIR /src
 COPY . .
 RUN python3 -m venv /opt/build \
-    && /opt/build/bin/pip wheel --no-cache-dir -q --no-deps -w /dist . \
-    && ls /dist/keel_jobs-*.whl
+    && /opt/build/bin/pip wheel --no-cache-dir -q --no-deps -w /dist . ./sandbox \
+    && ls /dist/keel_jobs-*.whl /dist/keel_provider_sandbox-*.whl
 
 FROM ${BASE_IMAGE}
 # A virtualenv: the same on every base, and outside a distribution's own Python packages.
 RUN python3 -m venv /opt/keel
 COPY --from=wheel /dist/ /tmp/dist/
-RUN /opt/keel/bin/pip install --no-cache-dir -q --disable-pip-version-check /tmp/dist/keel_jobs-*.whl \
+RUN /opt/keel/bin/pip install --no-cache-dir -q --disable-pip-version-check \
+        /tmp/dist/keel_jobs-*.whl /tmp/dist/keel_provider_sandbox-*.whl \
     && rm -rf /tmp/dist \
     && (groupadd --system --gid 1000 keel \
         && useradd --system --uid 1000 --gid 1000 --home-dir /var/lib/keel --shell /usr/sbin/nologin keel \

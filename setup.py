@@ -10,16 +10,7 @@ cannot say this: its ``find:`` finds packages by folder, never one mapped elsewh
 
 from setuptools import find_packages, setup
 
-PACKAGES = [
-    "keel",
-    "keel.*",
-    "tasks",
-    "tasks.*",
-    "web",
-    "web.*",
-    "provider_sandbox",
-    "provider_sandbox.*",
-]
+PACKAGES = ["keel", "keel.*", "tasks", "tasks.*", "web", "web.*"]
 
 setup(
     packages=[*find_packages(include=PACKAGES), "tasks.migrations"],

@@ -273,6 +273,8 @@ def _without_password(url: str) -> str:
 )
 def up(includes: tuple[str, ...]) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
+    from keel import embedded
+    from keel.errors import StartRefused
     from keel.stack import Stack, unimportable
     from tasks.platform import tracing
     from tasks.platform.catalog import user_job_modules
@@ -295,8 +297,13 @@ def up(includes: tuple[str, ...]) -> None:
         tracing.exporters()  # OTEL_TRACES_EXPORTER: one line now, not a traceback per child
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+    settings = ProcessSettings()
+    try:  # embedded servers without the [embedded] extra: one line, before anything starts
+        embedded.require_unless(settings.database_url, settings.redis_url)
+    except StartRefused as exc:
+        raise click.ClickException(str(exc)) from None
 
-    given = ProcessSettings().secret_key
+    given = settings.secret_key
     if given is not None:  # unset: keel up generates a strong one
         try:
             check_secret(given)
@@ -826,6 +833,12 @@ def provider_sandbox(args: tuple[str, ...]) -> None:
     The sandbox reads its own environment (it imports nothing of Keel); the
     stack's values from ``$KEEL_HOME/env`` fill in what the environment lacks.
     """
+    from keel import extras
+
+    if not extras.installed(extras.SANDBOX):
+        raise click.ClickException(
+            f"the provider sandbox is not installed: {extras.SANDBOX_INSTALL}"
+        )
     from provider_sandbox.__main__ import main as sandbox_main
 
     settings = get_settings()

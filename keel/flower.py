@@ -14,7 +14,8 @@ line on stderr saying what answered. Behind OAuth (``--auth``), where a probe ha
 sign-in, Flower sending it to its sign-in page (``/login``) counts as up.
 
 Flower is a system-wide admin tool: whoever has its password sees and controls every
-tenant's tasks and the workers (docs/dashboard.md#flower).
+tenant's tasks and the workers (docs/dashboard.md#flower). It comes with the ``[flower]``
+extra (``pip install 'keel-jobs[flower]'``); without it this says so in one line.
 """
 
 from __future__ import annotations
@@ -138,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             print(USAGE, file=sys.stderr)
             return 2
         return probe(args[1])
+    from keel import extras
+
+    if extras.missing(extras.FLOWER):  # one line, not a traceback
+        print(f"keel: Flower is not installed: {extras.install('flower')}", file=sys.stderr)
+        return 1
     run(args)
     return 0
 

@@ -4,6 +4,10 @@ Takes the home's lock, starts embedded Postgres and Redis when no URLs are
 configured, migrates, writes ``$KEEL_HOME/env`` and runs the web app, a
 worker, beat, Flower and the provider sandbox as children
 (``keel.supervisor``): each restarted if it dies, none outliving ``keel up``.
+The embedded servers and Flower are extras (``[embedded]``, ``[flower]``) and the
+sandbox a distribution of its own: one that is not installed is said in one line
+(``keel.extras``), and the stack starts without it (the servers: refused, unless
+their URLs are set).
 A signal to the supervisor stops every child (web first, workers last, so
 jobs in flight finish), then the servers. Everything it creates under
 ``$KEEL_HOME`` is private to its user from the first byte (umask 077).
@@ -29,8 +33,7 @@ from pathlib import Path
 
 import redis
 
-from keel import stacks
-from keel.embedded import EmbeddedPostgres, EmbeddedRedis
+from keel import embedded, extras, stacks
 from keel.embedded.private import create_private
 from keel.errors import StartRefused
 from keel.home import HomeBusy, HomeLock
@@ -201,15 +204,16 @@ class Stack:
         # Written even as "none": later CLI calls and scripts see the same built-in apps.
         env["KEEL_BUILTIN_JOBS"] = given.builtin_jobs
         database_url = given.database_url
+        embedded.require_unless(database_url, given.redis_url)  # the [embedded] extra
         if not database_url:
             self.supervisor.output.say(f"starting Postgres in {self.home / 'pg'}")
-            postgres = EmbeddedPostgres(self.home)
+            postgres = embedded.EmbeddedPostgres(self.home)
             database_url = postgres.start()
             self.supervisor.add(postgres, postgres.start, running=True)
         redis_url = given.redis_url
         if not redis_url:
             # A fresh password each run: only this stack's processes learn it (env file, environ).
-            redis_server = EmbeddedRedis(self.home, password=secrets.token_urlsafe(32))
+            redis_server = embedded.EmbeddedRedis(self.home, password=secrets.token_urlsafe(32))
             self.supervisor.output.say(f"starting Redis on port {redis_server.port}")
             redis_url = redis_server.start()
             self.supervisor.add(redis_server, redis_server.start, running=True)
@@ -221,11 +225,37 @@ class Stack:
 
     @staticmethod
     def _sandbox(env: dict[str, str]) -> list[Child]:
-        """The provider sandbox stands in for the notifications app's provider: only with it."""
+        """The provider sandbox stands in for the notifications app's provider: only with it,
+        and where it is installed (``keel-provider-sandbox``, a distribution of its own)."""
         if "notifications" not in parse_builtin(env["KEEL_BUILTIN_JOBS"]):
             return []
+        if not extras.installed(extras.SANDBOX):
+            return []
         port = env["KEEL_SANDBOX_PORT"]
-        return [Child("sandbox", [sys.executable, "-m", "provider_sandbox", "--port", port])]
+        return [Child("sandbox", [sys.executable, "-m", extras.SANDBOX, "--port", port])]
+
+    @staticmethod
+    def _flower(env: dict[str, str]) -> list[Child]:
+        """Flower (``python -m keel.flower``: its /metrics and /healthcheck behind its
+        password), where the ``[flower]`` extra is installed."""
+        if extras.missing(extras.FLOWER):
+            return []
+        port, address = f"--port={env['KEEL_FLOWER_PORT']}", "--address=127.0.0.1"
+        return [Child("flower", [sys.executable, "-m", "keel.flower", port, address])]
+
+    @staticmethod
+    def left_out(env: dict[str, str]) -> list[str]:
+        """One line for each part of the stack that does not run because it is not installed."""
+        lines = []
+        wanted = "notifications" in parse_builtin(env["KEEL_BUILTIN_JOBS"])
+        if wanted and not extras.installed(extras.SANDBOX):
+            lines.append(
+                f"the provider sandbox is not installed ({extras.SANDBOX_INSTALL}): not started; "
+                f"the notifications app sends to KEEL_PROVIDER_URL"
+            )
+        if extras.missing(extras.FLOWER):
+            lines.append(f"Flower is not installed ({extras.install('flower')}): not started")
+        return lines
 
     def plan(self, env: dict[str, str]) -> list[Child]:
         celery = [sys.executable, "-m", "celery", "-A", "tasks"]
@@ -245,17 +275,7 @@ class Stack:
                 ],
             ),
             *self._sandbox(env),
-            Child(
-                "flower",
-                # celery -A tasks flower, its /metrics and /healthcheck behind its password
-                [
-                    sys.executable,
-                    "-m",
-                    "keel.flower",
-                    f"--port={env['KEEL_FLOWER_PORT']}",
-                    "--address=127.0.0.1",
-                ],
-            ),
+            *self._flower(env),
             Child(
                 "web",
                 [
@@ -318,6 +338,8 @@ class Stack:
         self._next_report = time.monotonic() + READY_REPORT_S
         self._children_started_at = time.monotonic()
         children = self.plan(env)
+        for line in self.left_out(env):
+            self.supervisor.output.say(line)
         names = ", ".join(child.name for child in children)
         self.supervisor.output.say(f"starting {names}; waiting until the API is ready")
         for child in children:
@@ -369,13 +391,18 @@ class Stack:
 
     def _announce(self, env: dict[str, str]) -> None:
         sandbox = f"  sandbox {env['KEEL_PROVIDER_URL']}\n" if self._sandbox(env) else ""
+        flower = (
+            f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}"
+            f"  (user {env['KEEL_FLOWER_USER']}, password in {self.home / ENV_FILE_NAME})\n"
+            if self._flower(env)
+            else ""
+        )
         text = (
             f"\nKeel is up.\n"
             f"  web     {env['KEEL_WEB_URL']}/api/v1   (docs: /api/v1/docs)\n"
             f"  ui      {env['KEEL_WEB_URL']}/ui   "
             f"(sign in: keel ui-link --tenant acme --user alice --role operator)\n"
-            f"  flower  http://127.0.0.1:{env['KEEL_FLOWER_PORT']}"
-            f"  (user {env['KEEL_FLOWER_USER']}, password in {self.home / ENV_FILE_NAME})\n"
+            f"{flower}"
             f"{sandbox}"
             f"  env     {self.home / ENV_FILE_NAME}\n"
             f"  token   keel token --tenant acme --user alice --role operator\n"

@@ -11,7 +11,8 @@ and use them::
         assert result.get(timeout=10) == "sent"  # waits for the job's end: no sleep
 
 - ``keel_stack`` (session): an embedded Postgres and Redis in a temporary folder,
-  migrated, gone when the session ends. Before your modules are collected, the plugin
+  migrated, gone when the session ends (the ``[embedded]`` extra:
+  ``pip install 'keel-jobs[embedded]'``). Before your modules are collected, the plugin
   points ``KEEL_DATABASE_URL`` and ``KEEL_REDIS_URL`` at them (the servers start when a
   test first asks for the fixture), so that Keel's app, imported by your job modules, is
   configured for them and never for a server of yours.
@@ -62,12 +63,17 @@ def keel_stack() -> Iterator[dict[str, str]]:
     """The session's embedded Postgres and Redis, migrated; their URLs."""
     from urllib.parse import urlparse
 
+    from keel import extras
     from keel.embedded import EmbeddedPostgres, EmbeddedRedis
     from tasks.platform import db
     from tasks.platform.config import reload_settings
     from tasks.platform.migrate import migrate
 
     assert _HOME is not None, "keel.testing was not configured (pytest_plugins)"
+    absent = extras.missing(extras.EMBEDDED)
+    if absent:  # one line, not an ImportError from deep inside a server's start
+        needed = f"`{extras.install('embedded')}` ({', '.join(absent)} not installed)"
+        pytest.fail(f"keel_stack's embedded servers need {needed}", pytrace=False)
     postgres = EmbeddedPostgres(_HOME)
     postgres.start()
     port = urlparse(os.environ["KEEL_REDIS_URL"]).port

@@ -152,8 +152,8 @@ def run_report(compose, report_id: str, rows: int, what: str) -> dict:
 def test_the_image_is_the_wheel(dockerd):
     script = (
         "set -e; id -u; ls -A /app | wc -l; test ! -e /src; "
-        "python -c 'import tasks, web, keel, migrations, provider_sandbox; "
-        "print(tasks.__file__, migrations.__file__)'; "
+        "python -c 'import tasks, web, keel, tasks.migrations, provider_sandbox; "
+        "print(tasks.__file__, tasks.migrations.__file__, provider_sandbox.__file__)'; "
         "ls /opt/keel/lib/python3*/site-packages | grep -c '^keel_jobs-.*dist-info$'; "
         "touch $KEEL_HOME/probe; keel --help >/dev/null; celery -A keel inspect --help >/dev/null"
     )
