@@ -38,6 +38,7 @@ from tasks import celeryconfig
 from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model import registry
 from tasks.jobs.observe import events
+from tasks.jobs.run import aio
 from tasks.platform import celery_app
 from tasks.platform.catalog import job_modules
 from tasks.platform.config import get_settings
@@ -107,6 +108,8 @@ def _adopt_task_class(app: Celery) -> None:
     def task_from_fun(fun: Any, name: str | None = None, base: Any = None, **options: Any):
         if base is None and (name or "").startswith(CELERY_OWN):
             base = Task
+        elif aio.is_async(fun):  # run on its thread's loop (``tasks.jobs.run.aio``)
+            fun = aio.async_run(fun)
         return make_task(fun, name=name, base=base, **options)
 
     app._task_from_fun = task_from_fun

@@ -10,6 +10,7 @@ as is recorded by ``tasks.jobs.run.outcome``.
 
 from __future__ import annotations
 
+import inspect
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -19,7 +20,7 @@ from tasks.jobs.intake.messages import KEY_HEADER, TENANT_HEADER
 from tasks.jobs.model.formats import KEEL_HEADER
 from tasks.jobs.model.owner import Owner, running_for
 from tasks.jobs.observe import events, metrics
-from tasks.jobs.run import limits, lock_renewal, timeouts
+from tasks.jobs.run import aio, limits, lock_renewal, timeouts
 from tasks.jobs.run.context import JobContext
 from tasks.jobs.store.runs import ClaimedJob
 from tasks.platform import tracing
@@ -105,12 +106,15 @@ def call_handler(task: CeleryTask, claimed: ClaimedJob) -> Any:
         owner = Owner(claimed.tenant_id, claimed.user_id or "")
     with running_for(owner):
         if task.job_style == "context":
-            return task.run(context)
-        args = list(claimed.data.get("args", ()))
-        kwargs = dict(claimed.data.get("kwargs", {}))
-        # As Celery's request shows them (the wake-up message carries the record's data)
-        task.request.args, task.request.kwargs = args, kwargs
-        return task.run(*args, **kwargs)
+            returned = task.run(context)
+        else:
+            args = list(claimed.data.get("args", ()))
+            kwargs = dict(claimed.data.get("kwargs", {}))
+            # As Celery's request shows them (the wake-up message carries the record's data)
+            task.request.args, task.request.kwargs = args, kwargs
+            returned = task.run(*args, **kwargs)
+        # A task class's own ``async def run`` (a function's is run by ``aio.async_run``)
+        return aio.run(returned, claimed) if inspect.isawaitable(returned) else returned
 
 
 def _request_from_record(request: Any, claimed: ClaimedJob) -> None:
