@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from tasks.jobs.model.options import Backoff, Deduplication, JobOptions, KeepJobs
     from tasks.jobs.model.owner import Owner, acting_as
     from tasks.jobs.observe.queries import get as get_job
-    from tasks.jobs.run.execute import JobContext, KeelTask, handler
+    from tasks.jobs.run.context import JobContext
+    from tasks.jobs.run.execute import KeelTask, handler
     from tasks.jobs.schedule.beat import KeelScheduler
 
     app: Celery
@@ -59,7 +60,8 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     **{
         name: (f"tasks.jobs.{home}", name)
         for home, names in {
-            "run.execute": ("KeelTask", "handler", "JobContext"),
+            "run.execute": ("KeelTask", "handler"),
+            "run.context": ("JobContext",),
             "intake.enqueue": ("add", "AddedJob"),
             "intake.bulk": ("add_bulk", "BulkJob"),
             "intake.caller_transaction": ("in_transaction",),
