@@ -13,13 +13,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+from sqlalchemy import select
 
+from tasks.jobs.model.models import JobRecord
+from tasks.jobs.schedule.schedulers import fire_prefix
+from tasks.platform.db import transaction
 from tests.support.client import record, wait_state, waits_between_runs
-from tests.support.stack import PROJECT_ROOT, WorkerProcess
+from tests.support.stack import PROJECT_ROOT, BeatProcess, WorkerProcess, wait_for
 
 PROJECT = PROJECT_ROOT / "examples" / "plain_celery"
+WINDOW_S = 10
 
 # The project's process: its own app, set up for Keel by importing proj.celery.
 CALLS = """
@@ -115,3 +121,38 @@ def test_a_setting_keel_cannot_run_with_is_refused_in_one_line(stack):
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert "task_serializer='pickle'" in last and "Keel needs 'json'" in last, last
+
+
+def synced(beat: BeatProcess) -> bool:
+    return "beat_schedule: " in beat.log_path.read_text(errors="replace")
+
+
+def tick_fires() -> list[str]:
+    prefix = fire_prefix("", "beat:tick-every-second")
+    with transaction() as session:
+        found = session.scalars(select(JobRecord.id).where(JobRecord.id.startswith(prefix)))
+        return list(found.all())
+
+
+def test_two_beats_of_the_project_fire_its_schedule_once_per_slot(project_worker, stack):
+    env = {"PYTHONPATH": str(PROJECT), "KEEL_BUILTIN_JOBS": "none"}
+    beats = [
+        BeatProcess(stack.home, f"proj-{n}", app="tests.support.plain_celery_beat", extra_env=env)
+        for n in range(2)
+    ]
+    try:
+        for beat in beats:
+            beat.start()
+            wait_for(lambda b=beat: synced(b), timeout=60)  # its entries are stored
+        first = wait_for(tick_fires, timeout=60)
+        time.sleep(WINDOW_S + 1)
+        times = sorted(int(job_id.rsplit(":", 1)[1]) for job_id in tick_fires())
+        in_window = [t for t in times if t < times[0] + WINDOW_S * 1000]
+        # One job per second in ten seconds, at distinct times, though two beats fire it
+        assert 9 <= len(in_window) <= 11, in_window
+        assert len(set(in_window)) == len(in_window)
+        job = wait_state(first[0], "completed", "failed", timeout=30)
+        assert (job["state"], job["result"]) == ("completed", "tick"), job
+    finally:
+        for beat in beats:
+            beat.stop()

@@ -160,6 +160,7 @@ class BeatProcess:
     home: Path
     name: str
     app: str = "tasks"  # a test app may add a beat_schedule (tests.support.beat_app)
+    extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
     @property
@@ -185,7 +186,7 @@ class BeatProcess:
         self.process = subprocess.Popen(
             args,
             cwd=PROJECT_ROOT,
-            env=dict(os.environ),
+            env={**os.environ, **self.extra_env},
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
