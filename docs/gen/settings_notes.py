@@ -18,6 +18,13 @@ NOTES: dict[str, str] = {
         " `$KEEL_HOME` and writes its URL to `$KEEL_HOME/env`; any other command then reads it"
         " there."
     ),
+    "database_schema": (
+        "The Postgres schema of Keel's tables, functions and triggers: a plain lowercase SQL"
+        " name, created by `keel db upgrade` if missing. Set it (`keel`, say) to share a"
+        " database with another app whose tables have the same names; every Keel process"
+        " must have the same value. Changing it moves nothing: [Keel's tables in a schema of"
+        " their own](../operations/index.md#keels-tables-in-a-schema-of-their-own)."
+    ),
     "redis_url": (
         "Keel's Redis, required by every process: events, queue limits, metrics, heartbeats,"
         " dead letters, request rate limits, Celery's result backend for chords, and Celery's"

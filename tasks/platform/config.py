@@ -9,6 +9,7 @@ environment always win over that file.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -33,6 +34,7 @@ from tasks.platform.setting_types import (
 from tasks.platform.stacks import ENV_FILE_NAME, keel_home, settings_home
 
 PREFIX = "KEEL_"
+SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")  # KEEL_DATABASE_SCHEMA
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -190,6 +192,9 @@ class Settings(BaseSettings):
 
     # Servers and secrets (unset URLs: `keel up` starts embedded servers and writes them).
     database_url: str | None = None
+    # The Postgres schema of Keel's tables, functions and triggers (a plain lowercase SQL
+    # name), so another app's tables of the same names may share the database.
+    database_schema: str = "public"
     redis_url: str | None = None
     # Celery's messages only (``amqp://`` for RabbitMQ); unset: they go through Redis too.
     broker_url: str | None = None
@@ -304,6 +309,18 @@ class Settings(BaseSettings):
         if not value:
             return None if info.field_name == "log_level" else "auto"
         return value.upper() if info.field_name == "log_level" else value.lower()
+
+    @field_validator("database_schema")
+    @classmethod
+    def _schema(cls, name: str) -> str:
+        # Written into SQL and libpq options as is: a plain identifier, nothing to quote.
+        name = name.strip()
+        if not SCHEMA_NAME.fullmatch(name):
+            raise ValueError(
+                "must be a plain SQL name: lowercase letters, digits and _, "
+                "not starting with a digit, at most 63 characters"
+            )
+        return name
 
     @field_validator("broker_url")
     @classmethod

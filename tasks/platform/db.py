@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg.rows import dict_row
-from sqlalchemy import MetaData, TextClause, create_engine, event
+from sqlalchemy import MetaData, TextClause, create_engine, event, text
 from sqlalchemy.engine import CursorResult, Engine, Result
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -131,11 +131,27 @@ _state: dict[str, Any] = {}
 _lock = threading.RLock()
 
 
+def schema() -> str:
+    """The Postgres schema of Keel's tables (``KEEL_DATABASE_SCHEMA``; ``public`` by default)."""
+    return get_settings().database_schema
+
+
+def search_path_option() -> str:
+    """libpq's ``options`` text that makes Keel's schema a connection's only one searched.
+
+    Keel's statements name their tables and functions unqualified, and its triggers' functions
+    do too: on a connection of Keel's they all resolve to ``KEEL_DATABASE_SCHEMA`` through
+    this. Empty for ``public``, where an install's connections stay as they always were."""
+    name = schema()
+    return "" if name == "public" else f" -c search_path={name}"
+
+
 def _create(kind: str) -> Engine:
     limits = _limits(kind)
     options = (
         f"-c statement_timeout={limits['statement_timeout_ms']} "
         f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
+        f"{search_path_option()}"
     )
     created = create_engine(
         get_settings().sqlalchemy_url,
@@ -337,3 +353,34 @@ def borrowed_engine(connection: Any) -> Engine:
 
 def _leave_it(dbapi_connection: Any) -> None:
     """What a borrowed connection's commit, rollback and close do here: nothing."""
+
+
+@contextmanager
+def in_keel_schema(session: Session) -> Iterator[None]:
+    """Keel's statements inside the block resolve to Keel's schema on a connection that is not
+    Keel's (a caller's, in its transaction: ``tasks.jobs.intake.caller_transaction``), and the
+    caller's own search path is back as it was after them.
+
+    The caller's value is set again as it was found (``SET LOCAL`` semantics both ways: the
+    transaction's end undoes either). Nothing is sent for ``public``. Raised out of the block,
+    the restore is tried, and its own failure (a transaction Postgres already aborted, which
+    the caller must roll back anyway) does not hide the block's error.
+    """
+    name = schema()
+    if name == "public":
+        yield
+        return
+    saved = session.execute(
+        text("SELECT current_setting('search_path'), set_config('search_path', :name, true)"),
+        {"name": name},
+    ).scalar_one()
+    restore = text("SELECT set_config('search_path', :saved, true)")
+    try:
+        yield
+    except BaseException:
+        try:
+            session.execute(restore, {"saved": saved})
+        except Exception:
+            log.debug("the caller's search path was not set back", exc_info=True)
+        raise
+    session.execute(restore, {"saved": saved})

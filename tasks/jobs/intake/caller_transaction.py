@@ -28,7 +28,9 @@ another database's is refused with ``ForeignDatabase`` before anything is record
   (``tasks.jobs.upkeep.committed``) and publishes the jobs at once. Their events are the
   publish's (``waiting``); a deduplication's or a delayed job's event is not announced.
 
-Keel never commits, rolls back or closes the caller's connection.
+Keel never commits, rolls back or closes the caller's connection. Keel's statements on it
+resolve to Keel's schema (``KEEL_DATABASE_SCHEMA``, when it is not ``public``): the search
+path is set for them alone and set back before the caller's own (``db.in_keel_schema``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import Refused
 from tasks.jobs.store import upkeep
 from tasks.platform.config import get_settings, sqlalchemy_url
-from tasks.platform.db import borrowed_engine, transaction
+from tasks.platform.db import borrowed_engine, in_keel_schema, transaction
 
 log = logging.getLogger(__name__)
 # How long a job recorded in a caller's transaction waits for its publish after the
@@ -90,8 +92,16 @@ class CallerTransaction:
     _armed: bool = False
     _generation: int = 0
 
+    @contextmanager
+    def statements(self) -> Iterator[Session]:
+        """The caller's session for Keel's statements of the block: they resolve to Keel's
+        schema (``KEEL_DATABASE_SCHEMA``), the caller's own ones after it to the caller's."""
+        with in_keel_schema(self.session):
+            yield self.session
+
     def hold(self, job_id: str) -> None:
-        """Park a job recorded waiting in this transaction until the caller commits."""
+        """Park a job recorded waiting in this transaction until the caller commits (inside
+        ``statements``)."""
         upkeep.park(self.session, [job_id], BACKSTOP_S)
         self.parked.append(job_id)
         self._arm()

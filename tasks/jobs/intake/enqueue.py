@@ -180,7 +180,7 @@ def _record_in_session(
     """The add in a transaction: Keel's own, or the caller's (``in_transaction``)."""
     rule = job.opts.deduplication
     recorded = _Recorded()
-    with nullcontext(caller.session) if caller is not None else transaction() as session:
+    with caller.statements() if caller is not None else transaction() as session:
         # A tenant's quota lock goes with its dedup claim: one round trip for both. Not in
         # a caller's transaction: its lock would be held until the caller commits, and
         # every add of the tenant (the caller's own next one, on Keel's connection,
