@@ -8,11 +8,17 @@ importlib.resources in a wheel and in an editable install alike. setup.cfg alone
 cannot say this: its ``find:`` finds packages by folder, never one mapped elsewhere.
 """
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 PACKAGES = ["keel", "keel.*", "tasks", "tasks.*", "web", "web.*"]
 
 setup(
-    packages=[*find_packages(include=PACKAGES), "tasks.migrations"],
+    # Namespace packages too: the folders that hold only data (the dashboard's templates
+    # and assets) are named, as setuptools wants every folder it ships to be.
+    packages=[
+        *find_namespace_packages(include=PACKAGES, exclude=["*.__pycache__"]),
+        "tasks.migrations",
+        "tasks.migrations.versions",
+    ],
     package_dir={"tasks.migrations": "migrations"},
 )

@@ -1,7 +1,9 @@
 """Traces: OpenTelemetry, set up by the standard ``OTEL_*`` variables, off unless asked for.
 
 ``OTEL_TRACES_EXPORTER`` turns it on (``otlp``, ``console``, or both comma-separated;
-unset or ``none``: off, and nothing here costs more than a flag test). The SDK reads
+unset or ``none``: off, and nothing here costs more than a flag test). OpenTelemetry comes
+with the ``[otel]`` extra (``pip install 'keel-jobs[otel]'``): an exporter asked for without
+it is refused in one line, as an unknown one is. The SDK reads
 the rest itself: ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
 (OTLP over HTTP/protobuf), ``OTEL_SERVICE_NAME`` (default ``keel-<role>``: ``keel-web``,
 ``keel-worker``, ``keel-beat``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_TRACES_SAMPLER``
@@ -51,6 +53,16 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 EXPORTERS = ("otlp", "console")
+# What tracing imports (the [otel] extra), and what the otlp exporter adds to it.
+OTEL_MODULES = (
+    "opentelemetry.sdk",
+    "opentelemetry.instrumentation.celery",
+    "opentelemetry.instrumentation.flask",
+    "opentelemetry.instrumentation.psycopg",
+    "opentelemetry.instrumentation.redis",
+)
+OTLP_MODULES = ("opentelemetry.exporter.otlp.proto.http",)
+OTEL_EXTRA = "pip install 'keel-jobs[otel]'"
 # Requests that would each be a trace of their own, to no one's use: probes and scrapes.
 # (regexes searched in the whole URL: anchored to the path, so that a job id, a queue name
 # or a query holding "metrics" is still traced)
@@ -81,7 +93,28 @@ def exporters(environ: Mapping[str, str] = os.environ) -> list[str]:
             f"OTEL_TRACES_EXPORTER={environ['OTEL_TRACES_EXPORTER']}: Keel exports traces "
             f"with otlp (OTLP over HTTP) or console, not {', '.join(unknown)}"
         )
+    absent = _missing([*OTEL_MODULES, *(OTLP_MODULES if "otlp" in names else ())]) if names else []
+    if absent:
+        raise ValueError(
+            f"OTEL_TRACES_EXPORTER={environ['OTEL_TRACES_EXPORTER']}: tracing needs "
+            f"`{OTEL_EXTRA}` ({', '.join(absent)} not installed)"
+        )
     return names
+
+
+def _missing(modules: list[str]) -> list[str]:
+    """The modules of ``modules`` that are not installed (looked for, not imported)."""
+    from importlib.util import find_spec
+
+    absent = []
+    for module in modules:
+        try:
+            found = find_spec(module) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            absent.append(module)
+    return absent
 
 
 def on() -> bool:

@@ -9,10 +9,11 @@ outside the clone: the module ``keel up`` loads and the script the second
 terminal runs are there, where nothing of the clone's tree imports them.
 
 One step is done differently, and the page's marker says so: the page's
-install block (``python3 -m venv .venv && .venv/bin/pip install -e .``) is not
-run. Installing Keel's dependencies from the package index takes minutes and
-the network; instead the clone's ``.venv`` is a link to the venv running this
-test (installed from the same kind of checkout, ``-e '.[test]'``), and
+install block (``python3 -m venv --upgrade-deps .venv && .venv/bin/pip install -e
+'.[embedded,flower]' -e ./sandbox``) is not run. Installing Keel's dependencies
+from the package index takes minutes and the network; instead the clone's ``.venv``
+is a link to the venv running this test (installed from the same kind of checkout,
+``-e '.[test]' -e ./sandbox``: every extra and the sandbox), and
 ``PYTHONPATH`` names the clone, so that every process the page starts imports
 the clone's packages rather than the checkout that venv was installed from
 (without it, ``keel up`` in the clone would find the clone's ``tasks`` hiding

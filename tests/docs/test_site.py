@@ -55,7 +55,7 @@ def ci_test_command() -> str:
     """The command ``.ci/run`` runs: from ``python3 -m venv`` to the end of its line or
     the ``;`` that ends it (a group around it, such as one whose output is logged)."""
     script = (PROJECT_ROOT / ".ci" / "run").read_text()
-    (command,) = re.findall(r"python3 -m venv \.venv[^;\n]*", script)
+    (command,) = re.findall(r"python3 -m venv [^;\n]*", script)
     return command.strip()
 
 
