@@ -124,9 +124,12 @@ def test_the_dockerfile_builds_the_wheel_and_runs_it_as_a_user():
     froms = [line for line in instructions if line.startswith("FROM ")]
     assert froms == ["FROM ${BASE_IMAGE} AS wheel", "FROM ${BASE_IMAGE}"]
     runtime = instructions[instructions.index("FROM ${BASE_IMAGE}") :]
-    # the runtime stage takes the wheel only: no source folder of the tree
+    # the runtime stage takes the lock file and the wheels only: no source folder of the tree
     copies = [line for line in runtime if line.startswith(("COPY", "ADD"))]
-    assert copies == ["COPY --from=wheel /dist/ /tmp/dist/"]
+    assert copies == [
+        "COPY requirements/image.lock /tmp/image.lock",
+        "COPY --from=wheel /dist/ /tmp/dist/",
+    ]
     [user] = [line for line in runtime if line.startswith("USER ")]
     assert user.split()[1].split(":")[0] not in ("0", "root")
     assert "pip wheel" in dockerfile and "keel_jobs-*.whl" in dockerfile
