@@ -1,8 +1,8 @@
 """The base install runs without the extras, and a part that needs one says so in one line.
 
 setup.cfg: the base requirements hold none of the extras' packages; ``[embedded]``,
-``[flower]`` and ``[otel]`` hold them (OpenTelemetry as ranges, not one pinned release), and
-``[test]`` pulls all three. Each place that needs an extra, with the extra hidden: ``keel
+``[flower]``, ``[otel]`` and ``[django]`` hold them (OpenTelemetry as ranges, not one pinned
+release), and ``[test]`` pulls all four. Each place that needs an extra, with the extra hidden: ``keel
 up`` with no server URLs (one line naming ``[embedded]``, nothing started), ``keel up``'s
 plan (no Flower, no sandbox, one line each), tracing asked for (one line naming
 ``[otel]``), ``python -m keel.flower`` and ``keel provider-sandbox``. (A real install of the
@@ -36,6 +36,7 @@ EXTRAS = {
         "opentelemetry-instrumentation-psycopg",
         "opentelemetry-instrumentation-redis",
     },
+    "django": {"django"},
 }
 
 
