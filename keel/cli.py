@@ -271,7 +271,13 @@ def _without_password(url: str) -> str:
     metavar="MODULE",
     help="a module of your own jobs (repeat, or comma-separate); adds to KEEL_JOB_MODULES",
 )
-def up(includes: tuple[str, ...]) -> None:
+@click.option(
+    "--app",
+    "celery_app",
+    metavar="MODULE[:APP]",
+    help="your Celery app, set up with keel.install(app) (KEEL_CELERY_APP): proj.celery:app",
+)
+def up(includes: tuple[str, ...], celery_app: str | None) -> None:
     """Run the whole stack (embedded Postgres and Redis unless URLs are configured)."""
     from keel import embedded
     from keel.errors import StartRefused
@@ -290,7 +296,14 @@ def up(includes: tuple[str, ...]) -> None:
     # The stack's processes run in Keel's folder: your modules import from this one.
     folders = [os.getcwd(), *os.environ.get("KEEL_JOB_PATH", "").split(os.pathsep)]
     os.environ["KEEL_JOB_PATH"] = os.pathsep.join(dict.fromkeys(f for f in folders if f))
-    problem = unimportable(user_job_modules(os.environ.get("KEEL_JOB_MODULES", "")))
+    if celery_app:  # its module imports as the job modules do, and must call keel.install
+        os.environ["KEEL_CELERY_APP"] = celery_app
+    app_module = (
+        [os.environ["KEEL_CELERY_APP"].partition(":")[0]]
+        if os.environ.get("KEEL_CELERY_APP")
+        else []
+    )
+    problem = unimportable([*app_module, *user_job_modules(os.environ.get("KEEL_JOB_MODULES", ""))])
     if problem is not None:
         raise click.ClickException(problem)
     try:

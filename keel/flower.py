@@ -1,6 +1,7 @@
 """Flower as Keel runs it: ``python -m keel.flower [FLOWER OPTIONS]``.
 
-That is ``celery -A tasks flower [FLOWER OPTIONS]`` (``keel up``'s Flower, compose's),
+That is ``celery -A keel flower [FLOWER OPTIONS]`` (``keel up``'s Flower, compose's; the
+app ``KEEL_CELERY_APP`` names, if it names one),
 except that Flower's ``/metrics`` and ``/healthcheck`` want the credentials its pages
 want. Flower 2 serves those two to anyone by design, and its metrics name every task
 type, worker and pool process of every tenant. Here they answer only the basic auth
@@ -69,15 +70,18 @@ def _authenticated(get: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def run(args: list[str]) -> None:
-    """``celery -A tasks flower *args``, guarded; returns when Flower stops."""
+    """``celery -A keel flower *args`` (or ``KEEL_CELERY_APP``'s app), guarded; returns when
+    Flower stops."""
     guard()
     from celery.bin.celery import celery
     from celery.bin.celery import main as celery_main
     from flower.command import flower
 
     celery.add_command(flower)  # as ``python -m flower`` does, whatever the entry points say
-    # "flower" in argv also tells Keel's logging this process's role (tasks.celery)
-    sys.argv = [sys.argv[0], "-A", "tasks", "flower", *args]
+    # "flower" in argv also tells Keel's logging this process's role (tasks.assembly)
+    from tasks.platform.config import get_settings
+
+    sys.argv = [sys.argv[0], "-A", get_settings().celery_app or "keel", "flower", *args]
     celery_main()
 
 
@@ -127,7 +131,7 @@ def probe(url: str) -> int:
 
 
 USAGE = (
-    "usage: python -m keel.flower [FLOWER OPTIONS]   (celery -A tasks flower, guarded)\n"
+    "usage: python -m keel.flower [FLOWER OPTIONS]   (celery -A keel flower, guarded)\n"
     "       python -m keel.flower probe URL          (Flower's /healthcheck, with its auth)"
 )
 

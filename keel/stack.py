@@ -201,6 +201,8 @@ class Stack:
             env["KEEL_JOB_MODULES"] = given.job_modules
         if given.job_path:  # where they import from (`keel up`'s folder): children run in ours
             env["KEEL_JOB_PATH"] = given.job_path
+        if given.celery_app:  # `keel up --app`: the worker and beat run it, web and CLI load it
+            env["KEEL_CELERY_APP"] = given.celery_app
         # Written even as "none": later CLI calls and scripts see the same built-in apps.
         env["KEEL_BUILTIN_JOBS"] = given.builtin_jobs
         database_url = given.database_url
@@ -258,7 +260,8 @@ class Stack:
         return lines
 
     def plan(self, env: dict[str, str]) -> list[Child]:
-        celery = [sys.executable, "-m", "celery", "-A", "tasks"]
+        # Your app (``--app``, set up with keel.install), else Keel's own
+        celery = [sys.executable, "-m", "celery", "-A", env.get("KEEL_CELERY_APP") or "keel"]
         web_bind = f"127.0.0.1:{env['KEEL_WEB_PORT']}"
         return [
             Child("worker", [*celery, "worker", "-l", "INFO", "-n", "worker@%h", "-E"]),
@@ -334,6 +337,9 @@ class Stack:
         # (then the supervisor writes JSON lines too, keel.supervisor.Output).
         if not child_env.get("KEEL_LOG_FORMAT"):
             child_env["KEEL_LOG_FORMAT"] = "text"
+        if env.get("KEEL_CELERY_APP"):  # celery -A imports it before Keel reads KEEL_JOB_PATH
+            paths = [*env.get("KEEL_JOB_PATH", "").split(os.pathsep), child_env.get("PYTHONPATH")]
+            child_env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
         self.env = env
         self._next_report = time.monotonic() + READY_REPORT_S
         self._children_started_at = time.monotonic()

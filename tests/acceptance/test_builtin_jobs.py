@@ -132,7 +132,7 @@ def test_a_stored_standing_scheduler_goes_when_its_app_is_turned_off(own_jobs_on
     )
     assert "campaign-monitor" in scheduler_ids(up)
     # When beat starts again (the supervisor restarts it)
-    up.child("tasks beat").kill()
+    up.child("keel beat").kill()
     # Then it removes the app's scheduler
     wait_for(lambda: "campaign-monitor" not in scheduler_ids(up), timeout=60, interval=0.5)
 

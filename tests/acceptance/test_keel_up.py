@@ -100,13 +100,13 @@ def test_a_second_keel_up_on_the_same_home_is_refused_at_once(keel_up: KeelUp):
 
 def test_a_crashed_worker_is_restarted_and_jobs_still_complete(keel_up: KeelUp):
     # Given the stack's worker
-    worker = keel_up.child("celery -A tasks worker")
+    worker = keel_up.child("celery -A keel worker")
     # When it is killed
     worker.send_signal(signal.SIGKILL)
     # Then the supervisor logs the exit, starts a new one, and the stack keeps running
     wait_for(lambda: "worker restarted" in keel_up.log(), timeout=30, interval=0.3)
     assert keel_up.process.poll() is None
-    assert keel_up.child("celery -A tasks worker").pid != worker.pid
+    assert keel_up.child("celery -A keel worker").pid != worker.pid
     assert "worker exited with code -9" in keel_up.log()
     run_report(keel_up, rows=50)
 

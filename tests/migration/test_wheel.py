@@ -252,6 +252,21 @@ def test_the_installed_wheel_migrates_a_new_database(stack, venv, elsewhere, tmp
         drop_database(name)
 
 
+ADD_AND_WAIT = """
+import time
+import keel
+job = keel.add("report.generate", {"reportId": "wheel", "rows": 10}, queue="reports",
+               owner=keel.Owner("acme", "alice"))
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    record = keel.get_job(job.job_id)
+    if record is not None and record.state in ("completed", "failed"):
+        break
+    time.sleep(0.2)
+print(record.state if record is not None else "no record")
+"""
+
+
 def test_keel_up_from_the_installed_wheel_runs_without_flower_and_the_sandbox(
     stack, venv, elsewhere, tmp_path
 ):
@@ -288,6 +303,10 @@ def test_keel_up_from_the_installed_wheel_runs_without_flower_and_the_sandbox(
         assert "the provider sandbox is not installed (pip install -e ./sandbox" in said
         assert "starting worker, beat, web;" in said, said
         assert "Traceback" not in said, said
+        # A job added with keel.add from a process of the user's runs on the stack's
+        # `celery -A keel worker` (the installed wheel's app)
+        added = run([venv / "bin" / "python", "-c", ADD_AND_WAIT], elsewhere, env)
+        assert added.strip().splitlines()[-1] == "completed", added
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=120) == 0, log.read_text()[-4000:]
     finally:
