@@ -21,7 +21,6 @@ from tasks.jobs import Owner, acting_as, in_transaction, recorded_together
 from tasks.jobs.intake.caller_transaction import (
     BACKSTOP_S,
     ForeignDatabase,
-    NotInCallersTransaction,
 )
 from tasks.platform.config import get_settings, sqlalchemy_url
 from tests.support import events
@@ -136,15 +135,45 @@ def test_a_session_of_another_database_is_refused_before_anything_is_recorded():
         elsewhere.dispose()
 
 
-def test_a_bulk_add_inside_the_block_is_refused_rather_than_committed_on_its_own(users_engine):
-    with Session(users_engine) as session:
-        with (
-            pytest.raises(NotInCallersTransaction, match="own transaction"),
-            in_transaction(session),
-            recorded_together(),
-        ):
-            celery_add.delay(1, 2)
-        session.rollback()
+def send_together(count: int, offset: int) -> list[str]:
+    """``count`` adds in one bulk add (``recorded_together``); their ids."""
+    with recorded_together():
+        sent = [celery_add.delay(n, offset) for n in range(count)]
+    return [result.id for result in sent]
+
+
+@pytest.mark.parametrize("kind", ["session", "psycopg"])
+def test_a_bulk_add_of_a_thousand_jobs_commits_and_rolls_back_with_the_caller(users_engine, kind):
+    def opened():
+        if kind == "session":
+            return Session(users_engine)
+        return psycopg_connection()
+
+    # Rolled back: none of the thousand is recorded
+    connection = opened()
+    try:
+        with in_transaction(connection):
+            dropped = send_together(1000, 5000)
+        connection.rollback()
+    finally:
+        connection.close()
+    # Committed: every one runs once
+    connection = opened()
+    try:
+        with in_transaction(connection):
+            kept = send_together(1000, 7000)
+        assert record(kept[0]) is None  # not before the commit
+        connection.commit()
+    finally:
+        connection.close()
+    for n, job_id in enumerate(kept):
+        done = wait_state(job_id, "completed", "failed", timeout=120)
+        assert (done["state"], done["result"], done["attemptsStarted"]) == (
+            "completed",
+            n + 7000,
+            1,
+        ), done
+    assert [job_id for job_id in dropped if record(job_id) is not None] == []
 
 
 def test_a_tenants_add_in_the_block_holds_no_lock_its_next_add_waits_for(users_engine):

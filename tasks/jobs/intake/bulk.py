@@ -31,6 +31,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tasks.jobs.intake import caller_transaction, tenancy
@@ -68,11 +69,6 @@ def add_bulk(
     """
     for i, job in enumerate(jobs):
         check_data(job.data, f"job {i}'s")
-    if caller_transaction.current() is not None:  # they would commit whatever the caller did
-        raise caller_transaction.NotInCallersTransaction(
-            "a bulk add (add_bulk, recorded_together) keeps its own transaction: call it "
-            "outside in_transaction, or add the jobs one by one inside it"
-        )
     single = {i for i, job in enumerate(jobs) if job.opts.deduplication is not None}
     with _collector_paused():
         records, created = _add_batch(
@@ -121,6 +117,9 @@ def _add_batch(
     ]
     if not records:
         return [], set()
+    caller = caller_transaction.current()
+    if caller is not None:
+        return _in_callers_transaction(caller, records, owner, limits)
     with transaction() as session:
         _admit(session, owner, records, limits)
         created = store.insert_many(session, records)
@@ -132,6 +131,33 @@ def _add_batch(
     events.emit_many(
         [(job.queue, str(state), job.id, job.name) for job, state in states if job.id in created]
     )
+    return states, created
+
+
+def _in_callers_transaction(
+    caller: caller_transaction.CallerTransaction,
+    records: list[NewJob],
+    owner: Owner | None,
+    limits: TenantLimits | None,
+) -> tuple[list[tuple[NewJob, State]], set[str]]:
+    """The batch recorded in the caller's transaction (``in_transaction``): the waiting jobs
+    parked until it commits and published then, the others announced then; nothing of it
+    if it rolls back. The tenant's quota is checked without its lock, as a single add's in
+    a caller's transaction is (``enqueue``): the lock would be held until the caller
+    commits."""
+    with caller.statements() as session:
+        _admit(session, owner, records, limits, lock=False)
+        created = store.insert_many(session, records)
+        states = [(job, job.state) for job in records]
+        waiting = [job.id for job, state in states if state == State.WAITING and job.id in created]
+        caller.hold_many(waiting)  # published once the caller commits, with their events
+    others: list[tuple[str, str, str, str | None]] = [
+        (job.queue, str(state), job.id, job.name)
+        for job, state in states
+        if job.id in created and state != State.WAITING
+    ]
+    if others:
+        caller.on_commit(partial(events.emit_many, others))
     return states, created
 
 
@@ -179,14 +205,20 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def _admit(
-    session: Any, owner: Owner | None, records: Sequence[NewJob], limits: TenantLimits | None
+    session: Any,
+    owner: Owner | None,
+    records: Sequence[NewJob],
+    limits: TenantLimits | None,
+    *,
+    lock: bool = True,
 ) -> None:
     """The tenant's quotas for the whole batch: every delay within bounds, the live count too."""
     if owner is None or limits is None:
         return
     if any(job.opts.delay > limits.max_delay_ms for job in records):
         raise tenancy.delay_too_long(limits)
-    tenancy.lock(session, owner.tenant_id, "jobs")
+    if lock:
+        tenancy.lock(session, owner.tenant_id, "jobs")
     live = tenancy.load(session, owner.tenant_id, records[0].queue).live  # every queue's
     if live + len(records) > limits.live_jobs:
         raise tenancy.exceeded(

@@ -72,13 +72,6 @@ class NoTransaction(Refused):
     code = "no_transaction"
 
 
-class NotInCallersTransaction(Refused):
-    """A way of adding jobs that cannot record them in the caller's transaction (a bulk
-    add): refused inside ``in_transaction`` rather than committed whatever the caller does."""
-
-    code = "not_in_callers_transaction"
-
-
 @dataclass
 class CallerTransaction:
     """The caller's transaction (as a Session on its connection), the jobs it recorded that
@@ -102,8 +95,14 @@ class CallerTransaction:
     def hold(self, job_id: str) -> None:
         """Park a job recorded waiting in this transaction until the caller commits (inside
         ``statements``)."""
-        upkeep.park(self.session, [job_id], BACKSTOP_S)
-        self.parked.append(job_id)
+        self.hold_many([job_id])
+
+    def hold_many(self, job_ids: list[str]) -> None:
+        """``hold`` for many jobs (a bulk add's), in one statement."""
+        if not job_ids:
+            return
+        upkeep.park(self.session, job_ids, BACKSTOP_S)
+        self.parked.extend(job_ids)
         self._arm()
 
     def on_commit(self, announce: Callable[[], object]) -> None:
@@ -180,9 +179,9 @@ class NotifiedTransaction(CallerTransaction):
     """A transaction on a connection that cannot say it committed (SQLAlchemy Core, plain
     psycopg): Postgres says it, with the NOTIFY each held job sends, to the workers."""
 
-    def hold(self, job_id: str) -> None:
-        super().hold(job_id)
-        upkeep.notify_committed(self.session, job_id)
+    def hold_many(self, job_ids: list[str]) -> None:
+        super().hold_many(job_ids)
+        upkeep.notify_committed(self.session, job_ids)
 
     def on_commit(self, announce: Callable[[], object]) -> None:
         """Nothing in this process hears the commit: the publish's events are the job's."""

@@ -45,12 +45,26 @@ def park(session: Session, job_ids: Sequence[str], in_s: float) -> int:
 COMMITTED_CHANNEL = "keel_committed"
 
 
-def notify_committed(session: Session, job_id: str) -> None:
-    """Tell the workers, once ``session``'s transaction commits, that ``job_id`` is parked
-    for its publish (nothing, if it rolls back)."""
-    session.execute(
-        text("SELECT pg_notify(:channel, :id)"), {"channel": COMMITTED_CHANNEL, "id": job_id}
-    )
+def notify_committed(session: Session, job_ids: Sequence[str]) -> None:
+    """Tell the workers, once ``session``'s transaction commits, that ``job_ids`` are parked
+    for their publish (nothing, if it rolls back): comma-separated, in as many notifications
+    as Postgres's payload limit (8,000 bytes) needs."""
+    for chunk in _payloads(job_ids):
+        session.execute(
+            text("SELECT pg_notify(:channel, :ids)"), {"channel": COMMITTED_CHANNEL, "ids": chunk}
+        )
+
+
+def _payloads(job_ids: Sequence[str], limit: int = 7_000) -> list[str]:
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for job_id in job_ids:
+        if chunks[-1] and size + len(job_id) + 1 > limit:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(job_id)
+        size += len(job_id) + 1
+    return [",".join(chunk) for chunk in chunks if chunk]
 
 
 # A DELETE (``{delete}``, its RETURNING added) whose failed records go to the archive.

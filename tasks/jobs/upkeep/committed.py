@@ -3,9 +3,10 @@
 A job added in a caller's transaction on a connection that cannot tell its own process it
 committed (SQLAlchemy Core, plain psycopg: ``tasks.jobs.intake.caller_transaction``) is
 recorded parked, due in ``BACKSTOP_S``, and its transaction sends ``NOTIFY
-keel_committed, '<job id>'``, which Postgres delivers when, and only if, it commits. Every
-worker listens here, on a connection of its own, and publishes those jobs at once
-(``publish_now``: a job another worker or the promoter took already is skipped). A
+keel_committed, '<job ids>'`` (comma-separated), which Postgres delivers when, and only
+if, it commits. Every worker listens here, on a connection of its own, and publishes those
+jobs at once (``publish_now``: a job another worker or the promoter took already is
+skipped). A
 notification nobody heard (no worker running, a connection lost, a pooler that cannot
 ``LISTEN``) costs only the backstop's wait: the promoter publishes the job when it is due.
 """
@@ -66,4 +67,4 @@ class CommitListener(bootsteps.StartStopStep):
             connection.execute(f"LISTEN {COMMITTED_CHANNEL}")
             while not self._stop.is_set():
                 for note in connection.notifies(timeout=WAIT_S):  # each as it arrives
-                    publish_now([note.payload])
+                    publish_now(note.payload.split(","))
