@@ -62,9 +62,10 @@ def project_worker(stack):
     process.stop()
 
 
-def run_in_project(code: str) -> dict:
+def python_in_project(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a process of the project's own (its folder, its import path)."""
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "KEEL_BUILTIN_JOBS": "none"}
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code],
         cwd=PROJECT,
         env=env,
@@ -72,6 +73,10 @@ def run_in_project(code: str) -> dict:
         text=True,
         timeout=120,
     )
+
+
+def run_in_project(code: str) -> dict:
+    done = python_in_project(code)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -109,15 +114,7 @@ def test_a_setting_keel_cannot_run_with_is_refused_in_one_line(stack):
         "app = Celery('proj')\napp.conf.task_serializer = 'pickle'\nkeel.install(app)\n"
         "app.conf.task_serializer\n"
     )
-    env = {**os.environ, "KEEL_BUILTIN_JOBS": "none"}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = python_in_project(code)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert "task_serializer='pickle'" in last and "Keel needs 'json'" in last, last
