@@ -14,6 +14,7 @@ import threading
 import uuid
 
 import pytest
+from celery import chord
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
@@ -25,7 +26,7 @@ from tasks.jobs.intake.caller_transaction import (
 from tasks.platform.config import get_settings, sqlalchemy_url
 from tests.support import events
 from tests.support.client import record, ts, wait_state
-from tests.support.jobs import celery_add
+from tests.support.jobs import celery_add, celery_collect, celery_part
 from tests.support.stack import PROJECT_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.usefixtures("worker")]
@@ -174,6 +175,40 @@ def test_a_bulk_add_of_a_thousand_jobs_commits_and_rolls_back_with_the_caller(us
             1,
         ), done
     assert [job_id for job_id in dropped if record(job_id) is not None] == []
+
+
+@pytest.mark.parametrize("kind", ["session", "psycopg"])
+def test_a_chord_in_the_block_commits_and_rolls_back_with_the_caller(users_engine, kind):
+    def opened():
+        return Session(users_engine) if kind == "session" else psycopg_connection()
+
+    def send(label: str, connection) -> tuple[str, list[str]]:
+        parts = [celery_part.s(i, f"{label}-{i}") for i in range(4)]
+        with in_transaction(connection):
+            body = chord(parts)(celery_collect.s())
+        return body.id, [part.id for part in body.parent.results]
+
+    # Rolled back: neither the body nor a part is recorded
+    connection = opened()
+    try:
+        dropped_body, dropped_parts = send(f"chord-rb-{uuid.uuid4().hex[:6]}", connection)
+        connection.rollback()
+    finally:
+        connection.close()
+    # Committed: the parts run once each, and the body once with their results in order
+    label = f"chord-c-{uuid.uuid4().hex[:6]}"
+    connection = opened()
+    try:
+        body_id, part_ids = send(label, connection)
+        assert record(body_id) is None  # not before the commit
+        connection.commit()
+    finally:
+        connection.close()
+    body = wait_state(body_id, "completed", "failed", timeout=BACKSTOP_S + 60)
+    assert (body["state"], body["attemptsStarted"]) == ("completed", 1), body
+    assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(4)]
+    assert [record(part)["attemptsStarted"] for part in part_ids] == [1, 1, 1, 1]
+    assert [job for job in [dropped_body, *dropped_parts] if record(job) is not None] == []
 
 
 def test_a_tenants_add_in_the_block_holds_no_lock_its_next_add_waits_for(users_engine):

@@ -35,7 +35,7 @@ from celery.canvas import Signature
 from sqlalchemy.orm import Session
 
 from tasks.jobs.end import chord_parts, ending, steps
-from tasks.jobs.intake import tenancy
+from tasks.jobs.intake import caller_transaction, tenancy
 from tasks.jobs.intake.celery_options import (
     call_priority,
     canvas_context,
@@ -62,6 +62,8 @@ body_id_of = store.chord_body_id
 
 def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
     """Record a chord's body before its parts are sent: ``waiting-children``, no due time.
+    Inside ``in_transaction`` the body is recorded in the caller's transaction, as its
+    parts are: a rollback leaves neither, a commit publishes the parts and the body waits.
 
     ``False`` if a job with the body's id exists already (recorded by its sender,
     as campaigns do): that chord is left to Celery's own count.
@@ -90,7 +92,8 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         waiting_children=True,
         priority=tenancy.rank(ctx.get("priority")),
     )
-    with transaction() as session:
+    caller = caller_transaction.current()
+    with caller.statements() if caller is not None else transaction() as session:
         return jobs_store.insert(session, job)
 
 

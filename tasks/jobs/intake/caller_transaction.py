@@ -3,9 +3,9 @@
 A view that inserts an order and ``.delay()``s its confirmation wants both or neither:
 the job must not run for an order that was rolled back, nor be lost for one that
 committed. Inside ``with in_transaction(connection):`` every job added on this thread
-(``.delay()``, ``apply_async``, ``tasks.jobs.add``) is inserted on the caller's
-connection, in its transaction, and its message is published only once that transaction
-commits:
+(``.delay()``, ``apply_async``, ``tasks.jobs.add``, a bulk add, a chord's body and parts)
+is inserted on the caller's connection, in its transaction, and its message is published
+only once that transaction commits:
 
 - **rollback** → no record, no message;
 - **commit** → the jobs become waiting and are published at once, in one transaction of
