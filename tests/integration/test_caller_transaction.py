@@ -7,6 +7,7 @@ view with SQLAlchemy has. A real ``celery worker`` runs the jobs.
 from __future__ import annotations
 
 import contextvars
+import json
 import os
 import subprocess
 import sys
@@ -134,6 +135,83 @@ def test_a_session_of_another_database_is_refused_before_anything_is_recorded():
             pytest.fail("the block must not run")
     finally:
         elsewhere.dispose()
+
+
+DJANGO_ELSEWHERE = """
+import json, sys
+import django
+from django.conf import settings
+
+settings.configure(DATABASES={"default": json.loads(sys.argv[1])}, USE_TZ=True)
+django.setup()
+from celery import chord
+from django.db import connection, transaction
+
+from keel import get_job, in_transaction, recorded_together
+from tests.support.jobs import celery_add, celery_collect, celery_part
+
+label = sys.argv[2]
+sent = {}
+try:
+    with transaction.atomic(), in_transaction(connection):
+        sent["dropped"] = [celery_add.delay(1, 2).id]
+        with recorded_together():
+            sent["dropped"] += [celery_add.delay(n, 3).id for n in range(3)]
+        raise RuntimeError("the view failed")
+except RuntimeError:
+    pass
+with transaction.atomic():
+    with in_transaction(connection):
+        sent["kept"] = celery_add.delay(20, 22).id
+        with recorded_together():
+            sent["together"] = [celery_add.delay(n, 100).id for n in range(3)]
+        parts = [celery_part.s(i, f"{label}-{i}") for i in range(3)]
+        sent["chord"] = chord(parts)(celery_collect.s()).id
+    sent["seen_before_commit"] = [get_job(sent["kept"]), get_job(sent["chord"])] != [None, None]
+print(json.dumps(sent), flush=True)
+"""
+
+
+@pytest.mark.parametrize("database", ["another postgres database", "sqlite"])
+def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tmp_path, database):
+    if database == "sqlite":
+        django_db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "app.db")}
+    else:
+        url = create_engine(get_settings().sqlalchemy_url).url.set(database="shop_elsewhere")
+        settings = get_settings()
+        admin = create_engine(sqlalchemy_url(settings.database_url), isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text("DROP DATABASE IF EXISTS shop_elsewhere"))
+            connection.execute(text("CREATE DATABASE shop_elsewhere"))
+        admin.dispose()
+        django_db = {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "shop_elsewhere",
+            "USER": url.username or "",
+            "PASSWORD": url.password or "",
+            "HOST": url.host or url.query.get("host", ""),
+            "PORT": str(url.port or ""),
+        }
+    label = f"elsewhere-{uuid.uuid4().hex[:6]}"
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", DJANGO_ELSEWHERE, json.dumps(django_db), label],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sent = json.loads(done.stdout.splitlines()[-1])
+    assert sent["seen_before_commit"] is False  # added once Django committed, not before
+    assert [job for job in sent["dropped"] if record(job) is not None] == []
+    assert wait_state(sent["kept"], "completed", timeout=60)["result"] == 42
+    for n, job_id in enumerate(sent["together"]):
+        assert wait_state(job_id, "completed", timeout=60)["result"] == n + 100
+    body = wait_state(sent["chord"], "completed", "failed", timeout=60)
+    assert (body["state"], body["attemptsStarted"]) == ("completed", 1), body
+    assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(3)]
 
 
 def send_together(count: int, offset: int) -> list[str]:

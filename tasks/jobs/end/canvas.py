@@ -29,6 +29,7 @@ Celery's: it is kept on the record and fires when the job fails for good.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 from celery.canvas import Signature
@@ -92,8 +93,17 @@ def open_chord(task: Any, body: Signature, part_ids: list[str]) -> bool:
         waiting_children=True,
         priority=tenancy.rank(ctx.get("priority")),
     )
+    later = caller_transaction.deferred()  # on another database: with the parts, on commit
+    if later is not None:
+        later.defer(partial(_insert_body, job))
+        return True
     caller = caller_transaction.current()
     with caller.statements() if caller is not None else transaction() as session:
+        return jobs_store.insert(session, job)
+
+
+def _insert_body(job: NewJob) -> bool:
+    with transaction() as session:
         return jobs_store.insert(session, job)
 
 

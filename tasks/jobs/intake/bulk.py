@@ -117,9 +117,20 @@ def _add_batch(
     ]
     if not records:
         return [], set()
+    later = caller_transaction.deferred()  # ``in_transaction`` on another database
+    if later is not None:
+        later.defer(partial(_in_keels_transactions, records, owner, limits))
+        return [(job, job.state) for job in records], {job.id for job in records}
     caller = caller_transaction.current()
     if caller is not None:
         return _in_callers_transaction(caller, records, owner, limits)
+    return _in_keels_transactions(records, owner, limits)
+
+
+def _in_keels_transactions(
+    records: list[NewJob], owner: Owner | None, limits: TenantLimits | None
+) -> tuple[list[tuple[NewJob, State]], set[str]]:
+    """The batch recorded in one transaction of Keel's, its waiting jobs published in another."""
     with transaction() as session:
         _admit(session, owner, records, limits)
         created = store.insert_many(session, records)

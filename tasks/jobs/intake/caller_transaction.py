@@ -16,7 +16,8 @@ only once that transaction commits:
   Redis or RabbitMQ.
 
 The caller's connection may be any of these, on Keel's database (``KEEL_DATABASE_URL``;
-another database's is refused with ``ForeignDatabase`` before anything is recorded):
+another database's is refused with ``ForeignDatabase`` before anything is recorded, but
+for Django's, below):
 
 - a SQLAlchemy ``Session`` (Flask-SQLAlchemy's ``db.session``): published from its
   ``after_commit``;
@@ -27,6 +28,11 @@ another database's is refused with ``ForeignDatabase`` before anything is record
   a ``NOTIFY``, which Postgres delivers only once it commits, and every worker listens
   (``tasks.jobs.upkeep.committed``) and publishes the jobs at once. Their events are the
   publish's (``waiting``); a deduplication's or a delayed job's event is not announced.
+
+Django's connection to another database (another PostgreSQL, MySQL, SQLite) cannot hold
+Keel's rows: there each add is made once it commits (``AddedOnCommit``), which keeps a
+rollback from adding anything but cannot keep a process that dies right after the commit
+from losing the add.
 
 Keel never commits, rolls back or closes the caller's connection. Keel's statements on it
 resolve to Keel's schema (``KEEL_DATABASE_SCHEMA``, when it is not ``public``): the search
@@ -193,18 +199,61 @@ class NotifiedTransaction(CallerTransaction):
         self.session.close()
 
 
-_CALLER: ContextVar[CallerTransaction | None] = ContextVar("keel_caller_tx", default=None)
+@dataclass
+class AddedOnCommit:
+    """A transaction on another database than Keel's that says when it commits (Django's
+    ``on_commit``): nothing is recorded in it. Each add of the block is made, as a whole, once
+    it has committed (Celery's ``delay_on_commit``), in Keel's own transactions; never, if it
+    rolls back. The add's id is fixed when it is called, so its ``AsyncResult`` is known at
+    once. What this cannot promise: a process that dies between the commit and the add loses
+    the add, and a refusal (a tenant's quota, a database down) comes after the commit, raised
+    from the commit as Django raises its ``on_commit`` callbacks' errors."""
+
+    owner: Any
+    hook: Callable[[Callable[[], None]], object]
+
+    def defer(self, add: Callable[[], object]) -> None:
+        """Make ``add`` once the caller commits, outside any caller's transaction."""
+
+        def committed() -> None:
+            token = _CALLER.set(None)
+            try:
+                add()
+            finally:
+                _CALLER.reset(token)
+
+        self.hook(committed)
+
+    def close(self) -> None:
+        """The block ended; its adds wait for the commit."""
+
+
+_CALLER: ContextVar[CallerTransaction | AddedOnCommit | None] = ContextVar(
+    "keel_caller_tx", default=None
+)
 
 
 def current() -> CallerTransaction | None:
-    """The caller's transaction jobs are recorded in here, if ``in_transaction`` is open."""
-    return _CALLER.get()
+    """The caller's transaction jobs are recorded in here, if ``in_transaction`` is open
+    on a connection to Keel's database."""
+    caller = _CALLER.get()
+    return caller if isinstance(caller, CallerTransaction) else None
+
+
+def deferred() -> AddedOnCommit | None:
+    """The caller's transaction on another database, whose adds wait for its commit."""
+    caller = _CALLER.get()
+    return caller if isinstance(caller, AddedOnCommit) else None
 
 
 def _where(url: Any) -> tuple[Any, ...]:
     parsed = make_url(sqlalchemy_url(str(url))) if isinstance(url, str) else url
     host = parsed.host or parsed.query.get("host")
     return (host, parsed.port or 5432, parsed.database)
+
+
+def _is_keels(theirs: tuple[Any, ...]) -> bool:
+    return tuple(theirs) == _where(get_settings().sqlalchemy_url)
 
 
 def _check_database(theirs: tuple[Any, ...]) -> None:
@@ -241,7 +290,7 @@ def _on_borrowed(connection: Any) -> Session:
     return Session(engine)
 
 
-def _caller_transaction(target: Any) -> CallerTransaction:
+def _caller_transaction(target: Any) -> CallerTransaction | AddedOnCommit:
     """The kind of caller transaction ``target`` is (see the module)."""
     if isinstance(target, scoped_session):  # Flask-SQLAlchemy's ``db.session``
         target = target()
@@ -266,8 +315,10 @@ def _caller_transaction(target: Any) -> CallerTransaction:
     )
 
 
-def _django(connection: Any) -> CallerTransaction:
-    """Django's connection (``django.db.connection``), inside ``atomic()``."""
+def _django(connection: Any) -> CallerTransaction | AddedOnCommit:
+    """Django's connection (``django.db.connection``), inside ``atomic()``: jobs are recorded
+    on it when it is Keel's database (PostgreSQL on psycopg 3), else added once it commits
+    (any of Django's databases: another PostgreSQL, MySQL, SQLite)."""
     if not connection.in_atomic_block:
         raise NoTransaction(
             "in_transaction(django.db.connection) needs an atomic() block: outside one, "
@@ -275,16 +326,13 @@ def _django(connection: Any) -> CallerTransaction:
         )
     connection.ensure_connection()
     raw = connection.connection
-    if not isinstance(raw, psycopg.Connection):
-        raise TypeError(
-            "in_transaction needs Django's PostgreSQL backend on psycopg 3 "
-            f"(this connection is {type(raw)!r})"
-        )
-    return HookedTransaction(_on_borrowed(raw), owner=connection, hook=connection.on_commit)
+    if isinstance(raw, psycopg.Connection) and _is_keels(_psycopg_where(raw)):
+        return HookedTransaction(_on_borrowed(raw), owner=connection, hook=connection.on_commit)
+    return AddedOnCommit(owner=connection, hook=connection.on_commit)
 
 
 @contextmanager
-def in_transaction(target: Any) -> Iterator[CallerTransaction]:
+def in_transaction(target: Any) -> Iterator[CallerTransaction | AddedOnCommit]:
     """Record the jobs added in this block in the transaction of ``target``: a SQLAlchemy
     ``Session`` or ``Connection``, a psycopg ``Connection`` or Django's (see the module).
 

@@ -150,9 +150,18 @@ def _add(
         priority=tenancy.rank((ctx or {}).get("priority")),
         parent_job_id=parent,
     )
+    later = caller_transaction.deferred()  # ``in_transaction`` on another database
+    if later is not None:
+        later.defer(partial(_record_and_announce, job, limits, publish_now, None))
+        return AddedJob(job.id, True, str(job.state))  # (what it will be, if made then)
     caller = caller_transaction.current()  # ``in_transaction``: the caller's session records it
-    recorded = _record(job, limits, publish_now, caller)
-    return _announce(job, recorded, publish_now, caller)
+    return _record_and_announce(job, limits, publish_now, caller)
+
+
+def _record_and_announce(
+    job: NewJob, limits: TenantLimits | None, publish_now: bool, caller: Any
+) -> AddedJob:
+    return _announce(job, _record(job, limits, publish_now, caller), publish_now, caller)
 
 
 def _record(job: NewJob, limits: TenantLimits | None, publish_now: bool, caller: Any) -> _Recorded:
