@@ -6,10 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from tasks.jobs.end.cancel import cancel
+from tasks.jobs import Owner, acting_as
 from tasks.jobs.observe import job_logs as logs_of_jobs
 from tests.support import async_jobs
-from tests.support.client import record, ts, wait_state, waits_between_runs
+from tests.support.client import bearer, record, ts, unique, wait_state, waits_between_runs
 from tests.support.stack import WorkerProcess
 
 pytestmark = pytest.mark.stack  # starts worker processes of its own
@@ -78,10 +78,15 @@ def test_a_hard_time_limit_ends_an_async_run_timed_out(prefork):
     assert (job["state"], job["failedReason"]) == ("failed", "timed out after 1 s"), job
 
 
-def test_an_abort_cancels_an_async_task_at_its_await_and_frees_its_slot(prefork):
-    running = async_jobs.async_sleep.apply_async((60,), queue="async")
+def test_an_abort_cancels_an_async_task_at_its_await_and_frees_its_slot(prefork, client):
+    tenant = unique("async")
+    with acting_as(Owner(tenant, "alice")):
+        running = async_jobs.async_sleep.apply_async((60,), queue="async")
     wait_state(running.id, "active", timeout=30)
-    cancel(running.id, None)
+    # its owner cancels it through the API, as the dashboard's button does
+    cancelled = client.delete(f"/api/v1/jobs/{running.id}", headers=bearer(tenant, "alice"))
+    assert cancelled.status_code == 202, cancelled.get_data(as_text=True)  # abort asked
+    assert cancelled.get_json()["abortRequestedAt"] is not None
     job = wait_state(running.id, "cancelled", "completed", "failed", timeout=20)
     assert job["state"] == "cancelled", job
     assert job["runs"][-1]["outcome"] == "cancelled", job

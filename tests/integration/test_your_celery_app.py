@@ -3,8 +3,8 @@
 Its app keeps its own configuration (JSON, its queues, a route to a queue of its own, a
 ``beat_schedule``); its unchanged tasks, called with ``.delay()`` from the project's
 own process and run by ``celery -A proj worker``, are Keel jobs: recorded, retried with
-backoff through the record, routed as the app routes them, and ``AsyncResult.get()``
-returns their results.
+backoff through the record, routed as the app routes them, shown to their owner by Keel's
+API and dashboard, and ``AsyncResult.get()`` returns their results.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from sqlalchemy import select
 from tasks.jobs.model.models import JobRecord
 from tasks.jobs.schedule.schedulers import fire_prefix
 from tasks.platform.db import transaction
-from tests.support.client import record, wait_state, waits_between_runs
+from tests.support.client import bearer, record, unique, wait_state, waits_between_runs
 from tests.support.stack import PROJECT_ROOT, BeatProcess, WorkerProcess, wait_for
+from tests.support.ui import PAGE, signed_in
 
 PROJECT = PROJECT_ROOT / "examples" / "plain_celery"
 WINDOW_S = 10
@@ -106,6 +107,45 @@ def test_a_projects_own_app_runs_its_unchanged_tasks_as_keel_jobs(project_worker
     waits = waits_between_runs(flaky)
     assert len(waits) == 2, waits
     assert 0.9 <= waits[0] <= 6 and 1.9 <= waits[1] <= 7, waits
+
+
+OWNED_CALL = """
+import json, sys
+from proj.tasks import add
+import keel
+
+with keel.acting_as(keel.Owner(sys.argv[1], "alice")):  # the project's own user, say
+    result = add.delay(40, 2)
+print(json.dumps({"id": result.id, "value": result.get(timeout=60)}))
+"""
+
+
+def test_the_projects_jobs_are_in_keels_api_and_dashboard(project_worker, app, client):
+    tenant = unique("proj")
+    done = python_in_project(OWNED_CALL.replace("sys.argv[1]", repr(tenant)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["value"] == 42
+    # The API shows the job to its owner, and lists it by the project's task name
+    shown = client.get(f"/api/v1/jobs/{seen['id']}", headers=bearer(tenant, "alice"))
+    assert shown.status_code == 200, shown.get_data(as_text=True)
+    job = shown.get_json()
+    assert (job["name"], job["queue"], job["state"], job["result"]) == (
+        "proj.tasks.add",
+        "celery",
+        "completed",
+        42,
+    ), job
+    listed = client.get(
+        "/api/v1/jobs?name=proj.tasks.add", headers=bearer(tenant, "alice")
+    ).get_json()
+    assert [item["jobId"] for item in listed["jobs"]] == [seen["id"]], listed
+    # and so does the dashboard, to the same user; another tenant's user gets a 404
+    page = signed_in(app, tenant, "alice").get(f"/ui/jobs/{seen['id']}", headers=PAGE)
+    assert page.status_code == 200
+    assert "proj.tasks.add" in page.get_data(as_text=True)
+    stranger = signed_in(app, unique("other"), "alice").get(f"/ui/jobs/{seen['id']}", headers=PAGE)
+    assert stranger.status_code == 404
 
 
 def test_a_setting_keel_cannot_run_with_is_refused_in_one_line(stack):
