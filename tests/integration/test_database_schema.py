@@ -3,24 +3,34 @@
 The database already holds the other app's ``public.jobs`` (other columns, a row of its
 own). Keel's migrations, its worker (a real ``celery worker``), its adds, deduplication,
 per-state counters (triggers) and a caller's transaction whose search path is ``public``
-all work in schema ``keel``, and the other app's table is as it was.
+all work in schema ``keel``, and so do the README's core scenarios (a report and its
+artifact, retries with backoff, an operator's audited retry, a delayed job, a scheduler's
+fires); the other app's table is as it was.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from tasks.jobs import Deduplication, JobOptions, add, in_transaction
+from tasks.jobs import Backoff, Deduplication, JobOptions, Owner, add, in_transaction
+from tasks.jobs.intake.manual_retry import RetryRequest, retry
+from tasks.jobs.model.schedule_rules import JobTemplate
+from tasks.jobs.schedule import schedulers
+from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from tasks.jobs.store.counts import counts
 from tasks.platform import db
 from tasks.platform.config import get_settings, reload_settings
 from tasks.platform.migrate import migrate
-from tests.support.client import record, unique, wait_state
+from tasks.reports.jobs import GENERATE
+from tasks.reports.operation_key import operation_key
+from tasks.reports.service import report_options
+from tests.support.client import record, ts, unique, wait_state, waits_between_runs
 from tests.support.databases import fresh_database
 from tests.support.stack import WorkerProcess, wait_for
 
@@ -151,4 +161,68 @@ def test_a_callers_psycopg_connection_on_public_records_in_keels_schema(their_en
         connection.commit()
     done = wait_state(job_id, "completed", timeout=30)
     assert done["result"] == {"echo": {"caller": "psycopg"}}
+    assert _theirs(their_engine) == (THEIRS, ["id", "title", "s"])
+
+
+def _in_keels_schema(engine, sql: str, **params) -> int:
+    with engine.connect() as connection:
+        return connection.execute(text(sql.format(schema=SCHEMA)), params).scalar_one()
+
+
+def test_the_readmes_core_scenarios_run_in_keels_schema(their_engine):
+    owner = Owner("acme", "alice")
+    # Given a report (its artifact stored with INSERT ... ON CONFLICT), a job failing with
+    # exponential backoff, and a delayed job, all on Keel's worker
+    report_id = unique()
+    key = operation_key("acme", "alice", report_id, 3)
+    report = add(
+        GENERATE,
+        {"reportId": report_id, "rows": 3},
+        queue=QUEUE,
+        opts=report_options(key),
+        owner=owner,
+    )
+    backoff = Backoff(type="exponential", delay=200)
+    failing = add(
+        "test.always_fails", {}, queue=QUEUE, opts=JobOptions(attempts=3, backoff=backoff)
+    )
+    later = add("test.echo", {"later": True}, queue=QUEUE, opts=JobOptions(delay=1000))
+    # Then the report completes with its artifact in Keel's schema
+    done = wait_state(report.job_id, "completed", "failed", timeout=60)
+    assert done["state"] == "completed", done
+    artifacts = "SELECT count(*) FROM {schema}.report_artifacts WHERE operation_key = :key"
+    assert _in_keels_schema(their_engine, artifacts, key=key) == 1
+    # and the failing job ran three times, 0.2 s then 0.4 s apart, and failed
+    failed = wait_state(failing.job_id, "failed", timeout=30)
+    assert failed["attemptsMade"] == 3, failed
+    waits = waits_between_runs(failed)
+    assert 0.15 <= waits[0] <= 1.5 and 0.35 <= waits[1] <= 2.0, waits
+    # and an operator's retry gives it its three attempts again, audited in Keel's schema
+    retry(RetryRequest(failing.job_id, None, None, actor="ops", reason="upstream fixed now"))
+
+    twice = ["retrying", "retrying", "failed", "manual-retry", "retrying", "retrying", "failed"]
+
+    def failed_again() -> dict | None:
+        job = record(failing.job_id)
+        return job if [run["outcome"] for run in job["runs"]] == twice else None
+
+    assert wait_for(failed_again, timeout=30)["state"] == "failed"
+    audits = "SELECT count(*) FROM {schema}.job_retry_audit WHERE job_id = :id"
+    assert _in_keels_schema(their_engine, audits, id=failing.job_id) == 1
+    # and the delayed job ran no sooner than its delay
+    ran = wait_state(later.job_id, "completed", timeout=30)
+    assert ts(ran["processedOn"]) - ts(ran["createdAt"]) >= timedelta(seconds=1), ran
+    # and a scheduler fires its jobs (as beat's tick does) into Keel's schema
+    scheduler_id = unique("every")
+    parked = JobOptions(delay=86_400_000)  # (recorded, not run: no worker here runs default)
+    spec = SchedulerSpec(every=200, limit=2, template=JobTemplate(name="test.echo", opts=parked))
+    schedulers.upsert(Scope("acme"), scheduler_id, spec)
+    fired = "SELECT count(*) FROM {schema}.jobs WHERE id LIKE :prefix"
+    prefix = schedulers.fire_prefix("acme", scheduler_id) + "%"
+
+    def fires() -> int:
+        schedulers.fire_due()
+        return _in_keels_schema(their_engine, fired, prefix=prefix)
+
+    assert wait_for(lambda: fires() == 2, timeout=20)
     assert _theirs(their_engine) == (THEIRS, ["id", "title", "s"])
