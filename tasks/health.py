@@ -35,6 +35,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from sqlalchemy.engine import make_url
@@ -73,12 +74,13 @@ class Check:
 
 
 def _postgres() -> Finding:
-    url = make_url(get_settings().sqlalchemy_url).set(drivername="postgresql")
-    with psycopg.connect(
-        url.render_as_string(hide_password=False),
-        connect_timeout=POSTGRES_CONNECT_TIMEOUT_S,
-        options="-c statement_timeout=1000",
-    ) as conn:
+    settings = get_settings()
+    url = make_url(settings.sqlalchemy_url).set(drivername="postgresql")
+    # A transaction pooler refuses startup options; there the probe's own deadline suffices.
+    options: dict[str, Any] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
+    if settings.database_pooler != "transaction":
+        options["options"] = "-c statement_timeout=1000"
+    with psycopg.connect(url.render_as_string(hide_password=False), **options) as conn:
         conn.execute("SELECT 1")
     return None, "ok"
 

@@ -195,6 +195,18 @@ class Settings(BaseSettings):
     # The Postgres schema of Keel's tables, functions and triggers (a plain lowercase SQL
     # name), so another app's tables of the same names may share the database.
     database_schema: str = "public"
+    # What stands between Keel and Postgres: `none` (nothing, or a pooler in session mode), or
+    # `transaction`, a pooler that hands each transaction a server connection of its own
+    # choosing (PgBouncer's `pool_mode = transaction`). There Keel sends no startup options
+    # and prepares no statements: each transaction begins by setting Keel's timeouts and
+    # search path for itself, one statement more per transaction. [Connection
+    # poolers](../operations/index.md#connection-poolers).
+    database_pooler: Literal["none", "transaction"] = "none"
+    # Postgres itself, past the pooler: each worker's listener for jobs committed in a
+    # caller's transaction connects here (LISTEN needs a session of its own). Unset: it uses
+    # KEEL_DATABASE_URL, or, with `KEEL_DATABASE_POOLER=transaction`, does not listen (those
+    # jobs are published within 5 s anyway).
+    database_direct_url: str | None = None
     redis_url: str | None = None
     # Celery's messages only (``amqp://`` for RabbitMQ); unset: they go through Redis too.
     broker_url: str | None = None
@@ -298,6 +310,11 @@ class Settings(BaseSettings):
     provider_capacity: int = 10_000
     provider_retry_attempts: int = 8
     provider_retry_delay_ms: int = 500
+
+    @field_validator("database_pooler", mode="before")
+    @classmethod
+    def _pooler(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("log_format", "log_level", mode="before")
     @classmethod

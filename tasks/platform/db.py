@@ -11,6 +11,15 @@ through an engine whose pool wait and server-side ``statement_timeout`` fit
 inside that deadline, so a hung or overloaded Postgres costs a request at
 most ``KEEL_REQUEST_DEADLINE_S`` (1 s) before it is answered 503. Everything else
 (workers, beat, CLI) uses an engine with generous limits.
+
+The server settings of Keel's connections (``server_settings``: the statement and
+idle-in-transaction timeouts, the schema's search path) go in libpq's startup ``options``.
+Behind a transaction pooler (``KEEL_DATABASE_POOLER=transaction``: PgBouncer's
+``pool_mode = transaction``), which refuses those options and hands each transaction a
+server connection of its own choosing, no startup option is sent: every transaction
+begins with one statement setting them for itself (``set_config(..., true)``, as ``SET
+LOCAL`` does), single statements run inside such a transaction too, and psycopg prepares
+no statements (a prepared statement lives on one server connection).
 """
 
 from __future__ import annotations
@@ -136,30 +145,67 @@ def schema() -> str:
     return get_settings().database_schema
 
 
-def search_path_option() -> str:
-    """libpq's ``options`` text that makes Keel's schema a connection's only one searched.
+def pooled() -> bool:
+    """Whether Keel's connections go through a transaction pooler (``KEEL_DATABASE_POOLER``)."""
+    return get_settings().database_pooler == "transaction"
 
-    Keel's statements name their tables and functions unqualified, and its triggers' functions
-    do too: on a connection of Keel's they all resolve to ``KEEL_DATABASE_SCHEMA`` through
-    this. Empty for ``public``, where an install's connections stay as they always were."""
-    name = schema()
-    return "" if name == "public" else f" -c search_path={name}"
+
+def server_settings(kind: str) -> dict[str, str]:
+    """The server settings every transaction on an engine of ``kind`` runs under.
+
+    The timeouts (see ``IDLE_IN_TRANSACTION_S`` and ``_limits``), and the search path:
+    Keel's statements name their tables and functions unqualified, and its triggers'
+    functions do too, so on a connection of Keel's they all resolve to
+    ``KEEL_DATABASE_SCHEMA`` through it. No search path for ``public``, where an install's
+    connections stay as they always were."""
+    found = {
+        "statement_timeout": str(_limits(kind)["statement_timeout_ms"]),
+        "idle_in_transaction_session_timeout": str(int(IDLE_IN_TRANSACTION_S * 1000)),
+    }
+    if schema() != "public":
+        found["search_path"] = schema()
+    return found
+
+
+def startup_options(settings: dict[str, str]) -> str:
+    """``settings`` as libpq's startup ``options`` text (a connection's whole life)."""
+    return " ".join(f"-c {name}={value}" for name, value in settings.items())
+
+
+def settings_statement(settings: dict[str, str]) -> str:
+    """``settings`` as one statement that sets them for the current transaction only.
+
+    The values are numbers and a plain SQL name (``KEEL_DATABASE_SCHEMA`` is checked when
+    the settings are read): written into the text, so the statement has no parameters."""
+    calls = ", ".join(f"set_config('{name}', '{value}', true)" for name, value in settings.items())
+    return f"SELECT {calls}"
+
+
+def begin_statement(kind: str) -> str | None:
+    """Behind a transaction pooler, the statement that begins each transaction on an engine
+    of ``kind`` (``settings_statement``); None on a direct connection, where the settings are
+    startup options."""
+    return settings_statement(server_settings(kind)) if pooled() else None
 
 
 def _create(kind: str) -> Engine:
     limits = _limits(kind)
-    options = (
-        f"-c statement_timeout={limits['statement_timeout_ms']} "
-        f"-c idle_in_transaction_session_timeout={int(IDLE_IN_TRANSACTION_S * 1000)}"
-        f"{search_path_option()}"
-    )
+    settings = server_settings(kind)
+    connect_args: dict[str, Any] = {"connect_timeout": limits["connect_timeout"]}
+    if pooled():
+        # No startup options (a transaction pooler refuses them), and no prepared
+        # statements: the next transaction may run on a server connection that lacks them.
+        connect_args["prepare_threshold"] = None
+    else:
+        connect_args["options"] = startup_options(settings)
     created = create_engine(
         get_settings().sqlalchemy_url,
         pool_size=POOL_SIZE,
         max_overflow=10,
         pool_timeout=limits["pool_timeout"],
-        connect_args={"connect_timeout": limits["connect_timeout"], "options": options},
+        connect_args=connect_args,
     )
+    statement = begin_statement(kind)
 
     @event.listens_for(created, "do_connect")
     def _connect(dialect, record, cargs, cparams):  # psycopg, with our deadlines
@@ -169,6 +215,13 @@ def _create(kind: str) -> Engine:
     def _checkout(dbapi_connection, record, proxy):  # SQLAlchemy then connects afresh
         if not still_open(dbapi_connection):
             raise DisconnectionError("the server closed this pooled connection")
+
+    if statement is not None:
+
+        @event.listens_for(created, "begin")
+        def _begin(connection):  # the transaction's first statement, before the caller's
+            if not connection.connection.dbapi_connection.autocommit:
+                connection.exec_driver_sql(statement)
 
     return created
 
@@ -231,7 +284,8 @@ def still_open(dbapi_connection: Any) -> bool:
         return False
 
 
-def _scope() -> tuple[Engine, sessionmaker[Session]]:
+def _scope() -> tuple[Engine, sessionmaker[Session], str | None]:
+    """This process's engine for the caller's scope, its sessions, and ``begin_statement``."""
     kind = "request" if deadline.budgeted() else "background"
     with _lock:
         if _state.get("pid") != os.getpid():
@@ -239,7 +293,7 @@ def _scope() -> tuple[Engine, sessionmaker[Session]]:
             _state["pid"] = os.getpid()
         if kind not in _state:
             made = _create(kind)
-            _state[kind] = (made, sessionmaker(made, expire_on_commit=False))
+            _state[kind] = (made, sessionmaker(made, expire_on_commit=False), begin_statement(kind))
         return _state[kind]
 
 
@@ -272,14 +326,17 @@ def transaction(*, one_statement: bool = False) -> Iterator[Session]:
     ``one_statement=True``: the block runs a single statement, which is its own
     transaction — sent in autocommit, without the ``BEGIN`` and ``COMMIT`` round
     trips (the hot path's transitions: an add, a claim, a completion). Session
-    events (``after_commit``) fire as for any transaction.
+    events (``after_commit``) fire as for any transaction. Behind a transaction pooler it is
+    an ordinary transaction: only inside one do the server settings (``begin_statement``)
+    hold for the statement.
     """
     deadline.start()  # a request's wait for a pooled connection counts toward its deadline
-    if not one_statement:
-        with _scope()[1].begin() as session:
+    made, sessions, begins = _scope()
+    if not one_statement or begins is not None:
+        with sessions.begin() as session:
             yield session
         return
-    with _scope()[0].connect() as connection:
+    with made.connect() as connection:
         connection = connection.execution_options(isolation_level="AUTOCOMMIT")
         with Session(bind=connection, expire_on_commit=False) as session:
             yield session
@@ -298,10 +355,11 @@ def run_alone(statement: TextClause, params: dict[str, Any]) -> dict[str, Any] |
     Session a statement costs its client ~0.3 ms of CPU, through the connection alone
     ~0.1 ms. The pool, its checks and the round-trip deadlines are the same as a
     ``transaction``'s; errors are raised as a Session raises them (SQLAlchemy's, so
-    ``STORE_UNAVAILABLE`` still names them), and a dead connection leaves the pool.
+    ``STORE_UNAVAILABLE`` still names them), and a dead connection leaves the pool. Behind a
+    transaction pooler the statement runs in a transaction that ``begin_statement`` begins.
     """
     deadline.start()
-    made = _scope()[0]
+    made, _, begins = _scope()
     sql = _driver_sql.get(statement)
     if sql is None:
         sql = _driver_sql[statement] = str(statement.compile(dialect=made.dialect))
@@ -312,6 +370,11 @@ def run_alone(statement: TextClause, params: dict[str, Any]) -> dict[str, Any] |
     try:
         connection: psycopg.Connection = pooled.driver_connection  # type: ignore[assignment]
         try:
+            if begins is not None:
+                with connection.transaction(), connection.cursor(row_factory=dict_row) as cursor:
+                    cursor.execute(begins)
+                    cursor.execute(sql, params)
+                    return cursor.fetchone() if cursor.description else None
             connection.autocommit = True
             try:
                 with connection.cursor(row_factory=dict_row) as cursor:

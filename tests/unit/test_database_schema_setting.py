@@ -24,12 +24,15 @@ def test_public_is_the_default_and_adds_nothing_to_keels_connections(monkeypatch
     monkeypatch.delenv("KEEL_DATABASE_SCHEMA", raising=False)
     assert Settings().database_schema == "public"
     reload_settings()
-    assert db.search_path_option() == ""
+    assert "search_path" not in db.server_settings("background")
 
 
 def test_another_schema_is_keels_connections_only_search_path(schema_setting):
     schema_setting("keel_jobs")
-    assert db.search_path_option() == " -c search_path=keel_jobs"
+    assert db.server_settings("background")["search_path"] == "keel_jobs"
+    assert db.startup_options(db.server_settings("background")).endswith(
+        " -c search_path=keel_jobs"
+    )
 
 
 @pytest.mark.parametrize(

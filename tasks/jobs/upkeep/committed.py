@@ -9,6 +9,10 @@ jobs at once (``publish_now``: a job another worker or the promoter took already
 skipped). A
 notification nobody heard (no worker running, a connection lost, a pooler that cannot
 ``LISTEN``) costs only the backstop's wait: the promoter publishes the job when it is due.
+
+A ``LISTEN`` needs a session of its own, which a transaction pooler does not keep: the
+listener connects to ``KEEL_DATABASE_DIRECT_URL`` (Postgres past the pooler) when it is set;
+else, with ``KEEL_DATABASE_POOLER=transaction``, it does not listen, and says so once.
 """
 
 from __future__ import annotations
@@ -20,18 +24,26 @@ from typing import Any
 import psycopg
 from celery import bootsteps
 
-from tasks.jobs.intake.caller_transaction import publish_now
+from tasks.jobs.intake.caller_transaction import BACKSTOP_S, publish_now
 from tasks.jobs.store.upkeep import COMMITTED_CHANNEL
-from tasks.platform.config import get_settings
+from tasks.platform.config import get_settings, sqlalchemy_url
 
 log = logging.getLogger(__name__)
 WAIT_S = 1.0  # how long one wait for notifications lasts (the stop is checked between)
 RETRY_S = 5.0  # after a lost connection
 
 
-def conninfo() -> str:
-    """Keel's database, as libpq takes it (the listener's own connection)."""
-    return get_settings().sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+def conninfo() -> str | None:
+    """Keel's database, as libpq takes it (the listener's own connection); None: none that
+    keeps a session (a transaction pooler's, and no direct URL)."""
+    settings = get_settings()
+    if settings.database_direct_url:
+        url = sqlalchemy_url(settings.database_direct_url)
+    elif settings.database_pooler == "transaction":
+        return None
+    else:
+        url = settings.sqlalchemy_url
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
 class CommitListener(bootsteps.StartStopStep):
@@ -42,8 +54,18 @@ class CommitListener(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._url: str | None = None
 
     def start(self, worker: Any) -> None:
+        self._url = conninfo()
+        if self._url is None:
+            log.info(
+                "not listening for committed jobs: KEEL_DATABASE_POOLER=transaction and no "
+                "KEEL_DATABASE_DIRECT_URL; jobs added in a caller's transaction are published "
+                "within %.0f s of its commit",
+                BACKSTOP_S,
+            )
+            return
         self._thread = threading.Thread(target=self._loop, name="keel-committed", daemon=True)
         self._thread.start()
 
@@ -63,7 +85,7 @@ class CommitListener(bootsteps.StartStopStep):
                 self._stop.wait(RETRY_S)
 
     def _listen(self) -> None:
-        with psycopg.connect(conninfo(), autocommit=True, connect_timeout=5) as connection:
+        with psycopg.connect(self._url or "", autocommit=True, connect_timeout=5) as connection:
             connection.execute(f"LISTEN {COMMITTED_CHANNEL}")
             while not self._stop.is_set():
                 for note in connection.notifies(timeout=WAIT_S):  # each as it arrives
