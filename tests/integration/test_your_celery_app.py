@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -146,6 +147,36 @@ def test_the_projects_jobs_are_in_keels_api_and_dashboard(project_worker, app, c
     assert "proj.tasks.add" in page.get_data(as_text=True)
     stranger = signed_in(app, unique("other"), "alice").get(f"/ui/jobs/{seen['id']}", headers=PAGE)
     assert stranger.status_code == 404
+
+
+ASYNC_CALLS = """
+import json, sys
+from proj.tasks import fetch
+
+up, down = fetch.delay(sys.argv[1]), fetch.delay(sys.argv[2])
+print(json.dumps({"up": up.id, "status": up.get(timeout=60), "down": down.id}))
+"""
+
+
+def test_the_projects_async_task_awaits_http_and_is_retried_through_its_record(
+    project_worker, sandbox
+):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/"
+    done = python_in_project(
+        ASYNC_CALLS.replace("sys.argv[1]", repr(f"{sandbox.url}/health")).replace(
+            "sys.argv[2]", repr(closed)
+        )
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 200
+    assert record(seen["up"])["name"] == "proj.tasks.fetch"
+    # A refused connection is httpx's TransportError: autoretry_for retries it three times
+    down = wait_state(seen["down"], "failed", "completed", timeout=60)
+    assert (down["state"], down["attemptsStarted"]) == ("failed", 4), down
+    assert down["runs"][-1]["exception"]["exc_type"] == "ConnectError", down
 
 
 def test_a_setting_keel_cannot_run_with_is_refused_in_one_line(stack):

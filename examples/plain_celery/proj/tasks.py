@@ -1,5 +1,7 @@
 """Plain Celery tasks, unchanged: with ``keel.install(app)`` each is a recorded Keel job."""
 
+import httpx
+
 from proj.celery import app
 
 
@@ -26,3 +28,15 @@ def resize(image):
 @app.task
 def tick():
     return "tick"
+
+
+# --8<-- [start:fetch]
+@app.task(autoretry_for=(httpx.TransportError,), retry_backoff=1, max_retries=3)
+async def fetch(url):
+    """An async task: its awaits run on the worker's event loop (docs/async.md)."""
+    async with httpx.AsyncClient() as client:
+        response = await client.get(url, timeout=10)
+    return response.status_code
+
+
+# --8<-- [end:fetch]
