@@ -17,6 +17,7 @@ from typing import Any
 from tasks.platform import db, logs, tracing
 from tasks.platform.config import get_settings
 from tasks.platform.lifeline import die_with_parent
+from web import metrics_lease
 
 worker_class = "web.serving.StreamingWorker"
 # Processes (KEEL_WEB_WORKERS), each with a pool of threads: up to
@@ -46,6 +47,7 @@ def post_fork(server: Any, worker: Any) -> None:
     no worker serving on its own until it notices (it checks once a second, then lets its
     requests finish)."""
     die_with_parent(signal.SIGKILL)
+    metrics_lease.set_server(server.pid)  # the master's workers answer /metrics alike
 
 
 def worker_int(worker: Any) -> None:

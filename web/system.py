@@ -30,7 +30,7 @@ from tasks.jobs.observe.queue_counts import counts, due_delayed, oldest_waiting_
 from tasks.jobs.upkeep import liveness
 from tasks.platform import deadletters
 from tasks.platform.config import get_settings
-from web import http_metrics
+from web import http_metrics, metrics_lease
 from web.api import operation
 from web.errors import ApiError
 from web.openapi import document
@@ -59,6 +59,7 @@ EXPORTED = frozenset(
         "keel_http_request_duration_seconds",
         "keel_scrape_errors_total",
         "keel_metrics_source_up",
+        "keel_metrics_system_wide",
     }
 )
 
@@ -246,12 +247,42 @@ class SourcesUp:
         yield family
 
 
-REGISTRY = CollectorRegistry()
-REGISTRY.register(Source("postgres", job_states))
-REGISTRY.register(Source("redis", lambda: chain(job_activity(), http_requests())))
-REGISTRY.register(Source("liveness", processes))
-REGISTRY.register(SourcesUp())  # after the sources: this scrape's outcome
-REGISTRY.register(SCRAPE_ERRORS)  # last: a scrape's own errors are in its answer
+class ServesSystemWide:
+    """``keel_metrics_system_wide``: whether this scrape served the system-wide series
+    (``web.metrics_lease``); a ``sum`` over the targets is 1 when exactly one serves them."""
+
+    def __init__(self) -> None:
+        self.now = True
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "keel_metrics_system_wide",
+            "1 if this scrape served the system-wide series, 0 if another server serves them"
+            " (KEEL_METRICS_SCRAPE=each)",
+        )
+        family.add_metric([], int(self.now))
+        yield family
+
+
+# The system-wide series: served by every server, or by the one elected (web.metrics_lease)
+SYSTEM_WIDE = CollectorRegistry()
+SYSTEM_WIDE.register(Source("postgres", job_states))
+SYSTEM_WIDE.register(Source("redis", lambda: chain(job_activity(), http_requests())))
+SYSTEM_WIDE.register(Source("liveness", processes))
+SYSTEM_WIDE.register(SourcesUp())  # after the sources: this scrape's outcome
+# This server's own series, in every scrape
+SERVED = ServesSystemWide()
+OWN = CollectorRegistry()
+OWN.register(SERVED)
+OWN.register(SCRAPE_ERRORS)  # last: a scrape's own errors are in its answer
+
+
+def exposition() -> bytes:
+    """What ``/metrics`` answers: the system-wide series if this server serves them, then
+    its own."""
+    SERVED.now = metrics_lease.serves_system_wide()
+    system_wide = generate_latest(SYSTEM_WIDE) if SERVED.now else b""
+    return system_wide + generate_latest(OWN)
 
 
 STACK_HEADER = "Keel-Stack"
@@ -343,7 +374,7 @@ def system_status():
     produces="text/plain",
 )
 def metrics():
-    return Response(generate_latest(REGISTRY), mimetype=CONTENT_TYPE_LATEST)
+    return Response(exposition(), mimetype=CONTENT_TYPE_LATEST)
 
 
 @operation(

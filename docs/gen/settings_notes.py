@@ -54,6 +54,15 @@ NOTES: dict[str, str] = {
         " from a private network alone. Off by default: the API's port is the public one."
         " `GET /api/v1/system/status` still wants the metrics token."
     ),
+    "metrics_scrape": (
+        "How Prometheus reaches the web servers. `one`: one target (a single server, or a load"
+        " balancer in front of several): every process serves every series. `each`: each"
+        " server is a target of its own (Kubernetes pods, several hosts): one server at a time"
+        " serves the system-wide series, elected in Redis for 60 s and renewed by its scrapes,"
+        " and every server serves `keel_metrics_system_wide` (1 on the one that serves them),"
+        " so a `sum` over targets counts each job once"
+        " ([Several replicas](../operations/observe.md#several-replicas))."
+    ),
     "provider_url": (
         "Where workers reach the messaging provider's group API; the provider sandbox is"
         " `http://HOST:8025` (`keel up` points it at its own sandbox)."

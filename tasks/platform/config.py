@@ -237,6 +237,9 @@ class Settings(BaseSettings):
     # Unset: `keel up` generates the token.
     metrics_token: str | None = None
     metrics_public: bool = False
+    # How Prometheus scrapes the web servers: "one" target, or "each" on its own, where one
+    # server at a time serves the system-wide series (web.metrics_lease).
+    metrics_scrape: Literal["one", "each"] = "one"
     # An API request's database work, pool wait included, before it is answered 503.
     request_deadline_s: float = Field(default=1.0, gt=0, le=60)
     # Logs of every process (tasks.platform.logs): JSON lines, or text lines on a terminal ("auto").

@@ -268,6 +268,7 @@ class WebProcess:
     port: int = 0
     extra_args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -297,7 +298,7 @@ class WebProcess:
         self.process = subprocess.Popen(
             args,
             cwd=PROJECT_ROOT,
-            env=dict(os.environ),
+            env={**os.environ, **self.extra_env},
             stdout=self.log_path.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -35,4 +35,4 @@ def test_a_failing_source_is_left_out_and_counted_while_the_others_answer():
     }
     assert (up["test-working"], up["test-failing"]) == (1, 0)
     # The counter is one of /metrics' own series
-    assert system.REGISTRY._names_to_collectors["keel_scrape_errors_total"] is system.SCRAPE_ERRORS
+    assert system.OWN._names_to_collectors["keel_scrape_errors_total"] is system.SCRAPE_ERRORS

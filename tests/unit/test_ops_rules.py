@@ -21,9 +21,13 @@ def metric_names(expr: str) -> set[str]:
     return {next((n[: -len(s)] for s in SUFFIXES if n.endswith(s)), n) for n in names}
 
 
-def rule_expressions() -> dict[str, str]:
+def alert_rules() -> list[dict]:
     rules = yaml.safe_load((OPS / "prometheus" / "keel-alerts.yml").read_text())
-    return {r["alert"]: r["expr"] for group in rules["groups"] for r in group["rules"]}
+    return [rule for group in rules["groups"] for rule in group["rules"]]
+
+
+def rule_expressions() -> dict[str, str]:
+    return {rule["alert"]: rule["expr"] for rule in alert_rules()}
 
 
 def dashboard_expressions() -> dict[str, str]:
@@ -44,7 +48,8 @@ def test_every_alert_and_panel_reads_an_exported_metric():
     assert len(expressions) >= 15
     for where, expr in expressions.items():
         names = metric_names(expr)
-        assert names, f"{where} reads no Keel metric: {expr}"
+        # (the scrape's own health is Prometheus's series of Keel's scrape job)
+        assert names or 'up{job="keel"}' in expr, f"{where} reads no Keel metric: {expr}"
         assert names <= EXPORTED, f"{where} reads {sorted(names - EXPORTED)}, not exported"
 
 
@@ -58,6 +63,22 @@ def test_the_alerts_named_by_the_docs_are_there():
         "KeelDeadLettersGrowing",
         "KeelDelayedJobsNotPromoted",
     } <= set(rule_expressions())
+
+
+def headings(page: Path) -> set[str]:
+    """The anchors of a docs page's headings, as mkdocs makes them (these are plain words)."""
+    found = re.findall(r"^#+ (.+)$", page.read_text(), re.MULTILINE)
+    return {re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") for title in found}
+
+
+def test_every_alert_has_a_runbook_section_in_the_docs():
+    runbooks = OPS.parent / "docs" / "operations" / "runbooks.md"
+    sections = headings(runbooks)
+    for rule in alert_rules():
+        url = rule["annotations"].get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        assert page.endswith("/operations/runbooks/"), (rule["alert"], url)
+        assert anchor == rule["alert"].lower() and anchor in sections, (rule["alert"], url)
 
 
 def test_the_metrics_keel_serves_are_the_ones_it_declares(client):
