@@ -19,25 +19,44 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.signals import beat_init, worker_init
 from kombu import Exchange, Queue
 
 from tasks.jobs.intake.tenancy import PRIORITY_STEPS
+from tasks.platform import broker
 from tasks.platform.catalog import celery_queues
 from tasks.platform.config import Settings
 from tasks.platform.rabbitmq import CONFIRM_TIMEOUT_S
+from tasks.platform.redis_url import RedisTarget
 
 # The built-in apps' queues that are on (KEEL_BUILTIN_JOBS), and "default".
 QUEUES = celery_queues()
 
 
+def redis_target(settings: Settings) -> RedisTarget | None:
+    """``KEEL_REDIS_URL`` parsed, or None while it is unset (Celery says so on use)."""
+    return settings.redis_target if settings.redis_url else None
+
+
 def redis_broker(settings: Settings) -> dict[str, Any]:
-    """Celery's broker settings when its messages go through Redis (the default)."""
+    """Celery's broker settings when its messages go through Redis (the default).
+
+    Through Redis Sentinel (a ``sentinel://`` URL), Keel's Sentinel transport and the
+    primary's name; over TLS (``rediss://``), the URL's TLS options as ``broker_use_ssl``
+    (``tasks.platform.redis_url``)."""
+    target = redis_target(settings)
+    sentinel = target is not None and target.is_sentinel
+    transport = "SentinelTransport" if sentinel else "Transport"
+    options: dict[str, Any] = {}
+    if target is not None and target.is_sentinel:
+        options["master_name"] = target.master_name
     return {
-        "broker_url": settings.redis_url,  # None until configured: Celery says so on use
+        "broker_url": target.library_url if target else None,
         # Poison messages go to dead letters instead of killing the worker: kombu's
         # Redis transport and Celery's consumer, each guarded (tasks.platform.transport,
         # tasks.platform.consumer).
-        "broker_transport": "tasks.platform.transport:Transport",
+        "broker_transport": f"tasks.platform.transport:{transport}",
+        **({"broker_use_ssl": dict(target.ssl)} if target and target.ssl else {}),
         # A hung Redis keeps its sockets open, so every blocking step needs a timeout
         # or it waits forever: connecting, each command (``socket_timeout``, which
         # bounds a publish; the consumer's BRPOP is watched by kombu's health checks
@@ -63,6 +82,7 @@ def redis_broker(settings: Settings) -> dict[str, Any]:
             # A tenant's load on a queue lowers the priority of its next job
             # (tasks.jobs.intake.tenancy).
             "priority_steps": list(PRIORITY_STEPS),
+            **options,
         },
         "task_queues": [
             Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
@@ -130,7 +150,7 @@ def owned(settings: Settings) -> dict[str, Any]:
         # the record is the only copy); a plain Celery task's result is Celery's own, in
         # Redis. Chords whose body is a Keel task are counted in the records
         # (tasks.jobs.calls.result_backend).
-        "result_backend": f"tasks.jobs.calls.result_backend:KeelBackend+{settings.redis_url}",
+        **result_backend(settings),
         "task_track_started": False,
         # Flower and the event stream see every job.
         "worker_send_task_events": True,
@@ -138,6 +158,20 @@ def owned(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "beat_scheduler": "tasks.jobs.schedule.beat:KeelScheduler",
     }
+
+
+def result_backend(settings: Settings) -> dict[str, Any]:
+    """Celery's result backend on Keel's Redis: the Sentinel variant for a ``sentinel://``
+    URL (with the primary's name), the URL's TLS options for a ``rediss://`` one."""
+    target = redis_target(settings)
+    backend = "KeelSentinelBackend" if target and target.is_sentinel else "KeelBackend"
+    url = target.library_url if target else settings.redis_url
+    found: dict[str, Any] = {"result_backend": f"tasks.jobs.calls.result_backend:{backend}+{url}"}
+    if target is not None and target.is_sentinel:
+        found["result_backend_transport_options"] = {"master_name": target.master_name}
+    if target is not None and target.ssl:
+        found["redis_backend_use_ssl"] = dict(target.ssl)
+    return found
 
 
 # Settings a Keel app cannot run with, and why: install refuses the app in one line.
@@ -163,3 +197,9 @@ def defaults(settings: Settings) -> dict[str, Any]:
         "enable_utc": True,
         "timezone": "UTC",
     }
+
+
+# A worker or beat whose Redis refuses TLS (a wrong CA file) stops at start, in one line
+# naming the host and the TLS error, instead of retrying for ever (tasks.platform.broker).
+worker_init.connect(broker.refuse_tls_failure, weak=False)
+beat_init.connect(broker.refuse_tls_failure, weak=False)

@@ -33,7 +33,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from flask import Flask, current_app
 from limits import RateLimitItem, parse
 
@@ -90,8 +89,8 @@ class TenantRateLimiter:
         """The windows script, registered on this limiter's Redis client."""
         with self._lock:
             if self._script is None:
-                client = redis.Redis.from_url(
-                    self.storage_url or get_settings().redis,
+                client = broker.new_client(
+                    self.storage_url,
                     socket_connect_timeout=REDIS_TIMEOUT_S,
                     socket_timeout=REDIS_TIMEOUT_S,
                 )

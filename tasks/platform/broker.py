@@ -27,6 +27,7 @@ import redis
 
 from tasks.platform.config import get_settings
 from tasks.platform.rabbitmq import CONFIRM_TIMEOUT_S
+from tasks.platform.redis_url import parse, tls_failure
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +42,47 @@ _state: dict[str, object] = {}
 _unreachable_until = {"Redis": 0.0, "RabbitMQ": 0.0}
 
 
+def new_client(url: str | None = None, **options: Any) -> redis.Redis:
+    """A new client of Keel's Redis (``KEEL_REDIS_URL``, or ``url``), each connection with
+    ``options``: one Redis, one over TLS, or the primary Redis Sentinel names
+    (``tasks.platform.redis_url``). Every Redis client of Keel's is made here."""
+    return parse(url or get_settings().redis).client(**options)
+
+
 def redis_client() -> redis.Redis:
     if _state.get("pid") != os.getpid():
-        _state["client"] = redis.Redis.from_url(
-            get_settings().redis,
+        _state["client"] = new_client(
             socket_timeout=REDIS_TIMEOUT_S,
             socket_connect_timeout=REDIS_TIMEOUT_S,
             health_check_interval=30,
         )
         _state["pid"] = os.getpid()
     return _state["client"]  # type: ignore[return-value]
+
+
+def refuse_tls_failure(**_: Any) -> None:
+    """At a worker's or beat's start: stop in one line if Keel's Redis refuses TLS.
+
+    A certificate that does not verify (a wrong CA file, a host its certificate does
+    not name) will not verify on the next try either: the process exits naming the
+    URL's host and the TLS error, instead of retrying for ever. Any other failure (Redis
+    not up yet) is left to the usual retries."""
+    target = parse(get_settings().redis)
+    if target.ssl is None:
+        return
+    client = target.client(socket_timeout=REDIS_TIMEOUT_S * 4, socket_connect_timeout=2.0)
+    try:
+        client.ping()
+    except UNREACHABLE_ERRORS as exc:
+        failure = tls_failure(exc)
+        if failure is not None:
+            ca = target.ssl.get("ssl_ca_certs", "the system's")
+            raise SystemExit(
+                f"keel: cannot connect to Redis at {target.host} over TLS (KEEL_REDIS_URL "
+                f"{target.shown_without_query()}, CA file {ca}): {failure}"
+            ) from None
+    finally:
+        client.close()
 
 
 def unreachable(server: str = "Redis") -> bool:

@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from tasks.platform.errors import KeelError
+from tasks.platform.redis_url import RedisTarget, parse
 from tasks.platform.setting_types import (
     QueueLimit,
     TenantQuotas,
@@ -207,6 +208,10 @@ class Settings(BaseSettings):
     # KEEL_DATABASE_URL, or, with `KEEL_DATABASE_POOLER=transaction`, does not listen (those
     # jobs are published within 5 s anyway).
     database_direct_url: str | None = None
+    # Keel's Redis: redis://, rediss:// (TLS: ?ssl_ca_certs=PATH, and ssl_certfile, ssl_keyfile
+    # for a client certificate) or sentinel://HOST:26379;sentinel://HOST2:26379/0?master_name=NAME
+    # (Redis Sentinel). Celery's messages and results go there too, unless KEEL_BROKER_URL.
+    # [Redis Sentinel](../operations/index.md#redis-sentinel), [TLS](../operations/index.md#tls).
     redis_url: str | None = None
     # Celery's messages only (``amqp://`` for RabbitMQ); unset: they go through Redis too.
     broker_url: str | None = None
@@ -297,6 +302,20 @@ class Settings(BaseSettings):
     tenant_quotas: Annotated[TenantQuotas, NoDecode] = Field(default_factory=TenantQuotas)
     token_max_ttl_s: int = 30 * 86_400
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
+    # Earlier secret keys, still accepted while tokens and sessions signed with them live
+    # (comma-separated): a rotation signs nobody out.
+    secret_key_fallbacks: str = ""
+    # Sign-in with the team's identity provider (web.oidc): its issuer URL (discovery), the
+    # dashboard's client, the audience API tokens carry, and the claims that name the
+    # tenant, the user and the roles (dotted paths: realm_access.roles).
+    oidc_issuer: str | None = None
+    oidc_client_id: str | None = None
+    oidc_client_secret: str | None = None
+    oidc_audience: str | None = None
+    oidc_tenant_claim: str = "tenant"
+    oidc_tenant: str | None = None
+    oidc_user_claim: str = "sub"
+    oidc_roles_claim: str = "roles"
     # A dashboard session nobody used (no page opened, no form sent) for this long ends.
     ui_idle_s: int = Field(default=3600, gt=0)
     # Secure on the session cookie always (else on HTTPS requests only, X-Forwarded-Proto too).
@@ -341,6 +360,13 @@ class Settings(BaseSettings):
                 "not starting with a digit, at most 63 characters"
             )
         return name
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str | None) -> str | None:
+        if url is not None:
+            parse(url)  # a ValueError names what is wrong; the setting keeps the URL as written
+        return url
 
     @field_validator("broker_url")
     @classmethod
@@ -400,6 +426,11 @@ class Settings(BaseSettings):
         return init_settings, env_settings, django, _EnvFile(settings_cls)
 
     @property
+    def secret_fallbacks(self) -> list[str]:
+        """``KEEL_SECRET_KEY_FALLBACKS`` as a list (empty entries left out)."""
+        return [key.strip() for key in self.secret_key_fallbacks.split(",") if key.strip()]
+
+    @property
     def sqlalchemy_url(self) -> str:
         if not self.database_url:
             raise NotConfigured(not_configured("KEEL_DATABASE_URL"))
@@ -411,6 +442,11 @@ class Settings(BaseSettings):
         if not self.redis_url:
             raise NotConfigured(not_configured("KEEL_REDIS_URL"))
         return self.redis_url
+
+    @property
+    def redis_target(self) -> RedisTarget:
+        """``KEEL_REDIS_URL`` parsed: Sentinel, TLS, and what each library is given."""
+        return parse(self.redis)
 
     @property
     def celery_broker_url(self) -> str:

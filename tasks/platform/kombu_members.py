@@ -51,6 +51,13 @@ CALLED: dict[tuple[type, str], tuple[str, ...]] = {
     (kombu_redis.QoS, "_remove_from_indices"): ("self", "delivery_tag", "pipe"),
 }
 
+# kombu's Sentinel channel, under Keel's (``tasks.platform.transport.SentinelChannel``): the
+# attributes kombu reads from the channel (``getattr(self, name, ...)``) in the method named,
+# which Keel sets before kombu's ``__init__`` builds the first pool.
+SENTINEL_READS: dict[tuple[type, str], tuple[str, ...]] = {
+    (kombu_redis.SentinelChannel, "_sentinel_managed_pool"): ("master_name",),
+}
+
 # Attributes Keel reads or calls that kombu sets on each instance (``self.<name>`` in its
 # classes' code), and the class properties it reads.
 ATTRIBUTES: dict[type, tuple[str, ...]] = {

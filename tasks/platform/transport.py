@@ -420,3 +420,28 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport with Keel's screening channel."""
 
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):
+    """Keel's channel on the primary Redis Sentinel names (``KEEL_REDIS_URL=sentinel://…``).
+
+    kombu's Sentinel channel builds its pools from ``master_for``: each new connection asks
+    the sentinels for the primary, and a connection lost with it (the primary died) is
+    replaced by one to whichever they name next, the promoted replica once they have
+    failed over. The primary's name is the ``master_name`` transport option
+    (``tasks.celeryconfig``), else the one in ``KEEL_REDIS_URL``: an app's own
+    ``broker_transport_options`` without it still finds the primary.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from tasks.platform.config import get_settings
+
+        self.master_name = get_settings().redis_target.master_name
+        super().__init__(*args, **kwargs)  # a master_name transport option replaces it
+
+
+class SentinelTransport(Transport, kombu_redis.SentinelTransport):
+    """Keel's Redis transport through Redis Sentinel (``SentinelChannel``)."""
+
+    Channel = SentinelChannel
+    default_port = kombu_redis.SentinelTransport.default_port

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from celery import states
-from celery.backends.redis import RedisBackend, ResultConsumer
+from celery.backends.redis import RedisBackend, ResultConsumer, SentinelBackend
 from celery.canvas import Signature
 
 from tasks.jobs.end import ending
@@ -127,6 +127,14 @@ class KeelBackend(RedisBackend):
             ready = part_ended(session, body_id, str(request.id), result)
             if ready:
                 publish_ready(session, ready)
+
+
+class KeelSentinelBackend(KeelBackend, SentinelBackend):
+    """``KeelBackend`` on the primary Redis Sentinel names (``KEEL_REDIS_URL=sentinel://…``):
+    configured as ``KeelSentinelBackend+sentinel://…`` with the primary's name in
+    ``result_backend_transport_options`` (``tasks.celeryconfig``). Its clients' connections
+    ask the sentinels for the primary, and again once it is lost; the result consumer's
+    subscription is made again on the promoted replica by Celery's own reconnection."""
 
 
 class _FallbackPoll:

@@ -49,6 +49,7 @@ from redis.retry import Retry
 
 from tasks.jobs.run import capacity
 from tasks.jobs.run.slots import ConsumerWatch, queue_keys
+from tasks.platform import broker
 from tasks.platform.config import get_settings
 
 log = logging.getLogger(__name__)
@@ -173,8 +174,7 @@ def stuck_key(role: str, member: str) -> str:
 
 def quick_client() -> redis.Redis:
     """A client that fails within ``TIMEOUT_S`` instead of retrying: a probe must not hang."""
-    return redis.Redis.from_url(
-        get_settings().redis,
+    return broker.new_client(
         socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S,
         retry=Retry(NoBackoff(), 0),
