@@ -25,6 +25,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     settings = get_settings()
     app.config.from_mapping(
         SECRET_KEY=settings.secret_key,
+        # Earlier keys, still accepted: tokens, sessions and sign-in links they signed live on
+        SECRET_KEY_FALLBACKS=settings.secret_fallbacks,
         KEEL_FAULT_INJECTION=settings.fault_injection,
         KEEL_TOKEN_MAX_TTL_S=settings.token_max_ttl_s,
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
@@ -52,6 +54,8 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     from web.tokens import check_secret
 
     check_secret(app.config["SECRET_KEY"])  # refuse to start with a missing or weak key
+    for earlier in app.config["SECRET_KEY_FALLBACKS"]:
+        check_secret(earlier, "KEEL_SECRET_KEY_FALLBACKS")
     quotas.current()  # and with a malformed KEEL_TENANT_QUOTAS
     load_job_modules()  # every job type, Keel's and KEEL_JOB_MODULES', known to the API
 

@@ -1,10 +1,13 @@
-"""Bearer tokens: HS256 JWTs whose claims say who is asking.
+"""Bearer tokens: JWTs whose claims say who is asking.
 
-``sub`` is the user, ``tenant`` the tenant and ``roles`` the roles; ``iat``
-and ``exp`` are required, and a token may live at most ``KEEL_TOKEN_MAX_TTL_S``
-(30 days by default) — a stolen token stops working. Only HS256 is accepted,
-with a key of at least 32 bytes. Nothing about the caller's identity is ever
-read from a request body.
+Keel's own (``keel token``) are HS256, signed with ``KEEL_SECRET_KEY`` (at least 32
+bytes) or, while a rotation lasts, one of ``KEEL_SECRET_KEY_FALLBACKS``: ``sub`` is the
+user, ``tenant`` the tenant and ``roles`` the roles. With ``KEEL_OIDC_ISSUER`` set,
+RS256 and ES256 tokens of the team's identity provider are accepted too, verified
+against its published keys, issuer and audience, their identity read from the
+configured claims (``web.oidc``). Either way ``iat`` and ``exp`` are required, and a
+token may live at most ``KEEL_TOKEN_MAX_TTL_S`` (30 days by default) — a stolen token
+stops working. Nothing about the caller's identity is ever read from a request body.
 
 Tenant and user ids are plain names (``web.tokens.ID_PATTERN``): they appear in object
 keys and derived ids, so ``/``, ``..`` and other separators are refused with
@@ -23,7 +26,7 @@ import jwt
 from flask import current_app, g, request
 
 from tasks.jobs import Owner
-from web import access, ratelimit
+from web import access, oidc, ratelimit
 from web.errors import ApiError
 from web.tokens import ALGORITHMS, ID_RULE, MAX_TOKEN_BYTES, is_id
 
@@ -61,37 +64,101 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, message, headers={"WWW-Authenticate": 'Bearer realm="keel"'})
 
 
-def decode(token: str, secret: str, max_ttl_s: int) -> Principal:
+def decode(token: str, secret: str, max_ttl_s: int, fallbacks: tuple[str, ...] = ()) -> Principal:
+    """The principal of a bearer token: Keel's own (HS256, ``secret`` or a ``fallbacks``
+    key) or the identity provider's (``web.oidc``); 401 otherwise."""
     if len(token) > MAX_TOKEN_BYTES:
         raise _unauthorized("token too large")
-    principal, expires = _verified(token, secret, max_ttl_s)
+    if _algorithm(token) in oidc.ALGORITHMS:
+        principal, expires = _from_provider(token, max_ttl_s)
+    else:
+        principal, expires = _verified(token, (secret, *fallbacks), max_ttl_s)
     if expires <= time.time():  # PyJWT's own test of ``exp`` (no leeway)
         raise _unauthorized("invalid token: Signature has expired")
     return principal
 
 
+def _algorithm(token: str) -> object:
+    try:
+        return jwt.get_unverified_header(token).get("alg")
+    except jwt.PyJWTError as exc:
+        raise _unauthorized(f"invalid token: {exc}") from None
+
+
+def _from_provider(token: str, max_ttl_s: int) -> tuple[Principal, float]:
+    """A token of the identity provider (RS256, ES256): verified at every use, against the
+    keys it publishes now (a key it withdrew stops its tokens at once)."""
+    if not oidc.configured():
+        raise _unauthorized(
+            "invalid token: RS256 and ES256 tokens are an identity provider's, and none is "
+            "configured (KEEL_OIDC_ISSUER)"
+        )
+    try:
+        claims = oidc.verified_claims(token, oidc.api_audience())
+    except jwt.PyJWTError as exc:
+        raise _unauthorized(f"invalid token: {exc}") from None
+    return _of_provider(claims, max_ttl_s)
+
+
+def provider_principal(claims: dict[str, Any], max_ttl_s: int) -> Principal:
+    """Who a verified token of the identity provider names (an ID token, at the dashboard's
+    sign-in); 401 if its claims do not name a tenant and a user by Keel's id rules."""
+    return _of_provider(claims, max_ttl_s)[0]
+
+
+def _of_provider(claims: dict[str, Any], max_ttl_s: int) -> tuple[Principal, float]:
+    tenant, user, roles = oidc.identity(claims)
+    return _principal_of(claims, tenant, user, roles, max_ttl_s, "the tenant and user claims")
+
+
 @lru_cache(maxsize=4096)
-def _verified(token: str, secret: str, max_ttl_s: int) -> tuple[Principal, float]:
-    """Everything about a token that cannot change once it passed: its signature, required
-    and typed claims, lifetime, and the time claims that only pass more surely as time goes
-    on (``iat``, ``nbf``). Checked once per token and process (a client sends the same token
+def _verified(token: str, keys: tuple[str, ...], max_ttl_s: int) -> tuple[Principal, float]:
+    """Everything about a token of Keel's that cannot change once it passed: its signature
+    (by the first of ``keys``, or an earlier one still accepted), required and typed
+    claims, lifetime, and the time claims that only pass more surely as time goes on
+    (``iat``, ``nbf``). Checked once per token and process (a client sends the same token
     with every request; verifying it was a tenth of a report submission's CPU); ``exp`` is
     checked at every use (``decode``). A token that fails is never kept."""
     try:
-        claims = jwt.decode(
-            token,
-            secret,
-            algorithms=ALGORITHMS,
-            options={"require": ["exp", "iat", "sub", "tenant"]},
-        )
+        claims = _signed_by_one_of(token, keys)
     except jwt.PyJWTError as exc:
         raise _unauthorized(f"invalid token: {exc}") from None
+    return _principal_of(
+        claims, claims.get("tenant"), claims.get("sub"), claims.get("roles", []), max_ttl_s
+    )
+
+
+def _signed_by_one_of(token: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The claims, checked with the first key that the signature matches."""
+    *earlier, last = keys
+    for key in earlier:
+        try:
+            return _claims(token, key)
+        except jwt.InvalidSignatureError:
+            continue
+    return _claims(token, last)
+
+
+def _claims(token: str, key: str) -> dict[str, Any]:
+    return jwt.decode(
+        token, key, algorithms=ALGORITHMS, options={"require": ["exp", "iat", "sub", "tenant"]}
+    )
+
+
+def _principal_of(
+    claims: dict[str, Any],
+    tenant: Any,
+    user: Any,
+    roles: Any,
+    max_ttl_s: int,
+    named: str = "tenant and sub",
+) -> tuple[Principal, float]:
+    """The principal a verified token names, once its lifetime and ids pass; its expiry."""
     lifetime = _lifetime_problem(claims, max_ttl_s)
     if lifetime:
         raise _unauthorized(f"invalid token: {lifetime}")
-    tenant, user, roles = claims.get("tenant"), claims.get("sub"), claims.get("roles", [])
     if not is_id(tenant) or not is_id(user):
-        raise _unauthorized(f"invalid token: tenant and sub must be ids ({ID_RULE})")
+        raise _unauthorized(f"invalid token: {named} must be ids ({ID_RULE})")
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
         raise _unauthorized("invalid token: roles must be a list of strings")
     return Principal(tenant, user, tuple(roles)), float(claims["exp"])
@@ -105,7 +172,12 @@ def current_principal() -> Principal:
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized("missing bearer token")
     config = current_app.config
-    return decode(token.strip(), config["SECRET_KEY"], config["KEEL_TOKEN_MAX_TTL_S"])
+    return decode(
+        token.strip(),
+        config["SECRET_KEY"],
+        config["KEEL_TOKEN_MAX_TTL_S"],
+        tuple(config.get("SECRET_KEY_FALLBACKS") or ()),
+    )
 
 
 def admit(principal: Principal, role: str | None = None) -> Principal:

@@ -25,13 +25,13 @@ def is_id(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and ID_PATTERN.fullmatch(value) is not None
 
 
-def check_secret(secret: str | None) -> str:
+def check_secret(secret: str | None, name: str = "KEEL_SECRET_KEY") -> str:
     """The signing key, or a ``RuntimeError`` saying why it cannot be used."""
     if not secret:
-        raise RuntimeError("KEEL_SECRET_KEY is not set (keel up sets one for you)")
+        raise RuntimeError(f"{name} is not set (keel up sets one for you)")
     if len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
         raise RuntimeError(
-            f"KEEL_SECRET_KEY is {len(secret.encode('utf-8'))} bytes; HS256 needs at least "
+            f"{name} holds a key of {len(secret.encode('utf-8'))} bytes; HS256 needs at least "
             f"{MIN_SECRET_BYTES}: use a random one, e.g. secrets.token_urlsafe(48)"
         )
     return secret

@@ -39,7 +39,9 @@ NOTES: dict[str, str] = {
     "secret_key": (
         "The HS256 key that signs bearer tokens and dashboard sessions; at least 32 bytes."
         " Unset: `keel up` generates one once in `$KEEL_HOME/secret`. Web hosts and wherever"
-        " `keel token` runs need the same key; a new key ends every dashboard session."
+        " `keel token` runs need the same key; a new key ends every dashboard session and"
+        " token signed with the old one, unless the old one moves to"
+        " `KEEL_SECRET_KEY_FALLBACKS`."
     ),
     "metrics_token": (
         "The bearer token of the system-wide views, `GET /metrics` (Prometheus: `authorization:"
@@ -199,6 +201,37 @@ NOTES: dict[str, str] = {
         "The longest a bearer token may live: `exp` at most this long after `iat` (30 days)."
     ),
     "ui_session_s": "A dashboard sign-in's whole life, however busy (8 h).",
+    "secret_key_fallbacks": (
+        "Earlier values of `KEEL_SECRET_KEY`, comma-separated: bearer tokens, dashboard"
+        " sessions and sign-in links signed with one of them are still accepted (new ones are"
+        " signed with `KEEL_SECRET_KEY`). Rotate by moving the old key here and setting a new"
+        " one; drop it once `KEEL_TOKEN_MAX_TTL_S` has passed"
+        " ([Identity](../operations/identity.md#rotating-the-secret-key))."
+    ),
+    "oidc_issuer": (
+        "Your identity provider's issuer URL (Okta, Entra ID, Keycloak, Google, …); Keel"
+        " reads its discovery document (`/.well-known/openid-configuration`) and keys"
+        " (`jwks_uri`). Set: the API accepts its RS256 and ES256 access tokens, and the"
+        " dashboard offers its sign-in ([Identity](../operations/identity.md))."
+    ),
+    "oidc_client_id": (
+        "The dashboard's OpenID Connect client at the provider (authorization code with"
+        " PKCE); the redirect URI to register is `KEEL_PUBLIC_URL` + `/ui/oidc/callback`."
+    ),
+    "oidc_client_secret": "The client's secret, for a confidential client; unset: a public one.",
+    "oidc_audience": (
+        "The `aud` the API requires of the provider's access tokens; unset: `KEEL_OIDC_CLIENT_ID`."
+    ),
+    "oidc_tenant_claim": ("The claim holding the tenant id (a dotted path for a nested one)."),
+    "oidc_tenant": (
+        "One tenant for everyone the provider signs in, for a provider that has no tenant"
+        " claim; set, `KEEL_OIDC_TENANT_CLAIM` is not read."
+    ),
+    "oidc_user_claim": "The claim holding the user id (`sub`).",
+    "oidc_roles_claim": (
+        "The claim holding the roles: a list, or a space-separated string (`operator` is"
+        " the one Keel knows); a dotted path for a nested one (`realm_access.roles`)."
+    ),
     "ui_idle_s": (
         "A dashboard session nobody used (no page opened, no form sent) for this long ends;"
         " a page's own refreshes and live streams do not count."

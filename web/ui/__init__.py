@@ -55,7 +55,7 @@ CONTENT_SECURITY_POLICY = (
 def init_app(app: Flask) -> None:
     """The dashboard's routes, its session cookie and its CSRF protection."""
     from tasks.platform import catalog
-    from web.ui import bulk, jobs, queues, schedulers, signin  # noqa: F401  (routes)
+    from web.ui import bulk, jobs, oidc, queues, schedulers, signin  # noqa: F401  (routes)
 
     if catalog.enabled("notifications"):  # its module imports the notifications app
         from web.ui import campaigns  # noqa: F401  (routes)
@@ -180,4 +180,11 @@ def _dashboard_context() -> dict[str, Any]:
         # for operators only. Configured, never built from the Host header.
         "flower_url": hosts.flower_url() if principal and principal.operator else None,
         "campaigns_on": catalog.enabled("notifications"),
+        "oidc_enabled": oidc_enabled(),
     }
+
+
+def oidc_enabled() -> bool:
+    from web.ui.oidc import enabled
+
+    return enabled()

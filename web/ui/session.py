@@ -33,7 +33,7 @@ import hmac
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any
 
@@ -68,8 +68,9 @@ class SignedOut(ApiError):
         super().__init__(401, message, code=self.CODE)
 
 
-def _serializer(secret: str) -> URLSafeTimedSerializer:
-    return URLSafeTimedSerializer(secret, salt=LINK_SALT)
+def _serializer(secret: str, fallbacks: Sequence[str] = ()) -> URLSafeTimedSerializer:
+    """Signs with ``secret``; reads what it or one of ``fallbacks`` signed."""
+    return URLSafeTimedSerializer([*fallbacks, secret], salt=LINK_SALT)
 
 
 def issue_link(
@@ -85,7 +86,8 @@ def issue_link(
 def _claims(token: str) -> dict[str, Any]:
     if len(token) > MAX_LINK_BYTES:
         raise SignedOut("this sign-in link is not valid")
-    serializer = _serializer(current_app.config["SECRET_KEY"])
+    config = current_app.config
+    serializer = _serializer(config["SECRET_KEY"], config.get("SECRET_KEY_FALLBACKS") or ())
     try:
         claims = serializer.loads(token, max_age=MAX_LINK_TTL_S)
         if not isinstance(claims, dict) or not isinstance(claims.get("ttl"), int):
@@ -156,11 +158,17 @@ def _redis(call: Callable[[Any], Any], what: str = "the dashboard") -> Any:
         raise refused from None
 
 
-def _key_id() -> str:
-    """Which ``KEEL_SECRET_KEY`` a session was started under: a rotation ends every session,
-    also while the old key is still accepted as a fallback."""
-    secret = str(current_app.config["SECRET_KEY"]).encode("utf-8")
-    return hmac.new(secret, b"keel.ui-session", hashlib.sha256).hexdigest()[:32]
+def _key_id(secret: str | None = None) -> str:
+    """Which secret key a session was started under (``KEEL_SECRET_KEY``'s, by default)."""
+    key = str(secret or current_app.config["SECRET_KEY"]).encode("utf-8")
+    return hmac.new(key, b"keel.ui-session", hashlib.sha256).hexdigest()[:32]
+
+
+def _accepted_key_ids() -> set[str]:
+    """The key ids whose sessions live on: ``KEEL_SECRET_KEY``'s and its fallbacks' (a
+    rotation signs nobody out; dropping a fallback ends the sessions it started)."""
+    fallbacks = current_app.config.get("SECRET_KEY_FALLBACKS") or ()
+    return {_key_id(), *(_key_id(key) for key in fallbacks)}
 
 
 def _idle_s() -> int:
@@ -267,7 +275,7 @@ def current() -> Principal:
         record = json.loads(raw) if raw is not None else None
     except ValueError:
         record = None
-    if not isinstance(record, dict) or record.get("key") != _key_id():
+    if not isinstance(record, dict) or record.get("key") not in _accepted_key_ids():
         raise SignedOut(ENDED)
     if record.get("exp") != expires:
         raise SignedOut(ENDED)
