@@ -129,7 +129,8 @@ def run_failover(home: Path) -> Failover:
         assert producer.wait(timeout=60) == 0, (home / "producer.log").read_text()[-3000:]
         ids = json.loads(out.read_text())
         assert len(ids) == JOBS and sorted(ids) == sorted(ids_on(queue))
-        assert group.primary().name != killed.name  # Sentinel promoted the replica
+        # Sentinel promotes the replica (the producer may finish before it has)
+        wait_for(lambda: group.primary().name != killed.name, timeout=30, interval=0.1)
 
         def settled() -> bool:
             return all(row["state"] == "completed" for row in jobs_of(ids).values())
