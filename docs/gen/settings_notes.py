@@ -30,6 +30,10 @@ NOTES: dict[str, str] = {
         " dead letters, request rate limits, Celery's result backend for chords, and Celery's"
         " messages unless `KEEL_BROKER_URL` is set. Unset: `keel up` starts an embedded Redis"
         " (with a password in this URL, and no `CONFIG` command) and writes its URL."
+        " `rediss://USER:PASSWORD@HOST/0?ssl_ca_certs=PATH` for TLS (and `ssl_certfile`,"
+        " `ssl_keyfile` for a client certificate; [TLS](../operations/index.md#tls)),"
+        " `sentinel://HOST:26379;sentinel://HOST2:26379/0?master_name=NAME` for Redis"
+        " Sentinel ([Redis Sentinel](../operations/index.md#redis-sentinel))."
     ),
     "broker_url": (
         "`amqp://USER:PASSWORD@HOST:5672/VHOST`: Celery's messages go through RabbitMQ"
