@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
 from tasks.platform.ids import CONTROL
-from web import auth
+from web import auth, idempotency
 from web.errors import ApiError
 
 
@@ -43,6 +43,8 @@ class Operation:
     public_when: Callable[[], bool] | None = None
     # False: a system-wide view, which no tenant's token reads (only ``admits``'s credential).
     tenants: bool = True
+    # A creating endpoint that honours an Idempotency-Key header (web.idempotency).
+    idempotent: bool = False
 
     @property
     def open_now(self) -> bool:
@@ -299,6 +301,7 @@ def operation(
     admits: Callable[[], bool] | None = None,
     public_when: Callable[[], bool] | None = None,
     tenants: bool = True,
+    idempotent: bool = False,
 ) -> Callable:
     """Register a view on ``blueprint`` and in the OpenAPI description.
 
@@ -309,7 +312,8 @@ def operation(
     without a user's token when it says so (``/metrics``: the scraper's own token);
     ``public_when`` says when it lets anyone in, so the document shows no auth then.
     ``tenants=False`` makes it a system-wide view: ``admits`` alone lets a caller in, and
-    any tenant's token, an operator's too, is 403.
+    any tenant's token, an operator's too, is 403. ``idempotent``: a creating endpoint that
+    honours an ``Idempotency-Key`` header (``web.idempotency``).
     """
     if not tenants and admits is None:
         raise ValueError(f"{rule}: a view no tenant reads needs an admits= credential")
@@ -326,6 +330,8 @@ def operation(
                 kwargs["query"] = validate_query(query)
             if body is not None:
                 kwargs["body"] = validate(body, parse_json_body())
+            if idempotent:
+                return idempotency.run_once(lambda: view(*args, **kwargs))
             return view(*args, **kwargs)
 
         endpoint = auth.require(role, admits, tenants)(with_body) if authenticated else with_body
@@ -346,6 +352,7 @@ def operation(
                 blueprint.name,
                 public_when,
                 tenants,
+                idempotent,
             )
         )
         return endpoint

@@ -110,6 +110,7 @@ def _shown(row) -> dict:
     body=BulkRequest,
     role=OPERATOR,
     responses={200: BulkPreview, 202: BulkView, 400: None, 403: None, 409: None},
+    idempotent=True,
 )
 def start_bulk_action(body: BulkRequest):
     asked = asked_by(g.principal, body)

@@ -122,6 +122,7 @@ def _status_url(campaign_id: str) -> str:
     summary="Start a notification campaign",
     body=CreateCampaign,
     responses={202: CampaignAccepted, 400: None},
+    idempotent=True,
 )
 def create_campaign(body: CreateCampaign):
     spec = service.NewCampaign(

@@ -42,6 +42,7 @@ from tasks.platform.ids import CONTROL
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
+from web.idempotency import job_id_for
 from web.job_views import describe, describe_full
 from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
 from web.schemas import (
@@ -402,13 +403,17 @@ def _options(opts: SubmitOptions) -> JobOptions:
     summary="Add a job of a type tenants may submit (owned by the caller)",
     body=SubmitJob,
     responses={202: JobSubmitted, 400: None, 429: None},
+    idempotent=True,
 )
 def submit_job(body: SubmitJob):
     load_job_modules()  # every job type declared, whichever this process imported so far
     submission = Submission(
         name=body.name, data=body.data, args=body.args, kwargs=body.kwargs, opts=_options(body.opts)
     )
-    added = submit(g.principal.owner, submission, quotas.current().jobs)
+    principal = g.principal
+    key = g.get("idempotency_key")  # a retry of this request finds the job it made
+    job_id = job_id_for(principal.tenant_id, principal.user_id, key) if key else None
+    added = submit(principal.owner, submission, quotas.current().jobs, job_id=job_id)
     return {
         "jobId": added.job_id,
         "accepted": True,

@@ -21,6 +21,21 @@ def _schema(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str
     return {"$ref": REF.format(model=model.__name__)}
 
 
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "Sent again with the same key and body, the request answers its first "
+    "answer (Idempotent-Replayed: true) instead of running again; per user, for "
+    "KEEL_IDEMPOTENCY_TTL_S (24 h)",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+}
+
+
+def _error(error_ref: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": error_ref}}}
+
+
 def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     """A query model's fields as OpenAPI parameters (a query value is never ``null``)."""
     schema = model.model_json_schema()
@@ -81,6 +96,10 @@ def _operation(op: Operation, components: dict[str, Any]) -> dict[str, Any]:
     ]
     if op.query is not None:
         parameters += _query_parameters(op.query)
+    if op.idempotent:
+        parameters.append(IDEMPOTENCY_KEY)
+        responses.setdefault("409", _error(error_ref, "a request with the key still runs"))
+        responses.setdefault("422", _error(error_ref, "the key was sent with another request"))
     if parameters:
         spec["parameters"] = parameters
     if op.body is not None:

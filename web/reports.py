@@ -44,6 +44,7 @@ def status_url(job_id: str) -> str:
     summary="Submit a report job",
     body=CreateReport,
     responses={202: ReportAccepted, 400: None, 401: None},
+    idempotent=True,
 )
 def create_report(body: CreateReport):
     _check_fault_injection(body)

@@ -205,6 +205,11 @@ NOTES: dict[str, str] = {
         "The longest a bearer token may live: `exp` at most this long after `iat` (30 days)."
     ),
     "ui_session_s": "A dashboard sign-in's whole life, however busy (8 h).",
+    "idempotency_ttl_s": (
+        "How long a creating request sent with an `Idempotency-Key` header answers the same"
+        " key and body with its first answer (24 h); after it, the key is new again"
+        " ([Idempotency keys](../jobs.md#idempotency-keys))."
+    ),
     "secret_key_fallbacks": (
         "Earlier values of `KEEL_SECRET_KEY`, comma-separated: bearer tokens, dashboard"
         " sessions and sign-in links signed with one of them are still accepted (new ones are"

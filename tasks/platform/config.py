@@ -301,6 +301,8 @@ class Settings(BaseSettings):
     # Tenants: quotas (JSON; tasks.platform.quotas), token lifetime, request rates ("600/minute").
     tenant_quotas: Annotated[TenantQuotas, NoDecode] = Field(default_factory=TenantQuotas)
     token_max_ttl_s: int = 30 * 86_400
+    # How long a creating request's Idempotency-Key replays its first answer (web.idempotency).
+    idempotency_ttl_s: int = Field(default=86_400, ge=60, le=30 * 86_400)
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
     # Earlier secret keys, still accepted while tokens and sessions signed with them live
     # (comma-separated): a rotation signs nobody out.

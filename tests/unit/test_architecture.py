@@ -144,6 +144,7 @@ STORE_TABLES = {
     "job_waits",
     "held_jobs",
     "bulk_actions",
+    "idempotency_keys",
 }
 STORE_MODELS = {
     "JobRecord",
@@ -158,6 +159,7 @@ STORE_MODELS = {
     "JobWait",
     "HeldJob",
     "BulkAction",
+    "IdempotencyKey",
 }
 
 

@@ -105,18 +105,25 @@ def submittable(name: str) -> registry.JobType:
     return job_type
 
 
-def submit(owner: Owner, submission: Submission, limits: TenantLimits) -> AddedJob:
-    """Add the job for ``owner`` on its type's queue, within ``limits``."""
+def submit(
+    owner: Owner, submission: Submission, limits: TenantLimits, job_id: str | None = None
+) -> AddedJob:
+    """Add the job for ``owner`` on its type's queue, within ``limits``. ``job_id``: the id
+    the API derived from the request's ``Idempotency-Key`` (a job of that id is found, not
+    made again); a submission's own ``jobId`` is refused."""
     job_type = submittable(submission.name)
     if submission.opts.job_id is not None or submission.opts.deduplication is not None:
         raise SubmissionRefused("opts", "jobId and deduplication are not accepted")
     data = _data_of(submission)
     check_data(job_type, data, "kwargs" if submission.kwargs is not None else "data")
+    opts = (
+        submission.opts if job_id is None else submission.opts.model_copy(update={"job_id": job_id})
+    )
     return add(
         job_type.name,
         data,
         queue=job_type.queue,
-        opts=submission.opts,
+        opts=opts,
         owner=owner,
         limits=limits,
     )

@@ -406,3 +406,22 @@ class BulkAction(Base):
         Index("ix_bulk_actions_running", "worked_at", postgresql_where=text("state = 'running'")),
         Index("ix_bulk_actions_tenant", "tenant_id", "created_at"),
     )
+
+
+class IdempotencyKey(Base):
+    """A creating API request sent with an ``Idempotency-Key`` (``web.idempotency``): the
+    user's key, what the request was (``fingerprint``), and, once it succeeded, its answer,
+    replayed to a request sent again with the same key until ``expires_at``."""
+
+    __tablename__ = "idempotency_keys"
+
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[int | None] = mapped_column(Integer)  # None: the first request still runs
+    response: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    claimed_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (Index("ix_idempotency_keys_expires_at", "expires_at"),)

@@ -34,6 +34,7 @@ import time
 import uuid
 from datetime import timedelta
 
+from tasks.jobs.intake import idempotency
 from tasks.jobs.model.models import State
 from tasks.jobs.store import upkeep
 from tasks.platform.broker import redis_client
@@ -95,7 +96,10 @@ def _round() -> tuple[int, bool]:
             behind = True
     if removed:
         log.info("retention: deleted %d finished records past their default age", removed)
-    return removed, behind
+    keys = idempotency.purge_expired(BATCH)  # Idempotency-Key answers past their time
+    if keys:
+        log.info("retention: deleted %d idempotency keys past their time", keys)
+    return removed, behind or keys == BATCH
 
 
 def when_due() -> int | None:
