@@ -55,8 +55,18 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.start_bulk": ("post", "/api/v1/bulk-actions"),
     "ui.bulk_page": ("get", "/api/v1/bulk-actions/{bulk_id}"),
 }
-# Signing in and out: no object, no role (the sign-in link is its own credential).
-SIGN_IN = {"ui.home", "ui.login", "ui.confirm_login", "ui.signin", "ui.logout", "ui.static"}
+# Signing in and out: no object, no role (the sign-in link is its own credential, and the
+# identity provider's answer the provider's sign-in's).
+SIGN_IN = {
+    "ui.home",
+    "ui.login",
+    "ui.confirm_login",
+    "ui.signin",
+    "ui.logout",
+    "ui.static",
+    "ui.oidc_login",
+    "ui.oidc_callback",
+}
 BULK_FORM = {"action": "cancel", "queue": "bola-quiet", "reason": "security matrix: bulk"}
 FORMS: dict[str, dict[str, str]] = {
     "ui.retry_job": {"reason": "security matrix: retry from a page"},

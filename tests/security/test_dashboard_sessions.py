@@ -29,7 +29,16 @@ from web.ui.session import NONCE_KEY, issue_link
 pytestmark = pytest.mark.usefixtures("stack")
 TENANT = unique("sessions")
 # Not the dashboard's own business: sign-in, its assets, the redirect to the jobs page.
-OPEN = {"ui.static", "ui.login", "ui.confirm_login", "ui.signin", "ui.home"}
+# (the identity provider's sign-in: its own state cookie is its credential; web.ui.oidc)
+OPEN = {
+    "ui.static",
+    "ui.login",
+    "ui.confirm_login",
+    "ui.signin",
+    "ui.home",
+    "ui.oidc_login",
+    "ui.oidc_callback",
+}
 CROSS_SITE = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", **PAGE}
 TYPED = {"Sec-Fetch-Site": "none", "Sec-Fetch-Mode": "navigate", **PAGE}
 
