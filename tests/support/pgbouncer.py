@@ -13,7 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -38,6 +38,10 @@ class PgBouncer:
     pool_mode: str = "transaction"
     port: int = 0
     process: subprocess.Popen | None = None
+    # More [pgbouncer] settings (the TLS test's client_tls_*)
+    settings: list[str] = field(default_factory=list)
+    # Set: the wait for it to answer connects with these libpq parameters (its TLS ones)
+    probe_params: str = ""
 
     @property
     def log_path(self) -> Path:
@@ -77,6 +81,7 @@ class PgBouncer:
                     "max_client_conn = 1000",
                     "default_pool_size = 20",
                     f"logfile = {self.log_path}",
+                    *self.settings,
                     "",
                 ]
             )
@@ -104,7 +109,8 @@ class PgBouncer:
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(f"pgbouncer exited:\n{self.log_tail()}")
         try:
-            with psycopg.connect(self.url, connect_timeout=2, prepare_threshold=None) as conn:
+            url = f"{self.url}?{self.probe_params}" if self.probe_params else self.url
+            with psycopg.connect(url, connect_timeout=2, prepare_threshold=None) as conn:
                 conn.execute("SELECT 1")
             return True
         except psycopg.OperationalError:
