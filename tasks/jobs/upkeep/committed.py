@@ -74,6 +74,12 @@ class CommitListener(bootsteps.StartStopStep):
         if self._thread is not None:
             self._thread.join(timeout=WAIT_S + 5)
 
+    def terminate(self, worker: Any) -> None:
+        """A cold shutdown stops the thread too (bootsteps call ``terminate``, not ``stop``):
+        else it outlives its worker, listening on (and logging about) a database that may
+        be gone."""
+        self.stop(worker)
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
