@@ -83,7 +83,7 @@ def input_series(scrapes: dict[str, list[Sample] | None]) -> list[dict]:
         found.append({"series": series("up", target), "values": f"{up}x10"})
         for name, labels, number in samples or []:
             found.append(
-                {"series": series(name, {**dict(labels), **target}), "values": f"{number:f}x10"}
+                {"series": series(name, {**dict(labels), **target}), "values": f"{number!r}x10"}
             )
     return found
 
