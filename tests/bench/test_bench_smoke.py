@@ -18,6 +18,7 @@ from tests.support.bench_runs import run_bench
 pytestmark = pytest.mark.timeout(150)
 
 
+@pytest.mark.slow  # a minute of benchmarking: a release check of the bench tool
 def test_quick_bench_writes_json_markdown_and_png(tmp_path: Path) -> None:
     out = run_bench(tmp_path, "bench", "--quick", "--repeat", "1", "--only", "P1,P5", timeout=200)
 

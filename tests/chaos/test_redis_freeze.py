@@ -81,6 +81,7 @@ def test_a_worker_consumes_again_after_redis_froze_5_s_under_load(stack, spawn):
     frozen_under_load(stack, spawn, freeze_s=5)
 
 
+@pytest.mark.slow  # a 30 s outage; the 5 s freeze above runs by default
 def test_a_worker_consumes_again_after_redis_froze_30_s_under_load(stack, spawn):
     frozen_under_load(stack, spawn, freeze_s=30)
 

@@ -779,6 +779,7 @@ def test_soak_finds_no_leak_under_kills_redis_restarts_and_provider_faults(stack
     )
 
 
+@pytest.mark.slow  # a soak: with the 10-minute one, out of the default run
 @pytest.mark.timeout(SHORT_SOAK_SECONDS + 1200)
 def test_two_minute_soak_stays_bounded_under_kills_a_redis_restart_and_provider_faults(
     stack, spawn, sandbox, tmp_path

@@ -122,6 +122,7 @@ def beats_with_its_consumer(worker: WorkerProcess) -> bool:
     )
 
 
+@pytest.mark.slow  # a minute of waiting for the wedge to count: a release check
 def test_a_wedged_consumer_fails_the_health_check_within_60_s(stack, workers, tmp_path):
     slots, poll, mends, idle, busy = (workers[k] for k in KINDS)
     # Given five healthy workers, one of them busy with a long job, another job behind it

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tasks.jobs.intake.bulk import BulkJob, add_bulk
 from tests.rabbitmq.conftest import own_node
 from tests.support.chaos import add_reports, completed_runs, job_rows, settle, stragglers
@@ -137,6 +139,7 @@ def test_a_connection_the_broker_closed_is_replaced_without_parking(on_rabbitmq)
     assert queue_depth(node.url, queue) == 5
 
 
+@pytest.mark.slow  # a 30 s outage; the node restart above runs by default
 def test_a_node_frozen_30_s_under_load_leaves_no_job_behind(spawn, on_rabbitmq):
     node = own_node(on_rabbitmq)
     queue = unique("rabbit-frozen")

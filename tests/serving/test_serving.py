@@ -271,6 +271,7 @@ def hung_redis(stack, api: Api, watched_job: str) -> None:
     assert result.clean, (result.figure(), stragglers(result))
 
 
+@pytest.mark.slow  # 100 s of slow clients; test_slow_heads covers a slow head in the default run
 def test_streams_slow_clients_and_hung_servers_do_not_hold_the_api(stack, worker, web):
     embedded_postgres(stack), embedded_redis(stack)  # skip against external servers
     api = Api(web)
