@@ -23,7 +23,7 @@ import requests
 
 from keel.embedded.redis_server import free_port
 from tests.support import containers
-from tests.support.containers import COMPOSE, Dockerd
+from tests.support.containers import COMPOSE, Dockerd, wait_for
 from tests.support.stack import PROJECT_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.container, pytest.mark.timeout(900)]
@@ -117,16 +117,6 @@ def instant(stamp: str) -> float:
     return datetime.datetime.fromisoformat(head + "+00:00").timestamp() + float(
         f"0.{fraction or 0}"
     )
-
-
-def wait_for(probe, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not in {timeout} s")
 
 
 def run_report(compose, report_id: str, rows: int, what: str) -> dict:

@@ -37,6 +37,7 @@ import requests
 import yaml
 
 from tests.support import containers, podman
+from tests.support.containers import wait_for
 from tests.support.stack import PROJECT_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.container, pytest.mark.timeout(900)]
@@ -109,16 +110,6 @@ STANDINS = [
         "spec": {"containers": [{"name": "redis", "image": f"localhost/{containers.REDIS_IMAGE}"}]},
     },
 ]
-
-
-def wait_for(probe, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not in {timeout} s")
 
 
 def answers(url: str) -> bool:

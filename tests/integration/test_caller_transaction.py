@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 from celery import chord
-from sqlalchemy import create_engine, text
+from sqlalchemy import URL, create_engine, text
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from tasks.jobs import Owner, acting_as, in_transaction, recorded_together
@@ -117,14 +117,20 @@ def test_a_process_killed_between_its_commit_and_the_publish_loses_no_job():
     )
 
 
-def test_a_session_of_another_database_is_refused_before_anything_is_recorded():
+def another_database() -> URL:
+    """A database of its own on Keel's Postgres server (``shop_elsewhere``, made afresh):
+    the URL of Keel's, with its name."""
     settings = get_settings()
     admin = create_engine(sqlalchemy_url(settings.database_url), isolation_level="AUTOCOMMIT")
     with admin.connect() as connection:
         connection.execute(text("DROP DATABASE IF EXISTS shop_elsewhere"))
         connection.execute(text("CREATE DATABASE shop_elsewhere"))
     admin.dispose()
-    url = create_engine(settings.sqlalchemy_url).url.set(database="shop_elsewhere")
+    return create_engine(settings.sqlalchemy_url).url.set(database="shop_elsewhere")
+
+
+def test_a_session_of_another_database_is_refused_before_anything_is_recorded():
+    url = another_database()
     elsewhere = create_engine(url)
     try:
         with (
@@ -177,13 +183,7 @@ def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tm
     if database == "sqlite":
         django_db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "app.db")}
     else:
-        url = create_engine(get_settings().sqlalchemy_url).url.set(database="shop_elsewhere")
-        settings = get_settings()
-        admin = create_engine(sqlalchemy_url(settings.database_url), isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            connection.execute(text("DROP DATABASE IF EXISTS shop_elsewhere"))
-            connection.execute(text("CREATE DATABASE shop_elsewhere"))
-        admin.dispose()
+        url = another_database()
         django_db = {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": "shop_elsewhere",

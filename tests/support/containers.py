@@ -326,3 +326,15 @@ def build_images(dockerd: Dockerd) -> None:
         )
     _build_standin(dockerd, POSTGRES_IMAGE, POSTGRES_DOCKERFILE, POSTGRES_ENTRYPOINT)
     _build_standin(dockerd, REDIS_IMAGE, REDIS_DOCKERFILE, REDIS_ENTRYPOINT)
+
+
+def wait_for(probe, timeout: float, what: str):
+    """``probe()``'s first true value, asked every 0.5 s for ``timeout`` s; else an error
+    naming ``what`` (a container's minutes-long start says which step it waited for)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not in {timeout} s")
