@@ -48,7 +48,7 @@ def key_of_request() -> str | None:
     if raw is None:
         return None
     key = raw.strip()
-    if len(key) >= 2 and key[0] == key[-1] == '"':
+    if len(key) > 2 and key[0] == key[-1] == '"':
         key = key[1:-1]
     if not 1 <= len(key) <= MAX_KEY or not all(0x21 <= ord(c) <= 0x7E for c in key):
         raise ApiError(

@@ -28,7 +28,8 @@ IDEMPOTENCY_KEY = {
     "description": "Sent again with the same key and body, the request answers its first "
     "answer (Idempotent-Replayed: true) instead of running again; per user, for "
     "KEEL_IDEMPOTENCY_TTL_S (24 h)",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    # visible ASCII (a quoted structured-field string is one too)
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"},
 }
 
 
