@@ -79,25 +79,17 @@ def test_keels_api_and_cli_set_django_up_before_the_projects_tasks_load(stack):
     """``shop.tasks`` imports ``shop.models``: without ``django.setup()`` first, the API's and
     the CLI's loading of the project's tasks would end in ``AppRegistryNotReady``."""
     env = {**os.environ, **ENV, "KEEL_CELERY_APP": "proj.celery:app"}
-    api = subprocess.run(
-        [sys.executable, "-c", API_PROCESS],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def in_project(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), cwd=PROJECT, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    api = in_project(sys.executable, "-c", API_PROCESS)
     assert api.returncode == 0, api.stderr[-3000:]
     seen = json.loads(api.stdout.strip().splitlines()[-1])
     assert seen == {"ready": True, "app": "proj", "confirm": True, "unauthenticated": 401}, seen
     keel_cli = str(Path(sys.executable).with_name("keel"))
-    listed = subprocess.run(
-        [keel_cli, "jobs", "list", "--name", "shop.tasks.confirm", "--limit", "1"],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    listed = in_project(keel_cli, "jobs", "list", "--name", "shop.tasks.confirm", "--limit", "1")
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert "not loaded" not in listed.stderr, listed.stderr

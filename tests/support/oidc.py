@@ -2,9 +2,9 @@
 authorization endpoint (which signs in whoever it is told to, at once) and token endpoint
 (authorization code with PKCE, S256 only).
 
-Served by werkzeug in a thread of the test process, on loopback. It issues RS256 tokens with
-its current key (``rotate`` makes a new one current and keeps publishing the old one, as
-providers do during a rotation) and ES256 tokens with a key of its own.
+Served by werkzeug in a thread of the test process, on loopback (``ServedApp``). It issues
+RS256 tokens with its current key (``rotate`` makes a new one current and keeps publishing
+the old one, as providers do during a rotation) and ES256 tokens with a key of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,9 +20,9 @@ from urllib.parse import urlencode
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from flask import Flask, abort, jsonify, redirect, request
-from werkzeug.serving import BaseWSGIServer, make_server
 
 from keel.embedded import free_port
+from tests.support.browser import ServedApp
 
 CLIENT_ID = "keel-dashboard"
 CLIENT_SECRET = "a-client-secret-of-the-tests"
@@ -52,7 +51,7 @@ class OidcProvider:
     keys: list[_Key] = field(default_factory=list)
     codes: dict[str, dict[str, Any]] = field(default_factory=dict)
     key_set_fetches: int = 0
-    server: BaseWSGIServer | None = None
+    served: ServedApp | None = None
 
     @property
     def issuer(self) -> str:
@@ -63,14 +62,12 @@ class OidcProvider:
             _Key("rsa-1", "RS256", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
             _Key("ec-1", "ES256", ec.generate_private_key(ec.SECP256R1())),
         ]
-        self.server = make_server("127.0.0.1", self.port, self._app(), threaded=True)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.served = ServedApp(self._app(), port=self.port).start()
         return self
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+        if self.served is not None:
+            self.served.stop()
 
     def rotate(self) -> str:
         """A new RSA key signs from now on; the old ones stay published. The new kid."""
