@@ -492,6 +492,19 @@ def schedulers_list(tenant: str) -> None:
 @click.option("--queue", type=NAME, help="default: the queue the job's handler is registered on")
 @click.option("--tenant", default="", help="the tenant that owns it (default: the system)")
 @click.option("--user", help="with --tenant: the user its jobs belong to")
+@click.option(
+    "--overlap",
+    type=click.Choice(["allow", "skip", "buffer", "cancel"]),
+    help="while its last job is live: add anyway (default), skip, hold one, cancel it",
+)
+@click.option(
+    "--catch-up",
+    type=click.Choice(["earliest", "latest", "all"]),
+    help="slots missed while no beat ran: fire the first (default), the last, or each",
+)
+@click.option("--catch-up-window", type=click.IntRange(1000), help="ms: older slots never fire")
+@click.option("--jitter", type=click.IntRange(0), help="ms: each job starts up to this late")
+@click.option("--paused/--not-paused", default=None, help="default: as it was (new: not paused)")
 @changes_state
 def schedulers_upsert(
     scheduler_id: str,
@@ -506,6 +519,11 @@ def schedulers_upsert(
     queue: str | None,
     tenant: str,
     user: str | None,
+    overlap: str | None,
+    catch_up: str | None,
+    catch_up_window: int | None,
+    jitter: int | None,
+    paused: bool | None,
 ) -> None:
     """Create or update SCHEDULER_ID.
 
@@ -532,6 +550,11 @@ def schedulers_upsert(
         "tz": tz,
         "immediately": immediately,
         "limit": limit,
+        "overlap": overlap,
+        "catchUp": catch_up,
+        "catchUpWindow": catch_up_window,
+        "jitter": jitter,
+        "paused": paused,
         "template": {
             "name": job_name,
             "data": _json_option("--data", data),
@@ -575,6 +598,59 @@ def schedulers_remove(scheduler_id: str, tenant: str) -> None:
     except JobNotFound:
         raise click.ClickException(_no_scheduler(scheduler_id, tenant)) from None
     click.echo(f"removed {scheduler_id}")
+
+
+@schedulers_group.command("pause")
+@click.argument("scheduler_id")
+@click.option("--tenant", default="", type=TENANT)
+@changes_state
+def schedulers_pause(scheduler_id: str, tenant: str) -> None:
+    """Pause SCHEDULER_ID: no fire until it is resumed."""
+    _set_paused(scheduler_id, tenant, True)
+
+
+@schedulers_group.command("resume")
+@click.argument("scheduler_id")
+@click.option("--tenant", default="", type=TENANT)
+@changes_state
+def schedulers_resume(scheduler_id: str, tenant: str) -> None:
+    """Resume SCHEDULER_ID: it fires at its next slot after now (missed ones are not)."""
+    _set_paused(scheduler_id, tenant, False)
+
+
+def _set_paused(scheduler_id: str, tenant: str, paused: bool) -> None:
+    from tasks.jobs.model.errors import JobNotFound
+    from tasks.jobs.schedule import schedulers
+    from tasks.jobs.schedule.schedulers import Scope
+
+    try:
+        record = schedulers.set_paused(Scope(tenant), scheduler_id, paused)
+    except JobNotFound:
+        raise click.ClickException(_no_scheduler(scheduler_id, tenant)) from None
+    click.echo(json.dumps(schedulers.describe(record), default=str))
+
+
+@schedulers_group.command("trigger")
+@click.argument("scheduler_id")
+@click.option("--tenant", default="", type=TENANT)
+@changes_state
+def schedulers_trigger(scheduler_id: str, tenant: str) -> None:
+    """Run SCHEDULER_ID now (paused or not), under its overlap policy; its next slot stays."""
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.model.errors import JobNotFound, KeelError
+    from tasks.jobs.schedule import firing
+    from tasks.jobs.schedule.schedulers import Scope
+    from tasks.platform import quotas
+
+    load_job_modules()
+    limits = quotas.current().jobs if tenant else None
+    try:
+        fired = firing.trigger(Scope(tenant), scheduler_id, limits)
+    except JobNotFound:
+        raise click.ClickException(_no_scheduler(scheduler_id, tenant)) from None
+    except KeelError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps({"outcome": fired.outcome, "jobId": fired.job_id}))
 
 
 def _no_scheduler(scheduler_id: str, tenant: str) -> str:

@@ -2,23 +2,25 @@
 
 A template may name only jobs declared schedulable by tenants, with data their
 declaration accepts and no identity of its own: the fired jobs belong to the
-scheduler's tenant and the operator who last upserted it.
+scheduler's tenant and the operator who last upserted it. A scheduler's policies
+(``overlap``, ``catchUp``, ``catchUpWindow``, ``jitter``, ``paused``) come with its
+upsert; ``/pause``, ``/resume`` and ``/trigger`` (run now) act on one.
 """
 
 from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
-from flask import Blueprint, g
+from flask import Blueprint, g, url_for
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model.options import Backoff, JobOptions, KeepJobs
 from tasks.jobs.model.schedule_rules import JobTemplate, first_fire, next_fire
-from tasks.jobs.schedule import schedulers
+from tasks.jobs.schedule import firing, schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from tasks.platform import quotas
 from web.api import operation
@@ -97,6 +99,20 @@ class UpsertScheduler(SchedulerSpec):
     )
 
     every: int | None = Field(default=None, ge=100, le=MAX_PERIOD_MS, description="milliseconds")
+    catchUpWindow: int | None = Field(
+        default=None,
+        ge=1000,
+        le=MAX_PERIOD_MS,
+        description="milliseconds: missed slots older than this are not fired",
+    )
+    jitter: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PERIOD_MS,
+        description="milliseconds: each job is delayed by a part of it fixed per slot; with the"
+        " template's delay at most the tenant quota maxDelaySeconds",
+    )
+    paused: bool | None = Field(default=None, description="unset: as it was (new: not paused)")
     template: SchedulerTemplate
     queue: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9_-]{0,99}$")
 
@@ -120,7 +136,21 @@ class SchedulerView(Open):
     id: str
     queue: str
     iterationCount: int
-    next: str | None
+    next: str | None = Field(description="null: paused, finished or parked")
+    overlap: Literal["allow", "skip", "buffer", "cancel"]
+    catchUp: Literal["earliest", "latest", "all"]
+    catchUpWindow: int | None = None
+    jitter: int
+    paused: bool
+
+
+class Triggered(Open):
+    """What a run-now did: ``added`` a job; ``skipped`` (its last job is live, ``overlap``
+    ``skip`` or ``buffer`` with one held already); ``buffered`` (held until it ends)."""
+
+    outcome: Literal["added", "skipped", "buffered"]
+    jobId: str | None
+    statusUrl: str | None
 
 
 class SchedulerList(Open):
@@ -207,3 +237,55 @@ def get_scheduler(scheduler_id: str):
 def remove_scheduler(scheduler_id: str):
     schedulers.remove(_scope(), scheduler_id)
     return "", 204
+
+
+def pause_for(principal: Principal, scheduler_id: str, paused: bool) -> dict:
+    """Pause or resume a scheduler of the operator's tenant; its description."""
+    return schedulers.describe(schedulers.set_paused(scope_of(principal), scheduler_id, paused))
+
+
+def trigger_for(principal: Principal, scheduler_id: str) -> dict:
+    """Fire a scheduler of the operator's tenant now, under its overlap policy."""
+    load_job_modules()
+    fired = firing.trigger(scope_of(principal), scheduler_id, quotas.current().jobs)
+    job_id = fired.job_id if fired.outcome == "added" else None
+    status = url_for("jobs.get_job", job_id=job_id) if job_id else None
+    return {"outcome": fired.outcome, "jobId": job_id, "statusUrl": status}
+
+
+@operation(
+    bp,
+    "/<scheduler_id>/pause",
+    "POST",
+    summary="Pause a job scheduler: no fire until it is resumed",
+    role=OPERATOR,
+    responses={200: SchedulerView, 404: None},
+)
+def pause_scheduler(scheduler_id: str):
+    return pause_for(g.principal, scheduler_id, True)
+
+
+@operation(
+    bp,
+    "/<scheduler_id>/resume",
+    "POST",
+    summary="Resume a paused job scheduler: it fires at its next slot after now",
+    role=OPERATOR,
+    responses={200: SchedulerView, 404: None},
+)
+def resume_scheduler(scheduler_id: str):
+    return pause_for(g.principal, scheduler_id, False)
+
+
+@operation(
+    bp,
+    "/<scheduler_id>/trigger",
+    "POST",
+    summary="Run a job scheduler now (paused or not), under its overlap policy; its next slot"
+    " is unchanged",
+    role=OPERATOR,
+    responses={200: Triggered, 404: None, 429: None},
+    idempotent=True,
+)
+def trigger_scheduler(scheduler_id: str):
+    return trigger_for(g.principal, scheduler_id)

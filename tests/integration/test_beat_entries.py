@@ -1,7 +1,7 @@
 """``beat_schedule`` entries stored as system schedulers, and fired (real Postgres and Redis).
 
 What a beat start does (``beat_entries.sync``) and what a tick does with the
-rows (``schedulers.fire_due``), in this process; the same with real beat
+rows (``firing.fire_due``), in this process; the same with real beat
 processes is in ``tests/integration/test_beat_schedule.py``.
 """
 
@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from tasks.celery import app
 from tasks.jobs.model.schedule_rules import JobTemplate
-from tasks.jobs.schedule import beat_entries, schedulers, standing
+from tasks.jobs.schedule import beat_entries, firing, schedulers, standing
 from tasks.jobs.schedule.beat import KeelScheduler
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope, fire_job_id
 from tasks.platform.broker import redis_client
@@ -112,7 +112,7 @@ def test_a_plain_entry_sends_one_celery_message_per_fire():
     make_due("beat:plain")
     at = schedulers.get(Scope(), "beat:plain").next_run_at
     # When two rounds of firing run (the second finds nothing due)
-    first, second = schedulers.fire_due(), schedulers.fire_due()
+    first, second = firing.fire_due(), firing.fire_due()
     # Then one message was sent: the task by name, its args, kwargs and options, no job record
     assert first.job_ids == second.job_ids == [] and first.unsent == 0
     raw = [m for name in priority_lists(queue) for m in redis_client().lrange(name, 0, -1)]
@@ -142,7 +142,7 @@ def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlsta
     with jobs_failing_once(schedulers.fire_prefix("", scheduler), sqlstate):
         # When a round of firing meets the error
         with caplog.at_level(logging.WARNING, logger="tasks.jobs.schedule.schedulers"):
-            first = schedulers.fire_due()
+            first = firing.fire_due()
         # Then nothing fired, the scheduler is not parked, its fire is still due, and the
         # round says a fire is left for the next one
         assert first.job_ids == [] and first.unsent == 1
@@ -150,7 +150,7 @@ def test_a_fire_the_database_fails_for_now_stays_due_and_fires_next_round(sqlsta
         assert record.next_run_at == at and record.iteration_count == 0
         assert any(f"{scheduler} did not fire; retrying" in r.getMessage() for r in caplog.records)
         # And the next round fires that same time, once
-        second = schedulers.fire_due()
+        second = firing.fire_due()
     assert second.job_ids == [fire_job_id("", scheduler, at)]
     record = schedulers.get(Scope(), scheduler)
     assert record.iteration_count == 1 and record.next_run_at > at
@@ -170,7 +170,7 @@ def test_a_fire_the_database_refuses_every_time_parks_its_scheduler(caplog):
         jobs_failing_once(schedulers.fire_prefix("", scheduler), "54000"),
         caplog.at_level(logging.ERROR, logger="tasks.jobs.schedule.schedulers"),
     ):
-        first = schedulers.fire_due()
+        first = firing.fire_due()
     # Then the scheduler is parked, not tried again at every tick for ever
     assert first.job_ids == [] and first.unsent == 0
     assert schedulers.get(Scope(), scheduler).next_run_at is None

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from tasks.jobs import Backoff, Deduplication, JobOptions, Owner, add, in_transaction
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.model.schedule_rules import JobTemplate
-from tasks.jobs.schedule import schedulers
+from tasks.jobs.schedule import firing, schedulers
 from tasks.jobs.schedule.schedulers import SchedulerSpec, Scope
 from tasks.jobs.store.counts import counts
 from tasks.platform import db
@@ -222,7 +222,7 @@ def test_the_readmes_core_scenarios_run_in_keels_schema(their_engine):
     prefix = schedulers.fire_prefix("acme", scheduler_id) + "%"
 
     def fires() -> int:
-        schedulers.fire_due()
+        firing.fire_due()
         return _in_keels_schema(their_engine, fired, prefix=prefix)
 
     assert wait_for(lambda: fires() == 2, timeout=20)

@@ -280,6 +280,9 @@ class JobSchedulerRecord(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSONB)
     # Its template's options added since the record format (``JobOptions.columns``, 0021).
     extra_opts: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # Its policies (overlap, catch-up, jitter, paused: ``schedule_rules.Policy``, 0027);
+    # null: the defaults. Apart from ``spec``, which the previous release parses strictly.
+    policy: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     created_by: Mapped[str | None] = mapped_column(String(200))
     iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -27,13 +27,16 @@ from celery.beat import Scheduler
 from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.model.errors import JobNotFound
 from tasks.jobs.observe import quiet
-from tasks.jobs.schedule import beat_entries, schedulers, standing
+from tasks.jobs.schedule import beat_entries, firing, schedulers, standing
 from tasks.jobs.upkeep import liveness
 from tasks.platform import quotas
 from tasks.platform.catalog import disabled_apps
 from tasks.platform.db import passing
 
 log = logging.getLogger(__name__)
+# How soon beat looks again at a slot held by ``overlap: buffer`` (it is due, so the next
+# fire time alone would have beat ask at once, again and again, while the last job runs).
+HELD_POLL_S = 0.25
 
 
 class KeelScheduler(Scheduler):
@@ -84,13 +87,15 @@ class KeelScheduler(Scheduler):
         if not self._synced:
             self._sync_entries()
         try:
-            fired = schedulers.fire_due(job_limits=quotas.current().jobs)
+            fired = firing.fire_due(job_limits=quotas.current().jobs)
             for job_id in fired.job_ids:
                 name = fired.names.get(job_id, "")
                 log.log(quiet.level_for(name), "scheduler fired job %s (%s)", job_id, name)
             if fired.unsent:  # the broker is away: try those fires again in a while
                 return self.max_interval
-            return schedulers.seconds_until_next(self.max_interval)
+            if fired.held:  # due slots waiting for their scheduler's last job: look again soon
+                return HELD_POLL_S
+            return firing.seconds_until_next(self.max_interval)
         except Exception:  # the database may be briefly away; try again shortly
             log.warning("firing job schedulers failed; retrying", exc_info=True)
             return self.max_interval

@@ -18,6 +18,10 @@ schedulers whose entry left the config are removed; that prefix is reserved.
 - Any other task is sent as a plain Celery message,
   ``app.send_task(name, args, kwargs, **options)``, from its scheduler row
   (``tasks.jobs.schedule.schedulers.CeleryMessage``): still once per scheduled time.
+- ``options`` may also hold the scheduler's policies (``POLICY_OPTIONS``: ``overlap``,
+  ``catchUp``, ``catchUpWindow``, ``jitter``, ``paused``), taken out of the message's
+  options. A plain message leaves no record to watch, so its ``overlap`` is ``allow`` only.
+  Without ``paused`` an entry stays as an operator left it (``keel schedulers pause``).
 
 An entry that cannot be converted is logged as one error line naming it and
 saying why, and gets no scheduler; the other entries are not affected.
@@ -40,13 +44,14 @@ from sqlalchemy.exc import IntegrityError
 
 from tasks.jobs.model import registry
 from tasks.jobs.model.errors import InvalidId, Refused, TemplateRefused
-from tasks.jobs.model.schedule_rules import JobTemplate
+from tasks.jobs.model.schedule_rules import JobTemplate, Policy
 from tasks.jobs.run.execute import KeelTask
 from tasks.jobs.schedule import schedulers
 from tasks.jobs.schedule.schedulers import CeleryMessage, SchedulerSpec, Scope, StoredSpec
 
 log = logging.getLogger(__name__)
 PREFIX = "beat:"
+POLICY_OPTIONS = frozenset(Policy.model_fields)
 ENTRY_KEYS = frozenset({"task", "schedule", "args", "kwargs", "options", "relative"})
 # Celery's crontab attribute, the range of its values, in cron's field order.
 CRON_FIELDS = (
@@ -156,7 +161,8 @@ def _keel_job(
 ) -> tuple[SchedulerSpec, str]:
     declared = registry.get(name)
     queue = str(declared.queue if declared else task.queue)
-    for option, value in (entry.get("options") or {}).items():
+    options, policy = _policy_of(entry)
+    for option, value in options.items():
         if option != "queue":
             raise EntryRefused(f"option {option!r} has no meaning for a Keel job")
         if value != queue:
@@ -165,14 +171,23 @@ def _keel_job(
         data = task.data_for(entry.get("args") or (), entry.get("kwargs") or {})
     except TypeError as exc:
         raise EntryRefused(str(exc)) from None
-    spec = SchedulerSpec(**rule, template=JobTemplate(name=name, data=_json(data, "the job data")))
-    return spec, queue
+    template = JobTemplate(name=name, data=_json(data, "the job data"))
+    return SchedulerSpec(**rule, **policy, template=template), queue
+
+
+def _policy_of(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The entry's options apart from its policies, and its policies."""
+    options = dict(entry.get("options") or {})
+    policy = {key: options.pop(key) for key in POLICY_OPTIONS & set(options)}
+    return options, policy
 
 
 def _plain(
     app: Celery, name: str, entry: Mapping[str, Any], rule: dict[str, Any]
 ) -> tuple[StoredSpec, str]:
-    options = dict(entry.get("options") or {})
+    options, policy = _policy_of(entry)
+    if policy.get("overlap", "allow") != "allow":
+        raise EntryRefused("a task that is not a Keel job leaves no record: overlap is allow only")
     task = app.tasks.get(name)
     if registry.get(name) is not None:  # a job type whose task this app does not know as one
         raise EntryRefused(f"{name} is a Keel job type but not a KeelTask in this app")
@@ -184,7 +199,8 @@ def _plain(
         kwargs=_json(dict(entry.get("kwargs") or {}), "kwargs"),
         options=_json(options, "options"),
     )
-    return StoredSpec(**rule, template=JobTemplate(name=name), celeryMessage=message), str(queue)
+    spec = StoredSpec(**rule, **policy, template=JobTemplate(name=name), celeryMessage=message)
+    return spec, str(queue)
 
 
 def convert(app: Celery, name: str, entry: Mapping[str, Any]) -> Conversion:

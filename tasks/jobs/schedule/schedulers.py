@@ -3,7 +3,12 @@
 Upserting by a stable id updates, never duplicates. Every fire adds a job
 whose id derives from (tenant, scheduler id, fire time), so any number of
 beat processes — or a beat restarted mid-fire — produce exactly one job per
-scheduled time: the second add of the same id adds nothing.
+scheduled time: the second add of the same id adds nothing. Firing is
+``tasks.jobs.schedule.firing``; this module stores, reads, pauses and resumes.
+
+A scheduler's policies (``schedule_rules.Policy``: overlap, catch-up, jitter, paused) are
+kept in their own column; a paused scheduler has no next fire, and resumed, it fires at its
+next slot after now (the slots it missed are not caught up, as in Temporal).
 
 A template is judged at upsert like an API call (``registry.check_template``):
 a tenant may only schedule jobs declared schedulable by tenants, and the jobs
@@ -23,8 +28,7 @@ import hashlib
 import json
 import logging
 import re
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,20 +37,22 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from tasks.jobs.intake import tenancy
-from tasks.jobs.intake.enqueue import AddedJob, add
-from tasks.jobs.intake.messages import PUBLISH_RETRY
 from tasks.jobs.model import registry
-from tasks.jobs.model.errors import InvalidId, JobNotFound, QuotaExceeded
+from tasks.jobs.model.errors import InvalidId, JobNotFound
 from tasks.jobs.model.models import JobSchedulerRecord
 from tasks.jobs.model.options import JobOptions
-from tasks.jobs.model.owner import Owner
-from tasks.jobs.model.schedule_rules import JobTemplate, Rule, first_fire, next_fire
+from tasks.jobs.model.schedule_rules import (
+    JobTemplate,
+    Policy,
+    Rule,
+    first_fire,
+    next_fire,
+    policy_of,
+)
 from tasks.jobs.observe.queries import iso
-from tasks.platform import broker
-from tasks.platform.celery_app import app
-from tasks.platform.db import passing, transaction
+from tasks.platform.db import transaction
 from tasks.platform.ids import has_control
-from tasks.platform.setting_types import Quota, TenantLimits
+from tasks.platform.setting_types import Quota
 
 log = logging.getLogger(__name__)
 SYSTEM = ""  # the tenant of schedulers managed by the CLI and at startup
@@ -58,8 +64,8 @@ _TENANT_ID = re.compile(TENANT_ID_RULE)
 MAX_ID = 200  # job_schedulers.id
 
 
-class SchedulerSpec(Rule):
-    """A rule plus the job template it fires (the stored form of a scheduler)."""
+class SchedulerSpec(Rule, Policy):
+    """A rule plus the job template it fires, and its policies (kept apart when stored)."""
 
     template: JobTemplate
 
@@ -82,10 +88,6 @@ class StoredSpec(SchedulerSpec):
     celeryMessage: CeleryMessage | None = None
 
 
-class PublishFailed(Exception):
-    """A plain Celery message could not be sent: this fire is tried again at the next tick."""
-
-
 @dataclass(frozen=True)
 class Scope:
     """Whose schedulers: a tenant (``SYSTEM`` for the operators' own)."""
@@ -106,7 +108,7 @@ def fire_job_id(tenant_id: str, scheduler_id: str, at: datetime) -> str:
     return f"{fire_prefix(tenant_id, scheduler_id)}{int(at.timestamp() * 1000)}"
 
 
-def _now(session: Session) -> datetime:
+def db_now(session: Session) -> datetime:
     now: datetime = session.execute(text("SELECT clock_timestamp()")).scalar_one()
     return now
 
@@ -128,7 +130,7 @@ def upsert(
     template = spec.template
     tenant = scope.tenant_id != SYSTEM
     job_type = registry.check_template(template.name, template.data, queue, tenant=tenant)
-    if quota is not None and template.opts.delay > quota.jobs.max_delay_ms:
+    if quota is not None and template.opts.delay + spec.jitter > quota.jobs.max_delay_ms:
         raise tenancy.delay_too_long(quota.jobs)
     return _save(scope, scheduler_id, spec, job_type.queue, quota)
 
@@ -158,15 +160,19 @@ def check_id(scope: Scope, scheduler_id: str) -> str:
     return scheduler_id
 
 
+POLICY_FIELDS = set(Policy.model_fields)
+
+
 def _save(
     scope: Scope, scheduler_id: str, spec: SchedulerSpec, queue: str, quota: Quota | None
 ) -> JobSchedulerRecord:
-    stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    stored = spec.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=POLICY_FIELDS)
+    policy = Policy.model_validate(spec.model_dump(include=POLICY_FIELDS))
     # The template's options the previous release reads stay in the spec; newer ones apart.
     base_opts, extra_opts = spec.template.opts.columns()
     stored["template"] = {**stored["template"], "opts": base_opts}
     with transaction() as session:
-        now = _now(session)
+        now = db_now(session)
         record = session.get(
             JobSchedulerRecord, (scope.tenant_id, scheduler_id), with_for_update=True
         )
@@ -184,13 +190,45 @@ def _save(
         parked = record.next_run_at is None and (
             spec.limit is None or record.iteration_count < spec.limit
         )
+        was = policy_of(record.policy)
         record.queue = queue
         record.spec = stored
         record.extra_opts = extra_opts
         record.created_by = scope.actor
         record.updated_at = now
-        if rule_changed or parked:
+        paused = was.paused if policy.paused is None else policy.paused
+        record.policy = policy.model_copy(update={"paused": paused or None}).stored()
+        if paused:
+            record.next_run_at = None
+        elif rule_changed or (parked and not was.paused):
             record.next_run_at = first_fire(spec, now, new=new)
+        elif was.paused:
+            record.next_run_at = next_fire(spec, now, None)
+        session.flush()
+        return record
+
+
+def set_paused(scope: Scope, scheduler_id: str, paused: bool) -> JobSchedulerRecord:
+    """Pause (no fire, ``next`` null) or resume (the next slot after now) a scheduler;
+    asking for the state it is in changes nothing."""
+    with transaction() as session:
+        record = session.get(
+            JobSchedulerRecord, (scope.tenant_id, scheduler_id), with_for_update=True
+        )
+        if record is None:
+            raise JobNotFound("job scheduler not found")
+        was = policy_of(record.policy)
+        if bool(was.paused) == paused:
+            return record
+        now = db_now(session)
+        record.policy = was.model_copy(update={"paused": paused or None}).stored()
+        record.updated_at = now
+        if paused:
+            record.next_run_at = None
+        else:
+            spec = Rule.model_validate(_rule_of(record.spec))
+            limit_left = spec.limit is None or record.iteration_count < spec.limit
+            record.next_run_at = next_fire(spec, now, None) if limit_left else None
         session.flush()
         return record
 
@@ -248,156 +286,6 @@ def list_all(scope: Scope | None = None) -> list[JobSchedulerRecord]:
         return list(session.scalars(query))
 
 
-def _fire(
-    session: Session, record: JobSchedulerRecord, now: datetime, limits: TenantLimits | None
-) -> str | None:
-    spec = StoredSpec.model_validate(spec_of(record))
-    at = record.next_run_at
-    assert at is not None
-    if spec.limit is not None and record.iteration_count >= spec.limit:
-        record.next_run_at = None
-        return None
-    if spec.celeryMessage is not None:
-        _send(record, spec.template.name, spec.celeryMessage, at)
-        added = None
-    else:
-        added = _add(record, spec.template, at, limits)
-    record.iteration_count += 1
-    record.last_run_at = at
-    done = spec.limit is not None and record.iteration_count >= spec.limit
-    record.next_run_at = None if done else next_fire(spec, max(at, now), at)
-    return added.job_id if added is not None and added.created else None
-
-
-def _add(
-    record: JobSchedulerRecord, template: JobTemplate, at: datetime, limits: TenantLimits | None
-) -> AddedJob | None:
-    opts = template.opts.model_copy(update={"job_id": fire_job_id(record.tenant_id, record.id, at)})
-    owner = Owner(record.tenant_id, record.created_by or "scheduler") if record.tenant_id else None
-    try:
-        return add(
-            template.name,
-            template.data,
-            queue=record.queue,
-            opts=opts,
-            owner=owner,
-            limits=limits if owner else None,
-        )
-    except QuotaExceeded as refused:  # this fire is skipped; the scheduler goes on
-        log.warning(
-            "scheduler %s/%s skipped the fire at %s: %s",
-            record.tenant_id,
-            record.id,
-            at.isoformat(),
-            refused,
-        )
-        return None
-
-
-def _send(record: JobSchedulerRecord, name: str, message: CeleryMessage, at: datetime) -> None:
-    """Send a plain Celery message for this fire (its task id derives from the fire time).
-
-    Sent inside the firing transaction, like a promoted job's message: a beat
-    that dies before its commit leaves the fire due, and the next beat sends
-    it again — at least once, never silently lost. A broker that does not
-    answer raises ``PublishFailed`` and the fire stays due.
-    """
-    if record.tenant_id != SYSTEM:  # only upsert_plain writes these, in the system scope
-        raise ValueError("only system schedulers send plain Celery messages")
-    options = {
-        "task_id": fire_job_id(record.tenant_id, record.id, at),
-        "retry": True,
-        "retry_policy": PUBLISH_RETRY,
-        **message.options,
-    }
-    if broker.publish_unreachable():
-        raise PublishFailed("the broker is unreachable")
-    started = time.monotonic()
-    try:
-        broker.publish(
-            lambda producer: app.send_task(
-                name, args=message.args, kwargs=message.kwargs, producer=producer, **options
-            )
-        )
-    except Exception as exc:
-        broker.publish_failed(exc, started)
-        raise PublishFailed(str(exc)) from exc
-    log.info("scheduler %s sent %s[%s]", record.id, name, options["task_id"])
-
-
-@dataclass
-class FireRound:
-    """What one round of firing did: the jobs it added, and fires left due (unsent: the
-    broker or the store failed them for now, and the next round tries them again)."""
-
-    job_ids: list[str]
-    unsent: int = 0
-    names: dict[str, str] = field(default_factory=dict)  # job id -> job name
-
-
-def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRound:
-    """Fire every scheduler whose time has come."""
-    fired = FireRound([])
-    with transaction() as session:
-        now = _now(session)
-        due = session.scalars(
-            select(JobSchedulerRecord)
-            .where(JobSchedulerRecord.next_run_at <= now)
-            .order_by(JobSchedulerRecord.next_run_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        ).all()
-        for record in due:
-            try:
-                with session.begin_nested():  # one broken scheduler must not stop the others
-                    job_id = _fire(session, record, now, job_limits)
-            except PublishFailed as exc:
-                log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
-                fired.unsent += 1
-                continue
-            except Exception as exc:
-                if not passing(exc):
-                    log.exception(
-                        "scheduler %s/%s could not fire; parked", record.tenant_id, record.id
-                    )
-                    _park(session, record)
-                    continue
-                # A deadlock, a lock or statement timeout, the database away: the fire stays
-                # due and the next tick tries it again (a job it did insert, on its own
-                # connection, is found by its id then). Parking is for a fire that can never
-                # work, not a passing error.
-                log.warning(
-                    "scheduler %s/%s did not fire; retrying: %s", record.tenant_id, record.id, exc
-                )
-                fired.unsent += 1
-                continue
-            if job_id:
-                fired.job_ids.append(job_id)
-                fired.names[job_id] = str(record.spec.get("template", {}).get("name", ""))
-    return fired
-
-
-def _park(session: Session, record: JobSchedulerRecord) -> None:
-    """A scheduler whose next fire cannot be computed stops firing (visible as next = null)."""
-    session.execute(
-        text("UPDATE job_schedulers SET next_run_at = NULL WHERE tenant_id = :t AND id = :i"),
-        {"t": record.tenant_id, "i": record.id},
-    )
-
-
-def seconds_until_next(cap: float) -> float:
-    with transaction() as session:
-        row = session.execute(
-            text(
-                "SELECT EXTRACT(EPOCH FROM min(next_run_at) - clock_timestamp()) "
-                "FROM job_schedulers WHERE next_run_at IS NOT NULL"
-            )
-        ).scalar()
-    if row is None:
-        return cap
-    return max(0.0, min(cap, float(row)))
-
-
 def spec_of(record: JobSchedulerRecord) -> dict[str, Any]:
     """The scheduler's stored spec, its template's options whole again (``extra_opts``)."""
     if not record.extra_opts:
@@ -412,6 +300,7 @@ def describe(record: JobSchedulerRecord) -> dict[str, Any]:
         "id": record.id,
         "queue": record.queue,
         **spec_of(record),
+        **policy_of(record.policy).view(),
         "iterationCount": record.iteration_count,
         "next": iso(record.next_run_at),
         "lastRunAt": iso(record.last_run_at),
