@@ -679,6 +679,16 @@ def _job_line(job: JobRecord) -> str:
     return json.dumps({**describe_full(job), "tenantId": job.tenant_id}, default=str)
 
 
+# What the search's time options take: ISO 8601, read as UTC unless they carry an offset.
+TIMES = ("%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S")
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
 # The job states (``tasks.jobs.model.models.State``), spelled out: importing the models would
 # make every ``keel`` command pay for SQLAlchemy.
 JOB_STATES = (
@@ -705,6 +715,18 @@ JOB_STATES = (
     is_flag=True,
     help="quiet periodic system jobs too (campaign.monitor every 10 s; left out by default)",
 )
+@click.option(
+    "--data",
+    "data_search",
+    help="jobs whose data contain this: path=value terms separated by spaces "
+    '(customerId=42 customer.region=eu-west-1; 42 matches 42 and "42"), or a JSON object',
+)
+@click.option("--id-prefix", help="jobs whose id starts with this")
+@click.option("--created-from", type=click.DateTime(TIMES), help="added at or after (UTC)")
+@click.option("--created-to", type=click.DateTime(TIMES), help="added at or before (UTC)")
+@click.option("--finished-from", type=click.DateTime(TIMES), help="ended at or after (UTC)")
+@click.option("--finished-to", type=click.DateTime(TIMES), help="ended at or before (UTC)")
+@click.option("--error", help="jobs whose failed reason contains this text, in any case")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100))
 @click.option("--cursor", help="the cursor printed after the previous page")
 def jobs_list(
@@ -713,15 +735,25 @@ def jobs_list(
     job_name: str | None,
     tenant: str | None,
     show_all: bool,
+    data_search: str | None,
+    id_prefix: str | None,
+    created_from: datetime | None,
+    created_to: datetime | None,
+    finished_from: datetime | None,
+    finished_to: datetime | None,
+    error: str | None,
     limit: int,
     cursor: str | None,
 ) -> None:
     """Print jobs as JSON lines, newest first; the next page's cursor goes to stderr.
 
     Quiet periodic system jobs (handler(..., quiet=True): campaign.monitor) are
-    left out unless --all is given or --name names them.
+    left out unless --all is given or --name names them. The search options
+    (--data, --id-prefix, --created-*, --finished-*, --error) are those of
+    GET /api/v1/jobs; every one given holds.
     """
     from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.model.search import SearchRefused, parse
     from tasks.jobs.observe import quiet
     from tasks.jobs.observe.queries import InvalidCursor, JobFilter, list_jobs
 
@@ -730,8 +762,23 @@ def jobs_list(
     except ImportError as exc:  # listing needs none of them: say so, and go on
         click.echo(f"keel: job modules not loaded ({exc}); --all may be needed", err=True)
     hidden = () if show_all or job_name else quiet.names()
+    try:
+        data = parse(data_search) if data_search is not None else ()
+    except SearchRefused as exc:
+        raise click.BadParameter(str(exc), param_hint="--data") from None
     where = JobFilter(
-        tenant_id=tenant, queue=queue, state=state, name=job_name, hidden_names=hidden
+        tenant_id=tenant,
+        queue=queue,
+        state=state,
+        name=job_name,
+        hidden_names=hidden,
+        id_prefix=id_prefix,
+        data=data,
+        created_from=_utc(created_from),
+        created_to=_utc(created_to),
+        finished_from=_utc(finished_from),
+        finished_to=_utc(finished_to),
+        error=error,
     )
     try:
         page = list_jobs(where, cursor=cursor, limit=limit)

@@ -20,7 +20,7 @@ from tasks.jobs.upkeep import bulk_actions
 from tasks.jobs.upkeep.bulk_actions import BulkFilter
 from web.api import operation
 from web.auth import OPERATOR, Principal
-from web.jobs import TEXT
+from web.job_query import TEXT
 from web.schemas import Open, Strict
 
 bp = Blueprint("bulk", __name__, url_prefix="/api/v1/bulk-actions")

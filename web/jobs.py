@@ -17,7 +17,7 @@ naming ``name``, like any other refused field of the body.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any
 
 from flask import Blueprint, g
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,22 +27,19 @@ from tasks.jobs.end.cancel import Cancelling, cancel
 from tasks.jobs.intake import edits
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
-from tasks.jobs.model.models import STATES, JobRecord
+from tasks.jobs.model.models import JobRecord
 from tasks.jobs.model.options import MAX_TIMEOUT_MS, JobOptions, backoff_max_ms
 from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
-    DEFAULT_PAGE,
-    MAX_PAGE,
-    JobFilter,
     get_owned,
     list_jobs,
 )
 from tasks.platform import quotas
-from tasks.platform.ids import CONTROL
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
 from web.idempotency import job_id_for
+from web.job_query import TEXT, JobListQuery, visible_to
 from web.job_views import describe, describe_full
 from web.schedulers import MAX_PERIOD_MS, Keep, TemplateBackoff, TemplateKeepJobs
 from web.schemas import (
@@ -56,31 +53,6 @@ from web.schemas import (
 )
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
-# Printable text: no control character nor line break (``tasks.platform.ids``; Postgres text cannot
-# hold NUL). A pydantic pattern: its engine (Rust's regex) anchors ``$`` at the very end.
-TEXT = rf"^[^{CONTROL}]+$"
-StateName = Literal[
-    "waiting", "active", "delayed", "completed", "failed", "waiting-children", "cancelled"
-]
-assert set(get_args(StateName)) == set(STATES)
-
-
-class JobListQuery(BaseModel):
-    """Filters and paging of ``GET /api/v1/jobs`` (query values are read laxly: ``limit=20``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    queue: str | None = Field(default=None, min_length=1, max_length=100, pattern=TEXT)
-    state: StateName | None = None
-    name: str | None = Field(default=None, min_length=1, max_length=200, pattern=TEXT)
-    cursor: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=400,
-        pattern=r"^[A-Za-z0-9_-]+$",
-        description="the nextCursor of the previous page",
-    )
-    limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
 
 
 class CancelQuery(BaseModel):
@@ -196,17 +168,6 @@ def _summary(job: JobRecord) -> dict[str, Any]:
 # its own jobs, an operator every job of its tenant; anything else is a missing job (404).
 
 
-def visible_to(principal: Principal, query: JobListQuery) -> JobFilter:
-    """The jobs ``principal`` may list, narrowed by the query's filters."""
-    return JobFilter(
-        tenant_id=principal.tenant_id,
-        user_id=None if principal.operator else principal.user_id,
-        queue=query.queue,
-        state=query.state,
-        name=query.name,
-    )
-
-
 def read_job(principal: Principal, job_id: str) -> JobRecord:
     return get_owned(job_id, principal.owner, tenant_wide=principal.operator)
 
@@ -243,7 +204,8 @@ def retry_for(
     bp,
     "",
     "GET",
-    summary="Jobs of any type, newest first, a page at a time (operators: the tenant's)",
+    summary="Jobs of any type, newest first, a page at a time (operators: the tenant's); "
+    "filtered and searched by data fields, id prefix, times and error text",
     query=JobListQuery,
     responses={200: JobList, 400: None},
 )

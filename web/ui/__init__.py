@@ -116,13 +116,16 @@ def wants_page() -> bool:
     return best == "text/html" and request.accept_mimetypes["text/html"] > 0
 
 
-def error_page(status: int, message: str, code: str) -> Any:
+def error_page(status: int, message: str, code: str, details: list | None = None) -> Any:
     from web.ui.session import SignedOut
 
     if code == SignedOut.CODE:
         shown = None if message == SignedOut.DEFAULT else message  # the page says it already
         return render_template("ui/signin.html", status=status, message=shown), status
-    return render_template("ui/error.html", status=status, message=message, code=code), status
+    page = render_template(
+        "ui/error.html", status=status, message=message, code=code, details=details or []
+    )
+    return page, status
 
 
 @bp.errorhandler(KeelError)
@@ -133,7 +136,8 @@ def _keel_error(error: KeelError) -> Any:
     if status == 500:
         log.error("%s reached the dashboard: %s", type(error).__name__, error)
         return error_page(500, "internal error", "internal_error")
-    return error_page(status, str(error), code_of(error))
+    # a refused query or form names the field and why (the API's details)
+    return error_page(status, str(error), code_of(error), error.details if status < 500 else None)
 
 
 @bp.errorhandler(CSRFError)

@@ -1,13 +1,14 @@
 """Jobs: the list (filters, pages, counts per state, auto-refresh) and one job's page.
 
 The list reads the same query string as ``GET /api/v1/jobs`` (``queue``,
-``state``, ``name``, ``cursor``, ``limit``), validated by the same model, except
-that an empty value means "any" (the filter form sends ``queue=`` for its "any"
-choice); a page refreshes its table from ``/ui/jobs/table`` with that query. A job's
-page follows the job live: the script listens to the job's event stream
-(``web.events``, the queue's Redis stream) and, on each event, reads the
-job's record from ``/ui/jobs/<id>/state`` — the record, not the event, is
-what the page shows.
+``state``, ``name``, the search's ``data``, ``data.<path>``, ``idPrefix``, times and
+``error``, ``cursor``, ``limit``), validated by the same model, except that an empty
+value means "any" (the filter form sends ``queue=`` for its "any" choice) and a time
+without an offset is UTC (the form's time fields send none); a page refreshes its table
+from ``/ui/jobs/table`` with that query. A job's page follows the job live: the script
+listens to the job's event stream (``web.events``, the queue's Redis stream) and, on
+each event, reads the job's record from ``/ui/jobs/<id>/state`` — the record, not the
+event, is what the page shows.
 
 Retry (operators) and Cancel call the API's ``retry_for`` and ``cancel_for``;
 a refusal (409 conflict, 400 invalid state or reason) comes back as the
@@ -16,6 +17,7 @@ API's message above the job.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from flask import g, render_template, request, url_for
@@ -29,8 +31,9 @@ from tasks.jobs.observe.queries import audit_trail, count_states, list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR
 from web.events import stream_response
+from web.job_query import JobListQuery, visible_to
 from web.job_views import describe, describe_full
-from web.jobs import JobListQuery, cancel_for, read_job, retry_for, visible_to
+from web.jobs import cancel_for, read_job, retry_for
 from web.schemas import RetryJob
 from web.ui import bp
 from web.ui.forms import act
@@ -40,9 +43,20 @@ STREAM_TIMEOUT_S = 120.0  # then the browser reconnects with Last-Event-ID
 JOB_PAGE_LOG_LINES = 100  # the newest lines of its log a job's page shows
 
 
+# A browser's datetime-local field sends a time without an offset: the form says it is UTC.
+_LOCAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d(:\d\d(\.\d{1,6})?)?")
+TIME_FILTERS = ("createdFrom", "createdTo", "finishedFrom", "finishedTo")
+
+
 def given_filters() -> MultiDict:
-    """The query string without its empty values: the filter form's "any" sends ``queue=``."""
-    return MultiDict([(name, value) for name, value in request.args.items(multi=True) if value])
+    """The query string without its empty values: the filter form's "any" sends ``queue=``;
+    a time without an offset, from the form's time fields, is read as UTC."""
+    given: MultiDict = MultiDict()
+    for name, value in request.args.items(multi=True):
+        if value:
+            utc = name in TIME_FILTERS and _LOCAL_TIME.fullmatch(value)
+            given.add(name, f"{value}Z" if utc else value)
+    return given
 
 
 def _listing() -> dict[str, Any]:
@@ -51,10 +65,12 @@ def _listing() -> dict[str, Any]:
     assert isinstance(query, JobListQuery)
     where = visible_to(g.principal, query)
     page = list_jobs(where, cursor=query.cursor, limit=query.limit)
+    filters = {k: v for k, v in given.to_dict().items() if k not in ("cursor", "limit")}
     return {
         "query": query,
         "given": given.to_dict(),  # what the page's refresh asks for again
-        "filters": query.model_dump(exclude_none=True, exclude={"cursor", "limit"}),
+        "filters": filters,  # what the state links and the pager keep (data.<path> too)
+        "form_time": {k: filters[k].removesuffix("Z")[:16] for k in TIME_FILTERS if k in filters},
         "jobs": [_row(job) for job in page.jobs],
         "next_cursor": page.next_cursor,
         "counts": count_states(where),

@@ -166,6 +166,13 @@ class JobRecord(Base):
             postgresql_where=text("state IN ('failed', 'cancelled')"),
         ),
         Index("ix_jobs_lock", "locked_until", postgresql_where=text("state = 'active'")),
+        # A search by fields of the data, ``data @> '{...}'`` (0026).
+        Index(
+            "ix_jobs_data",
+            "data",
+            postgresql_using="gin",
+            postgresql_ops={"data": "jsonb_path_ops"},
+        ),
         # The runs being aborted, read by every worker's maintenance (0017).
         Index(
             "ix_jobs_aborting",

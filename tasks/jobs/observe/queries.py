@@ -169,7 +169,12 @@ def count_states(where: JobFilter) -> dict[str, int]:
 
 def _counted(where: JobFilter) -> bool:
     narrower = (where.user_id, where.name, where.id_prefix)
-    return where.tenant_id is not None and narrower == (None, None, None) and not where.hidden_names
+    return (
+        where.tenant_id is not None
+        and narrower == (None, None, None)
+        and not where.hidden_names
+        and not where.searching
+    )
 
 
 def _from_counters(tenant_id: str, queue: str | None) -> dict[str, int]:

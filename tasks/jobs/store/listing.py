@@ -1,5 +1,11 @@
 """Pages of job records, newest first, by keyset: each page starts after the last one's key.
 
+A search narrows the same pages (``JobFilter``'s data, time and error fields): data by
+containment, served by the GIN index ``ix_jobs_data`` (0026) — the rows it finds are the
+tenant's matches, ordered after; times by ``ix_jobs_tenant_created``'s range; the failed
+reason's text by reading the rows the other filters leave (a state of failed narrows it to
+``ix_jobs_tenant_ended``).
+
 The key is ``(created_at, id)``: ``created_at`` is the adding transaction's
 time, so jobs added together share it, and the id breaks the tie. A keyset
 page costs the same however deep the client pages (an ``OFFSET`` would
@@ -16,10 +22,11 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Select, bindparam, func, select, tuple_
+from sqlalchemy import Select, bindparam, func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from tasks.jobs.model.models import STATES, JobRecord, RetryAudit
+from tasks.jobs.model.search import DataMatch
 
 Selection = TypeVar("Selection", bound=Select[*tuple[Any, ...]])
 
@@ -35,6 +42,20 @@ class JobFilter:
     name: str | None = None
     id_prefix: str | None = None  # e.g. the jobs one scheduler fired (``repeat:<digest>:``)
     hidden_names: tuple[str, ...] = ()  # left out (``keel jobs list``: quiet periodic jobs)
+    # A search (``tasks.jobs.model.search``): every data condition holds; times are inclusive
+    # bounds; ``error`` is text the failed reason contains, in any case.
+    data: tuple[DataMatch, ...] = ()
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    finished_from: datetime | None = None
+    finished_to: datetime | None = None
+    error: str | None = None
+
+    @property
+    def searching(self) -> bool:
+        """Narrowed by a search (so counted on the records, not the counters)."""
+        bounds = (self.created_from, self.created_to, self.finished_from, self.finished_to)
+        return bool(self.data) or self.error is not None or bounds != (None,) * 4
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,23 @@ def _filtered(query: Selection, where: JobFilter) -> Selection:
         query = query.where(JobRecord.id.startswith(where.id_prefix, autoescape=True))
     if where.hidden_names:
         query = query.where(JobRecord.name.not_in(where.hidden_names))
+    return _searched(query, where)
+
+
+def _searched(query: Selection, where: JobFilter) -> Selection:
+    for match in where.data:
+        query = query.where(or_(*(JobRecord.data.contains(obj) for obj in match.objects)))
+    bounds = (
+        (JobRecord.created_at, where.created_from, where.created_to),
+        (JobRecord.finished_on, where.finished_from, where.finished_to),
+    )
+    for column, start, end in bounds:
+        if start is not None:
+            query = query.where(column >= start)
+        if end is not None:
+            query = query.where(column <= end)
+    if where.error is not None:
+        query = query.where(JobRecord.failed_reason.icontains(where.error, autoescape=True))
     return query
 
 
