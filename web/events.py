@@ -1,4 +1,5 @@
-"""``/api/v1/reports/jobs/<jobId>/events``: one report job's events as Server-Sent Events.
+"""A job's events as Server-Sent Events: ``/api/v1/jobs/<jobId>/events`` (any job the caller
+may read, ``web.jobs``) and ``/api/v1/reports/jobs/<jobId>/events`` (a report job's).
 
 The events are read from the queue's Redis stream, so they come from
 whichever process wrote them: the API that added the job, the worker that
@@ -122,7 +123,7 @@ class JobEventStream:
             time.sleep(min(POLL_S, max(0.0, self.deadline - time.monotonic())))
 
 
-def _timeout_s() -> float:
+def timeout_s() -> float:
     raw = request.args.get("timeout")
     if raw is None:
         return DEFAULT_TIMEOUT_S
@@ -215,10 +216,10 @@ def _resume_after() -> str:
     produces="text/event-stream",
 )
 def job_events(job_id: str):
-    timeout_s = _timeout_s()
+    timeout = timeout_s()
     principal = g.principal
     job = get_owned(job_id, principal.owner, queue=REPORTS_QUEUE, tenant_wide=principal.operator)
-    return stream_response(job, timeout_s)
+    return stream_response(job, timeout)
 
 
 def stream_response(job: JobRecord, timeout_s: float) -> Response:

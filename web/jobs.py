@@ -35,6 +35,7 @@ from tasks.jobs.observe.queries import (
     list_jobs,
 )
 from tasks.platform import quotas
+from web import events
 from web.api import operation
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError
@@ -266,6 +267,23 @@ def cancel_job(job_id: str, query: CancelQuery):
 def retry_job(job_id: str, body: RetryJob):
     retry_for(g.principal, job_id, body.reason, cancelled_too=body.retryCancelled)
     return {"jobId": job_id, "accepted": True, "statusUrl": status_url(job_id)}, 202
+
+
+@operation(
+    bp,
+    "/<job_id>/events",
+    "GET",
+    summary="A job's events as Server-Sent Events (replayed, then live; Last-Event-ID "
+    "resumes); ends after completed/failed/cancelled or ?timeout= seconds (default 30, max "
+    "300); 503 when the server has no room for another stream, or the caller's user or "
+    "tenant already holds its share of open streams (KEEL_STREAMS_PER_USER, "
+    "KEEL_STREAMS_PER_TENANT)",
+    responses={200: None, 400: None, 401: None, 404: None, 503: None},
+    produces="text/event-stream",
+)
+def get_job_events(job_id: str):
+    timeout = events.timeout_s()
+    return events.stream_response(read_job(g.principal, job_id), timeout)
 
 
 @operation(

@@ -61,6 +61,7 @@ CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
     },
     ("GET", "/api/v1/jobs"): {
         "cursor": "must be a nextCursor this API returned",
+        "data": "must be path=value terms or a JSON object (tasks.jobs.model.search)",
     },
     ("POST", "/api/v1/bulk-actions"): {
         "filter.states": "must be states the action acts on",
