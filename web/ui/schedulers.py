@@ -4,7 +4,8 @@ Operators only, as in the API. The form is turned into the body of
 ``PUT /api/v1/schedulers/<id>`` and validated by the same model
 (``UpsertScheduler``), then saved by the same ``upsert_for``: a template the
 API would refuse is refused here with the same message. A scheduler's page
-lists the jobs it fired (their ids start with its ``fire_prefix``).
+lists the jobs it fired (their ids start with its ``fire_prefix``), and pauses, resumes or
+runs it now, as ``POST /api/v1/schedulers/<id>/pause|resume|trigger`` do.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from web.api import check_payload, load_json, validate
 from web.auth import OPERATOR
 from web.errors import status_of
 from web.job_views import describe
-from web.schedulers import UpsertScheduler, scope_of, upsert_for
+from web.schedulers import UpsertScheduler, pause_for, scope_of, trigger_for, upsert_for
 from web.ui import bp
 from web.ui.forms import explained
 from web.ui.session import signed_in
@@ -32,7 +33,14 @@ from web.ui.session import signed_in
 PRODUCED_SHOWN = 20
 # ASCII digits only: str.isdigit() also takes "²" and "①" (int() then raises) and "١٢"
 WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
-EMPTY_FORM = MultiDict({"rule": "pattern", "tz": "UTC", "data": "{}", "opts": "{}"})
+EMPTY_FORM = MultiDict(
+    {"rule": "pattern", "tz": "UTC", "data": "{}", "opts": "{}", "overlap": "allow"}
+)
+OUTCOMES = {
+    "added": "Scheduler {id} ran now: job {job}.",
+    "skipped": "Scheduler {id} did not run: its last job is still live (overlap {overlap}).",
+    "buffered": "Scheduler {id} will run once its last job ends (overlap buffer).",
+}
 
 
 def _tenant_schedulable() -> list[str]:
@@ -52,9 +60,14 @@ def _form_of(described: dict[str, Any]) -> MultiDict:
         "name": template.get("name", ""),
         "data": _json(template.get("data", {})),
         "opts": _json(template.get("opts", {})),
+        "overlap": described.get("overlap", "allow"),
+        "catchUp": described.get("catchUp", "earliest"),
+        "catchUpWindow": str(described.get("catchUpWindow") or ""),
+        "jitter": str(described.get("jitter") or ""),
     }
-    if described.get("immediately"):
-        fields["immediately"] = "on"
+    for flag in ("immediately", "paused"):
+        if described.get(flag):
+            fields[flag] = "on"
     return MultiDict(fields)
 
 
@@ -101,6 +114,12 @@ def _body(form: MultiDict) -> dict[str, Any]:
         body["immediately"] = True
     if form.get("limit"):
         body["limit"] = _integer(form, "limit")
+    body["overlap"] = form.get("overlap") or "allow"
+    body["catchUp"] = form.get("catchUp") or "earliest"
+    for field in ("catchUpWindow", "jitter"):
+        if form.get(field):
+            body[field] = _integer(form, field)
+    body["paused"] = bool(form.get("paused"))
     body["template"] = {
         "name": form.get("name", ""),
         "data": load_json(form.get("data") or "{}", "template.data"),
@@ -142,3 +161,30 @@ def remove_scheduler(scheduler_id: str) -> Any:
     schedulers.remove(scope_of(g.principal), scheduler_id)  # a foreign id: 404, as in the API
     flash(f"Scheduler {scheduler_id} removed.", "ok")
     return redirect(url_for("ui.schedulers_page"), 303)
+
+
+@bp.post("/schedulers/<scheduler_id>/pause")
+@signed_in(OPERATOR)
+def pause_scheduler(scheduler_id: str) -> Any:
+    pause_for(g.principal, scheduler_id, True)  # a foreign id: 404, as in the API
+    flash(f"Scheduler {scheduler_id} paused.", "ok")
+    return redirect(url_for("ui.scheduler", scheduler_id=scheduler_id), 303)
+
+
+@bp.post("/schedulers/<scheduler_id>/resume")
+@signed_in(OPERATOR)
+def resume_scheduler(scheduler_id: str) -> Any:
+    pause_for(g.principal, scheduler_id, False)
+    flash(f"Scheduler {scheduler_id} resumed.", "ok")
+    return redirect(url_for("ui.scheduler", scheduler_id=scheduler_id), 303)
+
+
+@bp.post("/schedulers/<scheduler_id>/trigger")
+@signed_in(OPERATOR)
+def trigger_scheduler(scheduler_id: str) -> Any:
+    """Run now; what the overlap policy made of it is the flash."""
+    fired = trigger_for(g.principal, scheduler_id)
+    overlap = schedulers.describe(schedulers.get(scope_of(g.principal), scheduler_id))["overlap"]
+    said = OUTCOMES[fired["outcome"]].format(id=scheduler_id, job=fired["jobId"], overlap=overlap)
+    flash(said, "ok")
+    return redirect(url_for("ui.scheduler", scheduler_id=scheduler_id), 303)
