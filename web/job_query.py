@@ -9,11 +9,12 @@ own jobs (a user) or tenant (an operator), newest first, paged as any listing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from tasks.jobs.model import search
@@ -31,6 +32,23 @@ StateName = Literal[
     "waiting", "active", "delayed", "completed", "failed", "waiting-children", "cancelled"
 ]
 assert set(get_args(StateName)) == set(STATES)
+
+
+# RFC 3339, as the document's ``date-time`` says: pydantic's lax mode would also read a
+# number of seconds since 1970 ("0.5") as a time.
+RFC_3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _rfc_3339(value: Any) -> Any:
+    if isinstance(value, str) and not RFC_3339.fullmatch(value):
+        raise ValueError("a time as RFC 3339 with its offset: 2026-12-07T10:00:00Z")
+    return value
+
+
+Moment = Annotated[AwareDatetime, BeforeValidator(_rfc_3339)]
 
 
 class JobListQuery(BaseModel):
@@ -60,10 +78,10 @@ class JobListQuery(BaseModel):
         pattern=TEXT,
         description="jobs whose id starts with this",
     )
-    createdFrom: AwareDatetime | None = Field(default=None, description="added at or after")
-    createdTo: AwareDatetime | None = Field(default=None, description="added at or before")
-    finishedFrom: AwareDatetime | None = Field(default=None, description="ended at or after")
-    finishedTo: AwareDatetime | None = Field(default=None, description="ended at or before")
+    createdFrom: Moment | None = Field(default=None, description="added at or after")
+    createdTo: Moment | None = Field(default=None, description="added at or before")
+    finishedFrom: Moment | None = Field(default=None, description="ended at or after")
+    finishedTo: Moment | None = Field(default=None, description="ended at or before")
     error: str | None = Field(
         default=None,
         min_length=1,

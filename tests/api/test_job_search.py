@@ -144,6 +144,8 @@ def test_error_text_and_finished_times_find_failed_jobs(client):
         ({"createdFrom": "yesterday"}, "createdFrom"),
         ({"createdFrom": "2026-01-01T00:00:00"}, "createdFrom"),  # no offset: which zone?
         ({"finishedTo": "2026-13-01T00:00:00Z"}, "finishedTo"),
+        ({"finishedTo": "0.5"}, "finishedTo"),  # not seconds since 1970
+        ({"createdTo": "2026-12-07"}, "createdTo"),
         ({"error": "a\x00b"}, "error"),
         ({"idPrefix": ""}, "idPrefix"),
     ],

@@ -54,8 +54,10 @@ def given_filters() -> MultiDict:
     given: MultiDict = MultiDict()
     for name, value in request.args.items(multi=True):
         if value:
-            utc = name in TIME_FILTERS and _LOCAL_TIME.fullmatch(value)
-            given.add(name, f"{value}Z" if utc else value)
+            local = _LOCAL_TIME.fullmatch(value) if name in TIME_FILTERS else None
+            if local is not None:  # to RFC 3339, as the API takes it: seconds, and UTC
+                value = f"{value}{'' if local.group(1) else ':00'}Z"
+            given.add(name, value)
     return given
 
 
@@ -70,7 +72,7 @@ def _listing() -> dict[str, Any]:
         "query": query,
         "given": given.to_dict(),  # what the page's refresh asks for again
         "filters": filters,  # what the state links and the pager keep (data.<path> too)
-        "form_time": {k: filters[k].removesuffix("Z")[:16] for k in TIME_FILTERS if k in filters},
+        "form_time": {k: filters[k][:16] for k in TIME_FILTERS if k in filters},
         "jobs": [_row(job) for job in page.jobs],
         "next_cursor": page.next_cursor,
         "counts": count_states(where),
