@@ -1038,7 +1038,8 @@ def _stream_id_now() -> str:
 
 @main.group("queues")
 def queues_group() -> None:
-    """Pause and resume queues (the system scope: every tenant's jobs, or one tenant's)."""
+    """Pause and resume queues (the system scope: every tenant's jobs, or one tenant's), and
+    change their limits live."""
 
 
 def _queue_known(queue: str) -> None:
@@ -1107,6 +1108,103 @@ def queues_paused() -> None:
             "pausedAt": iso(pause.paused_at),
         }
         click.echo(json.dumps(line))
+
+
+@queues_group.group("limits")
+def queue_limits_group() -> None:
+    """Queue limits set live (concurrency, rate): in force on every worker within a second,
+    no restart; KEEL_QUEUE_LIMITS stays each queue's default. Every change is audited."""
+
+
+@queue_limits_group.command("list")
+def queue_limits_list() -> None:
+    """Print every queue's limits as JSON lines: in force, default, set live (by, when, why)."""
+    from tasks.jobs.run import live_limits
+
+    for limits in live_limits.shown():
+        click.echo(json.dumps(live_limits.to_json(limits)))
+
+
+@queue_limits_group.command("show")
+@click.argument("queue", type=NAME)
+@click.option("--changes", default=20, show_default=True, type=click.IntRange(0, 1000))
+def queue_limits_show(queue: str, changes: int) -> None:
+    """Print QUEUE's limits, then its newest changes, as JSON lines."""
+    from tasks.jobs.run import live_limits
+
+    click.echo(json.dumps(live_limits.to_json(live_limits.of(queue))))
+    for change in live_limits.history(queue, changes):
+        click.echo(json.dumps(live_limits.change_json(change)))
+
+
+def _limit_value(raw: str | None, param: str, parse: Callable[[str], Any]) -> Any:
+    if raw is None or raw == "none":
+        return None
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=param) from None
+
+
+def _rate(raw: str) -> Any:
+    from tasks.platform.setting_types import Rate
+
+    most, _, per_ms = raw.partition("/")
+    return Rate(max=int(most), duration_ms=int(per_ms))
+
+
+@queue_limits_group.command("set")
+@click.argument("queue", type=NAME)
+@click.option("--concurrency", help="jobs running at once; 'none': no limit")
+@click.option("--rate", help="MAX/MS: at most MAX starts per MS milliseconds; 'none': no limit")
+@click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
+@click.option("--by", "actor", help="who (kept in the audit; default: cli:<your login>)")
+@changes_state
+def queue_limits_set(
+    queue: str, concurrency: str | None, rate: str | None, reason: str, actor: str | None
+) -> None:
+    """Set QUEUE's limits live; an option left out keeps the KEEL_QUEUE_LIMITS default.
+
+    Running jobs are not stopped: a lower concurrency refuses new starts until fewer run.
+    """
+    from pydantic import ValidationError
+
+    from tasks.jobs.run import live_limits
+
+    if not 10 <= len(reason) <= 2000:
+        raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
+    given = {name for name, raw in (("concurrency", concurrency), ("rate", rate)) if raw}
+    if not given:
+        raise click.UsageError("give --concurrency or --rate (or both)")
+    try:
+        override = live_limits.stored(
+            _limit_value(concurrency, "--concurrency", int),
+            _limit_value(rate, "--rate", _rate),
+            given,
+        )
+    except (ValueError, ValidationError) as exc:
+        raise click.BadParameter(
+            str(exc).splitlines()[-1], param_hint="--concurrency/--rate"
+        ) from None
+    live_limits.set_limits(queue, override, actor or f"cli:{getpass.getuser()}", reason)
+    click.echo(json.dumps(live_limits.to_json(live_limits.of(queue))))
+
+
+@queue_limits_group.command("clear")
+@click.argument("queue", type=NAME)
+@click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
+@click.option("--by", "actor", help="who (kept in the audit; default: cli:<your login>)")
+@changes_state
+def queue_limits_clear(queue: str, reason: str, actor: str | None) -> None:
+    """Clear QUEUE's limits set live: its KEEL_QUEUE_LIMITS default is in force again."""
+    from tasks.jobs.run import live_limits
+
+    if not 10 <= len(reason) <= 2000:
+        raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
+    change = live_limits.clear_limits(queue, actor or f"cli:{getpass.getuser()}", reason)
+    if change is None:
+        click.echo(f"queue {queue} had no limits set live", err=True)
+    click.echo(json.dumps(live_limits.to_json(live_limits.of(queue))))
 
 
 @main.group("deadletters")

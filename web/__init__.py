@@ -45,6 +45,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         errors,
         hosts,
         jobs,
+        queue_limits,
         queues,
         ratelimit,
         schedulers,
@@ -80,6 +81,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
 
         app.register_blueprint(campaigns.bp)
     app.register_blueprint(queues.bp)
+    app.register_blueprint(queue_limits.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(bulk.bp)
     app.register_blueprint(docs.bp)

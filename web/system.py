@@ -324,7 +324,7 @@ def readyz():
 # an operator's included (docs/tenants.md).
 
 
-def _metrics_token() -> bool:
+def metrics_token() -> bool:
     """The metrics token (Prometheus's, monitoring's), compared in constant time."""
     token = get_settings().metrics_token
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
@@ -335,7 +335,7 @@ def _metrics_token() -> bool:
 
 def _scraper() -> bool:
     """The metrics token; anyone if the metrics are public."""
-    return get_settings().metrics_public or _metrics_token()
+    return get_settings().metrics_public or metrics_token()
 
 
 @operation(
@@ -346,7 +346,7 @@ def _scraper() -> bool:
     "delayed jobs (as `keel status`); 200 whatever it finds, `healthy` says. With the "
     "`KEEL_METRICS_TOKEN` as bearer token only (a tenant's token, an operator's too, is 403)",
     responses={200: SystemStatus},
-    admits=_metrics_token,
+    admits=metrics_token,
     tenants=False,
 )
 def system_status():

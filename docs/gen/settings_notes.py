@@ -178,7 +178,9 @@ NOTES: dict[str, str] = {
     "queue_limits": (
         'JSON per queue, e.g. `{"reports": {"concurrency": 4, "rate": {"max": 10,'
         ' "duration_ms": 1000}}}`: at most that many running at once and that many started'
-        " per duration, across every worker. Give every worker the same."
+        " per duration, across every worker. Give every worker the same. It is each queue's"
+        " default: `keel queues limits set` or the system API change a queue's limits live"
+        " ([Changing queue limits live](../operations/observe.md#changing-queue-limits-live))."
     ),
     "job_modules": (
         "Your own job modules, comma-separated import paths, loaded by every Keel process"

@@ -145,6 +145,8 @@ STORE_TABLES = {
     "held_jobs",
     "bulk_actions",
     "idempotency_keys",
+    "queue_limits",
+    "queue_limit_changes",
 }
 STORE_MODELS = {
     "JobRecord",
@@ -160,6 +162,8 @@ STORE_MODELS = {
     "HeldJob",
     "BulkAction",
     "IdempotencyKey",
+    "QueueLimitOverride",
+    "QueueLimitChange",
 }
 
 

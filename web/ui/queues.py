@@ -1,6 +1,11 @@
 """Queues of the operator's tenant: jobs per state, the last hour's throughput, the limits,
 and a pause of the tenant's jobs on each (``tasks.jobs.intake.pauses``), with its button.
 
+A queue's limits are every tenant's (``tasks.jobs.run.live_limits``): shown with where they
+come from — set live (when; who is the system's to know, as a pause of the whole queue) or
+``KEEL_QUEUE_LIMITS`` — and changed only in the system scope (the API with the metrics token,
+``keel queues limits``), never from this page.
+
 Counts come from the trigger-maintained per-tenant counters
 (``store.counts.by_queue``); throughput and failures from the finished job
 records of the last hour (what retention keeps of them). Workers and
@@ -19,7 +24,7 @@ from tasks.jobs.model import registry
 from tasks.jobs.model.models import STATES
 from tasks.jobs.observe.queries import activity
 from tasks.jobs.observe.queue_counts import by_queue
-from tasks.jobs.run.limits import configured
+from tasks.jobs.run import live_limits
 from web.auth import OPERATOR
 from web.errors import ApiError
 from web.ui import bp
@@ -50,6 +55,7 @@ def queues_page() -> Any:
             mine.add(pause.queue)
         if paused.get(pause.queue) != "all":
             paused[pause.queue] = "tenant" if pause.tenant_id else "all"
+    limits = {found.queue: found for found in live_limits.shown()}
     names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | mine)
     peak = max([n for s in (*recent.completed.values(), *recent.failed.values()) for n in s] or [0])
     rows = []
@@ -66,7 +72,7 @@ def queues_page() -> Any:
                 "failure_rate": (sum(failed) / finished) if finished else None,
                 "done_bars": _bars(done, peak),
                 "failed_bars": _bars(failed, peak),
-                "limit": configured().get(queue),
+                "limit": limits.get(queue),
                 "paused": paused.get(queue),
                 "paused_by_tenant": queue in mine,
                 "pausable": queue in registry.queues() or queue in mine,

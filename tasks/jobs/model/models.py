@@ -435,3 +435,36 @@ class IdempotencyKey(Base):
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
     __table_args__ = (Index("ix_idempotency_keys_expires_at", "expires_at"),)
+
+
+class QueueLimitOverride(Base):
+    """A queue's limits set live (``tasks.jobs.run.live_limits``): ``limits`` holds the fields
+    set (``concurrency``, ``rate``; a null one: unlimited), each replacing that field of the
+    queue's ``KEEL_QUEUE_LIMITS`` default; deleted, the default is in force again."""
+
+    __tablename__ = "queue_limits"
+
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    set_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class QueueLimitChange(Base):
+    """Append-only record of a queue's live limits set or cleared: who, why, the override
+    before and after (null: none). The database refuses UPDATE, DELETE and TRUNCATE."""
+
+    __tablename__ = "queue_limit_changes"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100))
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (Index("ix_queue_limit_changes_queue", "queue", "id"),)

@@ -247,7 +247,7 @@ def rate_limited(
     """A handler raised ``RateLimited``: hold its limiter's window until the time it named;
     ``False`` if there is no window to hold (only the job itself then waits)."""
     if limited.scope == "queue":
-        limit = limits.configured().get(queue)
+        limit = limits.limit_of(queue)
         if limit is None or limit.rate is None:
             return False
         limits.block(limits.starts_key(queue), limited.delay_ms)

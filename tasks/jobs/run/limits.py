@@ -2,9 +2,11 @@
 
 Celery's ``-c`` and ``rate_limit`` hold per worker or per process; BullMQ's
 global concurrency and limiter hold for the whole queue, whatever the number
-of workers. ``KEEL_QUEUE_LIMITS`` (JSON) sets them per queue, e.g.
+of workers. ``KEEL_QUEUE_LIMITS`` (JSON) sets their defaults per queue, e.g.
 ``{"reports": {"concurrency": 4, "rate": {"max": 10, "duration_ms": 1000}}}``;
-a queue it does not name is unlimited.
+a queue it does not name is unlimited. Limits set live (``tasks.jobs.run.live_limits``:
+the system API, ``keel queues limits``) replace those defaults on every worker within a
+second; each admission passes the limit in force to Redis, so nothing there needs resetting.
 
 Both live in Redis sorted sets and read Redis's clock, so all hosts agree.
 
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasks.jobs.model.errors import ControlFlow
+from tasks.jobs.run import live_limits
 from tasks.platform.broker import redis_client
 from tasks.platform.config import get_settings
 from tasks.platform.setting_types import QueueLimit
@@ -163,8 +166,14 @@ class Admission:
 
 
 def configured() -> dict[str, QueueLimit]:
-    """The queues' limits (``KEEL_QUEUE_LIMITS``, parsed when the settings were read)."""
+    """The queues' default limits (``KEEL_QUEUE_LIMITS``, parsed when the settings were read);
+    ``limit_of`` is what is in force."""
     return get_settings().queue_limits
+
+
+def limit_of(queue: str) -> QueueLimit | None:
+    """``queue``'s limits in force: its default, or what was set live (``live_limits``)."""
+    return live_limits.effective(queue)
 
 
 def admit(queue: str) -> Admission:
@@ -174,7 +183,7 @@ def admit(queue: str) -> Admission:
     given back is a token another job could have used meanwhile.
     """
     admission = Admission()
-    limit = configured().get(queue)
+    limit = limit_of(queue)
     if limit is None:
         return admission
     if limit.concurrency:
