@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.end.cancel import Cancelling, cancel
 from tasks.jobs.intake import edits
+from tasks.jobs.intake.enqueue import AddedJob
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
 from tasks.jobs.model.models import JobRecord
@@ -376,6 +377,16 @@ def _options(opts: SubmitOptions) -> JobOptions:
     return options
 
 
+def submit_for(principal: Principal, body: SubmitJob, job_id: str | None = None) -> AddedJob:
+    """Add ``body``'s job for ``principal`` under its tenant's quotas, for the API and the
+    dashboard's add-job form (``web.ui.new_job``) alike."""
+    load_job_modules()  # every job type declared, whichever this process imported so far
+    submission = Submission(
+        name=body.name, data=body.data, args=body.args, kwargs=body.kwargs, opts=_options(body.opts)
+    )
+    return submit(principal.owner, submission, quotas.current().jobs, job_id=job_id)
+
+
 @operation(
     bp,
     "",
@@ -386,14 +397,10 @@ def _options(opts: SubmitOptions) -> JobOptions:
     idempotent=True,
 )
 def submit_job(body: SubmitJob):
-    load_job_modules()  # every job type declared, whichever this process imported so far
-    submission = Submission(
-        name=body.name, data=body.data, args=body.args, kwargs=body.kwargs, opts=_options(body.opts)
-    )
     principal = g.principal
     key = g.get("idempotency_key")  # a retry of this request finds the job it made
     job_id = job_id_for(principal.tenant_id, principal.user_id, key) if key else None
-    added = submit(principal.owner, submission, quotas.current().jobs, job_id=job_id)
+    added = submit_for(principal, body, job_id)
     return {
         "jobId": added.job_id,
         "accepted": True,

@@ -40,6 +40,8 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.retry_job": ("post", "/api/v1/jobs/{job_id}/retry"),
     "ui.cancel_job": ("delete", "/api/v1/jobs/{job_id}"),
     "ui.promote_job": ("post", "/api/v1/jobs/{job_id}/promote"),
+    "ui.new_job": ("post", "/api/v1/jobs"),
+    "ui.add_job": ("post", "/api/v1/jobs"),
     "ui.schedulers_page": ("get", "/api/v1/schedulers"),
     "ui.new_scheduler": ("put", "/api/v1/schedulers/{scheduler_id}"),
     "ui.scheduler": ("get", "/api/v1/schedulers/{scheduler_id}"),

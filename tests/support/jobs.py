@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from celery import Task, shared_task
 from celery.exceptions import Reject
+from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.jobs import Defer, JobContext, KeelTask, RateLimited, UnrecoverableError, handler
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate
@@ -513,3 +515,22 @@ def await_then_children(job: JobContext) -> dict:
 def rate_limited() -> str:
     """A task with Celery's own ``rate_limit``: its messages wait in a worker for a token."""
     return "ran"
+
+
+class FormFields(BaseModel):
+    """The data of ``test.form_fields``: a property of each kind the add-job form draws."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(min_length=2, max_length=40, description="what the job is called")
+    copies: int = Field(ge=1, le=5)
+    ratio: float = 0.5
+    urgent: bool = False
+    color: Literal["red", "green", "blue"] = "green"
+    tags: list[str] = Field(default_factory=list)
+
+
+@handler("test.form_fields", queue="default", submittable=True, data=FormFields)
+def form_fields(job: JobContext) -> dict:
+    """A type tenants may submit with a data model (the dashboard's add-job form draws it)."""
+    return {"got": job.data}

@@ -55,7 +55,7 @@ CONTENT_SECURITY_POLICY = (
 def init_app(app: Flask) -> None:
     """The dashboard's routes, its session cookie and its CSRF protection."""
     from tasks.platform import catalog
-    from web.ui import bulk, jobs, oidc, queues, schedulers, signin  # noqa: F401  (routes)
+    from web.ui import bulk, jobs, new_job, oidc, queues, schedulers, signin  # noqa: F401  (routes)
 
     if catalog.enabled("notifications"):  # its module imports the notifications app
         from web.ui import campaigns  # noqa: F401  (routes)

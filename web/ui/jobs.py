@@ -8,7 +8,9 @@ without an offset is UTC (the form's time fields send none); a page refreshes it
 from ``/ui/jobs/table`` with that query. A job's page follows the job live: the script
 listens to the job's event stream (``web.events``, the queue's Redis stream) and, on
 each event, reads the job's record from ``/ui/jobs/<id>/state`` — the record, not the
-event, is what the page shows.
+event, is what the page shows. Its "Flow" (``tasks.jobs.observe.flows``) shows the jobs
+linked to it — parent and children, its chain's steps, its chord's parts and body — that
+the viewer may see.
 
 Retry (operators) and Cancel call the API's ``retry_for`` and ``cancel_for``;
 a refusal (409 conflict, 400 invalid state or reason) comes back as the
@@ -27,6 +29,7 @@ from tasks.jobs.intake import edits
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import CANCELLABLE_STATES, STATES, JobRecord, State
 from tasks.jobs.observe import job_logs
+from tasks.jobs.observe.flows import flow_of
 from tasks.jobs.observe.queries import audit_trail, count_states, list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR
@@ -114,6 +117,7 @@ def job(job_id: str) -> Any:
         log_written=written,
         stacktrace=record.stacktrace,
         audits=audit_trail(record.id),
+        flow=flow_of(record, g.principal.owner, tenant_wide=g.principal.operator),
         cancellable=record.state in CANCELLABLE_STATES,
         abortable=record.state == State.ACTIVE and record.abort_requested_at is None,
         promotable=record.state == State.DELAYED,
