@@ -60,6 +60,11 @@ os.environ.update(
     KEEL_VISIBILITY_TIMEOUT_S="15",
     KEEL_PROVIDER_URL=f"http://127.0.0.1:{_SANDBOX_PORT}",
     KEEL_SANDBOX_ADMIN_KEY="test-sandbox-admin-key-0123456789",
+    # Webhook deliveries reach the tests' own receivers on this machine (tests/integration/
+    # test_webhooks.py, which also checks that a URL outside these networks is refused),
+    # and a failed one is tried again within a second, not two.
+    KEEL_WEBHOOK_ALLOW="127.0.0.0/8,::1/128",
+    KEEL_WEBHOOK_BACKOFF_MS="200",
 )
 
 import pytest  # noqa: E402

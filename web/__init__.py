@@ -51,6 +51,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         schedulers,
         system,
         ui,
+        webhooks,
     )
     from web.tokens import check_secret
 
@@ -84,6 +85,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(queue_limits.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(bulk.bp)
+    app.register_blueprint(webhooks.bp)
     app.register_blueprint(docs.bp)
     ui.init_app(app)
     return app

@@ -212,6 +212,17 @@ NOTES: dict[str, str] = {
         " key and body with its first answer (24 h); after it, the key is new again"
         " ([Idempotency keys](../jobs.md#idempotency-keys))."
     ),
+    "webhook_allow": (
+        "Networks a webhook delivery may reach although they are not public addresses,"
+        " comma-separated (`10.0.0.0/8,fd00::/8`; none by default: this machine and private"
+        " networks are refused) ([Webhooks](../jobs.md#webhooks))."
+    ),
+    "webhook_attempts": "Attempts of a webhook delivery before it fails for good (12).",
+    "webhook_backoff_ms": (
+        "A webhook delivery's first wait before it is tried again, doubled at each attempt,"
+        " with jitter (2 s)."
+    ),
+    "webhook_timeout_s": "How long a webhook delivery waits for the endpoint's answer (10 s).",
     "secret_key_fallbacks": (
         "Earlier values of `KEEL_SECRET_KEY`, comma-separated: bearer tokens, dashboard"
         " sessions and sign-in links signed with one of them are still accepted (new ones are"

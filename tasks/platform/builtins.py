@@ -11,6 +11,9 @@ from dataclasses import dataclass
 DAILY_CLEANUP_ID = "daily-report-cleanup"
 CAMPAIGN_MONITOR_ID = "campaign-monitor"
 DEFAULT_QUEUE = "default"
+# The job layer's own queue: webhook deliveries (tasks.jobs.upkeep.webhook_delivery), on
+# whatever apps are on.
+WEBHOOKS_QUEUE = "webhooks"
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,20 @@ from __future__ import annotations
 import os
 import sys
 
-from tasks.platform.builtins import BUILTIN_APPS, DEFAULT_QUEUE, BuiltinApp, parse_builtin
+from tasks.platform.builtins import (
+    BUILTIN_APPS,
+    DEFAULT_QUEUE,
+    WEBHOOKS_QUEUE,
+    BuiltinApp,
+    parse_builtin,
+)
 from tasks.platform.config import get_settings
 
 SIGNALS_MODULE = "tasks.jobs.calls.signals"
+# The job layer's own job types, on whatever apps are on: webhook deliveries.
+JOB_LAYER_MODULES = [SIGNALS_MODULE, "tasks.jobs.upkeep.webhook_delivery"]
 # Kept for callers that list Keel's own modules: every built-in app's, on or off.
-BUILTIN_JOB_MODULES = [SIGNALS_MODULE] + [m for a in BUILTIN_APPS.values() for m in a.modules]
+BUILTIN_JOB_MODULES = JOB_LAYER_MODULES + [m for a in BUILTIN_APPS.values() for m in a.modules]
 
 
 def builtin_apps() -> tuple[str, ...]:
@@ -67,15 +75,16 @@ def job_modules() -> list[str]:
     Celery imports them (``include``) once this has put ``job_path`` on the import path.
     """
     extend_import_path()
-    own = [SIGNALS_MODULE] + [m for n in builtin_apps() for m in BUILTIN_APPS[n].modules]
+    own = JOB_LAYER_MODULES + [m for n in builtin_apps() for m in BUILTIN_APPS[n].modules]
     return own + [m for m in user_job_modules() if m not in own]
 
 
 def celery_queues() -> tuple[str, ...]:
-    """The queues Celery declares up front: the built-in apps' that are on, and ``default``.
+    """The queues Celery declares up front: the built-in apps' that are on, ``default`` and the
+    job layer's own ``webhooks``.
 
     A job module's own queues are declared as its tasks are loaded
     (``tasks.celery.consume_every_job_queue``); ``tasks.jobs.model.registry.queues``
     lists every queue of a loaded job type.
     """
-    return (*(BUILTIN_APPS[name].queue for name in builtin_apps()), DEFAULT_QUEUE)
+    return (*(BUILTIN_APPS[name].queue for name in builtin_apps()), DEFAULT_QUEUE, WEBHOOKS_QUEUE)

@@ -29,6 +29,7 @@ from tasks.platform.redis_url import RedisTarget, parse
 from tasks.platform.setting_types import (
     QueueLimit,
     TenantQuotas,
+    parse_networks,
     parse_queue_limits,
     parse_tenant_quotas,
 )
@@ -303,6 +304,13 @@ class Settings(BaseSettings):
     token_max_ttl_s: int = 30 * 86_400
     # How long a creating request's Idempotency-Key replays its first answer (web.idempotency).
     idempotency_ttl_s: int = Field(default=86_400, ge=60, le=30 * 86_400)
+    # Webhooks (tasks.jobs.model.webhooks): networks a delivery may reach although they are not
+    # public (comma-separated CIDRs, e.g. "10.0.0.0/8"; none by default), and how a delivery
+    # is retried (attempts; the first backoff wait, doubled at each attempt, with jitter).
+    webhook_allow: str = ""
+    webhook_attempts: int = Field(default=12, ge=1, le=50)
+    webhook_backoff_ms: int = Field(default=2_000, ge=10, le=3_600_000)
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60)
     ui_session_s: int = 8 * 3600  # how long a dashboard sign-in (`keel ui-link`) lasts
     # Earlier secret keys, still accepted while tokens and sessions signed with them live
     # (comma-separated): a rotation signs nobody out.
@@ -378,6 +386,12 @@ class Settings(BaseSettings):
         if url is not None and not is_amqp(url):
             raise ValueError("must be an amqp:// URL (RabbitMQ); unset, messages go through Redis")
         return url
+
+    @field_validator("webhook_allow")
+    @classmethod
+    def _webhook_allow(cls, value: str) -> str:
+        parse_networks(value)  # a malformed network stops the process at start, loudly
+        return value
 
     @field_validator("queue_limits", mode="before")
     @classmethod

@@ -29,6 +29,7 @@ and/or a start ``rate`` (``{"max": n, "duration_ms": ms}``), e.g.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -119,3 +120,17 @@ def parse_tenant_quotas(raw: str) -> TenantQuotas:
         return TenantQuotas.model_validate(loaded)
     except (ValueError, ValidationError) as exc:
         raise ValueError(f"KEEL_TENANT_QUOTAS is invalid: {exc}") from None
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(text: str) -> tuple[Network, ...]:
+    """Networks separated by commas or spaces (``KEEL_WEBHOOK_ALLOW``: ``10.0.0.0/8``)."""
+    found = []
+    for word in text.replace(",", " ").split():
+        try:
+            found.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            raise ValueError(f"{word!r} is not a network (e.g. 10.0.0.0/8)") from None
+    return tuple(found)

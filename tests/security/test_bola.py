@@ -32,14 +32,24 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
+from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.intake import pauses
+from tasks.jobs.intake import webhooks as webhook_endpoints
 from tasks.jobs.intake.enqueue import new_job_id
-from tasks.jobs.model.models import BulkAction, JobRecord, JobSchedulerRecord, RetryAudit
+from tasks.jobs.model import webhooks
+from tasks.jobs.model.models import (
+    BulkAction,
+    JobRecord,
+    JobSchedulerRecord,
+    RetryAudit,
+    WebhookEndpoint,
+)
 from tasks.jobs.observe.queries import describe, get
 from tasks.platform.db import transaction
 from tests.security.conftest import DocumentedOperation, documented_operations, record_figure
 from tests.support import jobs as _test_jobs  # noqa: F401  (the pausable queue)
 from tests.support.client import bearer, unique
+from web.api import OPERATIONS as API_OPERATIONS
 
 pytestmark = pytest.mark.usefixtures("stack", "worker")  # a worker: GET /readyz is 200
 
@@ -85,6 +95,9 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
         "filter": {"queue": "bola-quiet", "states": ["delayed"]},
         "reason": "security matrix: bulk by whoever asks",
     },
+    # port 9 (discard) on this machine: a delivery there fails at once, and harms no one
+    "RegisterWebhook": lambda: {"url": "http://127.0.0.1:9/bola", "events": ["job.completed"]},
+    "SetQueueLimits": lambda: {"concurrency": 2, "reason": "security matrix: by whoever asks"},
 }
 
 
@@ -176,6 +189,36 @@ def campaign_fingerprint(campaign_id: str) -> Any:
     return resumes, audits
 
 
+def create_webhook(client) -> str:
+    response = client.post(
+        "/api/v1/webhooks", json=VALID_BODIES["RegisterWebhook"](), headers=OWNER
+    )
+    assert response.status_code == 201, response.get_data(as_text=True)
+    return response.get_json()["id"]
+
+
+def webhook_fingerprint(endpoint_id: str) -> Any:
+    with transaction() as session:
+        row = session.get(WebhookEndpoint, endpoint_id)
+        return None if row is None else (row.tenant_id, row.url, row.events, row.secret)
+
+
+def create_delivery(client) -> str:
+    """A delivery job of tenant A's endpoint, due in a month (no worker sends it meanwhile)."""
+    endpoint_id = create_webhook(client)
+    data = {"endpointId": endpoint_id, "event": {"id": "bola", "type": "job.completed"}}
+    opts = JobOptions(delay=30 * 86_400_000)
+    owner = Owner(TENANT_A, "alice")
+    return add(webhooks.DELIVER, data, queue=webhooks.QUEUE, opts=opts, owner=owner).job_id
+
+
+def delivery_fingerprint(job_id: str) -> Any:
+    """The delivery's record, and how many deliveries of its event exist (a resend adds one)."""
+    with transaction() as session:
+        copies = session.scalar(select(func.count()).where(JobRecord.id.like(f"{job_id}:again:%")))
+    return job_fingerprint(job_id), copies
+
+
 PAUSABLE = "pausable"  # a queue of tests.support.jobs' own (no worker consumes it here)
 
 
@@ -219,6 +262,8 @@ KINDS: dict[str, Kind] = {
     "scheduler_id": Kind(False, create_scheduler, lambda: unique("sched"), scheduler_fingerprint),
     "campaign_id": Kind(True, create_campaign, new_job_id, campaign_fingerprint),
     "bulk_id": Kind(False, create_bulk_action, new_job_id, bulk_fingerprint),
+    "endpoint_id": Kind(False, create_webhook, lambda: f"wh_{unique('x')}", webhook_fingerprint),
+    "delivery_id": Kind(False, create_delivery, new_job_id, delivery_fingerprint),
     "queue": Kind(
         False,
         pause_queue,
@@ -230,8 +275,11 @@ KINDS: dict[str, Kind] = {
 }
 
 OPERATIONS = documented_operations()
-WITH_IDS = [op for op in OPERATIONS if op.path_params]
-WITHOUT_IDS = [op for op in OPERATIONS if not op.path_params]
+# System-wide operations are no tenant's objects: a tenant's token is 403 on each, whatever
+# it names (test_roles), so they are attacked as collections only.
+SYSTEM_WIDE = {f"{op.method.upper()} {op.path}" for op in API_OPERATIONS if not op.tenants}
+WITH_IDS = [op for op in OPERATIONS if op.path_params and op.label not in SYSTEM_WIDE]
+WITHOUT_IDS = [op for op in OPERATIONS if not op.path_params or op.label in SYSTEM_WIDE]
 
 
 def matrix() -> list[Any]:
@@ -289,6 +337,15 @@ def answer(response, object_id: str | None = None) -> tuple[int, Any]:
 @pytest.fixture(autouse=True)
 def no_leftover_schedulers(drop_schedulers_of):
     drop_schedulers_of.extend([TENANT_A, TENANT_B])
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_webhooks():
+    """Each test's endpoints go after it: a tenant holds at most 20."""
+    yield
+    for tenant in (TENANT_A, TENANT_B):
+        for endpoint in webhook_endpoints.listed(tenant):
+            webhook_endpoints.remove(tenant, endpoint.id)
 
 
 @pytest.fixture(scope="module", autouse=True)

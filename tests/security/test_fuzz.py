@@ -63,6 +63,9 @@ CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
         "cursor": "must be a nextCursor this API returned",
         "data": "must be path=value terms or a JSON object (tasks.jobs.model.search)",
     },
+    ("POST", "/api/v1/webhooks"): {
+        "url": "must be a public http(s) URL, without credentials (tasks.jobs.model.webhooks)",
+    },
     ("POST", "/api/v1/bulk-actions"): {
         "filter.states": "must be states the action acts on",
         "filter.queue": "drain needs a queue",

@@ -147,6 +147,7 @@ STORE_TABLES = {
     "idempotency_keys",
     "queue_limits",
     "queue_limit_changes",
+    "webhook_endpoints",
 }
 STORE_MODELS = {
     "JobRecord",
@@ -164,6 +165,7 @@ STORE_MODELS = {
     "IdempotencyKey",
     "QueueLimitOverride",
     "QueueLimitChange",
+    "WebhookEndpoint",
 }
 
 

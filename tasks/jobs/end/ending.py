@@ -10,7 +10,8 @@ retention trimmed after the commit, the chord body counting on the job failed
 (recursively: a body can be a part) or, by the chord's ``on_child_failure``, counting
 the part (``chord_parts``), the parent waiting for its children woken if this was the
 last (``wake_parent``), the jobs waiting for this one woken if it was the last they
-waited for (``wake_waiters``), the end announced.
+waited for (``wake_waiters``), the end posted to the tenant's webhook endpoints that take
+it (``webhook_events``: delivery jobs, in this transaction), the end announced.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from tasks.jobs.end import chord_parts, steps
+from tasks.jobs.end import chord_parts, steps, webhook_events
 from tasks.jobs.intake.celery_options import failure_policy
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.models import State
@@ -61,6 +62,7 @@ def ended(
     the caller knows no job waits for this one (its statement refused such a job).
     """
     finished(session, job, state)
+    webhook_events.announce(session, job, str(state), reason=reason)
     _fail_chord(session, job, reason)
     _go_on_past(session, job, reason)
     parent = getattr(job, "parent_job_id", _UNKNOWN)

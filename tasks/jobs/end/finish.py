@@ -31,7 +31,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from tasks.jobs.end import abort, canvas
+from tasks.jobs.end import abort, canvas, webhook_events
 from tasks.jobs.end.ending import (
     ended,
     finished,
@@ -81,13 +81,15 @@ def _refused(claimed: ClaimedJob) -> NoReturn:
     raise NotOurs(claimed.id)
 
 
-def _one_statement(claimed: ClaimedJob) -> bool:
+def _one_statement(claimed: ClaimedJob, state: State) -> bool:
     """Whether recording this job's end is its one guarded statement (sent without
-    BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers."""
+    BEGIN/COMMIT): no dedup claim to free, nothing its canvas triggers, no webhook
+    delivery to add with it."""
     return (
         claimed.opts.deduplication is None
         and not canvas.triggers(claimed.celery_ctx)
         and claimed.parent_job_id is None
+        and not webhook_events.wanted(claimed, state)
     )
 
 
@@ -97,6 +99,7 @@ def _complete(claimed: ClaimedJob, result: Any) -> bool:
         done = runs.complete(session, claimed, result)
         if done is not None:
             finished(session, claimed, State.COMPLETED)
+            webhook_events.announce(session, claimed, State.COMPLETED, result=result)
             canvas.completed(session, claimed, result)
             if claimed.parent_job_id is not None:
                 wake_parent(session, claimed.parent_job_id)
@@ -110,7 +113,7 @@ def _record_completed(claimed: ClaimedJob, result: Any) -> bool | None:
     ``False`` in a transaction with what follows it, ``None`` refused."""
     # The statement alone when nothing else goes in its transaction; refused there when no
     # longer ours, or when another job waits for it (then recorded in a transaction).
-    if _one_statement(claimed) and runs.complete_alone(claimed, result):
+    if _one_statement(claimed, State.COMPLETED) and runs.complete_alone(claimed, result):
         return True
     return False if _complete(claimed, result) else None
 
@@ -157,7 +160,7 @@ def failed(
     delay = retry_delay_ms(claimed.opts, claimed.attempts_made, exc) if by_rules else retry_in_ms
     reason = failures.reason(exc)
     stack, kind = failures.stack(exc), failures.kind(exc)
-    alone = _one_statement(claimed)
+    alone = _one_statement(claimed, State.FAILED)
 
     def record() -> runs.FailedRun:
         with transaction(one_statement=alone) as session:

@@ -188,6 +188,25 @@ class JobRecord(Base):
     )
 
 
+class WebhookEndpoint(Base):
+    """Where a tenant's job events are posted (``tasks.jobs.model.webhooks``): its URL, the
+    event types it takes, and the secret its deliveries are signed with. Each delivery is a
+    job of its own (``keel.webhook.deliver``), retried with backoff like any other."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(200))
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSONB)
+    secret: Mapped[str] = mapped_column(String(200))
+    description: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (Index("ix_webhook_endpoints_tenant", "tenant_id", "created_at"),)
+
+
 class DedupClaim(Base):
     """Which job holds a deduplication id (BullMQ's ``de:<id>`` key, durable).
 
