@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tasks.jobs.intake import webhooks
 from tests.security.conftest import record_figure
 from tests.security.test_bola import INTRUDERS, KINDS, TENANT_A, TENANT_B
 from tests.support.client import unique
@@ -59,6 +60,11 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.confirm_bulk": ("post", "/api/v1/bulk-actions"),
     "ui.start_bulk": ("post", "/api/v1/bulk-actions"),
     "ui.bulk_page": ("get", "/api/v1/bulk-actions/{bulk_id}"),
+    "ui.webhooks_page": ("get", "/api/v1/webhooks"),
+    "ui.register_webhook": ("post", "/api/v1/webhooks"),
+    "ui.webhook": ("get", "/api/v1/webhooks/{endpoint_id}/deliveries"),
+    "ui.remove_webhook": ("delete", "/api/v1/webhooks/{endpoint_id}"),
+    "ui.resend_delivery": ("post", "/api/v1/webhooks/deliveries/{delivery_id}/resend"),
 }
 # Signing in and out: no object, no role (the sign-in link is its own credential, and the
 # identity provider's answer the provider's sign-in's).
@@ -169,6 +175,16 @@ def figures():
 @pytest.fixture(autouse=True)
 def no_leftover_schedulers(drop_schedulers_of):
     drop_schedulers_of.extend([TENANT_A, TENANT_B])
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_webhooks():
+    """The matrix makes two webhook endpoints of tenant A's per check (an endpoint, and the
+    one of a delivery), and a tenant holds at most ``MAX_ENDPOINTS``: they go after each."""
+    yield
+    for tenant in (TENANT_A, TENANT_B):
+        for endpoint in webhooks.listed(tenant):
+            webhooks.remove(tenant, endpoint.id)
 
 
 def test_every_dashboard_endpoint_is_described():

@@ -1,7 +1,7 @@
 """The dashboard at ``/ui``: what only Keel knows, in a browser (Flower shows the workers).
 
 Server-rendered pages, one module per page — ``jobs``, ``schedulers``,
-``campaigns``, ``queues`` — plus ``signin``; a little JavaScript for live
+``campaigns``, ``queues``, ``webhooks`` — plus ``signin``; a little JavaScript for live
 updates; templates and assets inside the package (``templates/ui``,
 ``static/ui``), so there is no CDN and no build step.
 
@@ -55,7 +55,16 @@ CONTENT_SECURITY_POLICY = (
 def init_app(app: Flask) -> None:
     """The dashboard's routes, its session cookie and its CSRF protection."""
     from tasks.platform import catalog
-    from web.ui import bulk, jobs, new_job, oidc, queues, schedulers, signin  # noqa: F401  (routes)
+    from web.ui import (  # noqa: F401  (routes)
+        bulk,
+        jobs,
+        new_job,
+        oidc,
+        queues,
+        schedulers,
+        signin,
+        webhooks,
+    )
 
     if catalog.enabled("notifications"):  # its module imports the notifications app
         from web.ui import campaigns  # noqa: F401  (routes)
