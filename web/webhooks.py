@@ -1,9 +1,10 @@
 """``/api/v1/webhooks``: the operator's tenant's webhook endpoints, and their deliveries.
 
-An endpoint takes event types (``job.completed``, ``job.failed``, ``job.cancelled``) of
-the tenant's jobs; each delivery is a job (``keel.webhook.deliver``), signed with the
-endpoint's secret (shown once, in the answer that registers it), retried with backoff
-until the endpoint answers 2xx; ``/<id>/deliveries`` lists an endpoint's as any job
+An endpoint takes event types of the tenant (``job.completed``, ``job.failed``,
+``job.cancelled``, ``queue.paused``, ``queue.resumed``, ``campaign.finished``); each
+delivery is a job (``keel.webhook.deliver``), signed with the endpoint's secret (shown
+once, in the answer that registers it), retried with backoff until the endpoint answers
+2xx; ``/<id>/deliveries`` lists an endpoint's as any job
 listing, and ``/deliveries/<jobId>/resend`` sends one again. The rules:
 ``tasks.jobs.model.webhooks``.
 """
@@ -28,7 +29,14 @@ from web.job_views import describe
 from web.schemas import JobAccepted, JobList, Open, Strict
 
 bp = Blueprint("webhooks", __name__, url_prefix="/api/v1/webhooks")
-EventType = Literal["job.completed", "job.failed", "job.cancelled"]
+EventType = Literal[
+    "job.completed",
+    "job.failed",
+    "job.cancelled",
+    "queue.paused",
+    "queue.resumed",
+    "campaign.finished",
+]
 assert set(get_args(EventType)) == set(EVENT_TYPES)
 
 

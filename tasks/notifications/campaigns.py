@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy import select, text
 
 from tasks.jobs import JobNotFound, Owner
+from tasks.jobs.intake import webhook_events
 from tasks.jobs.observe import events
 from tasks.jobs.observe.queries import iso
 from tasks.notifications import generations, templates
@@ -226,7 +227,7 @@ def maybe_report(campaign_id: str) -> bool:
             text(
                 "UPDATE campaigns SET reported_at = clock_timestamp(), "
                 "report = CAST(:r AS jsonb), stalled_at = NULL "
-                "WHERE id = :c AND reported_at IS NULL RETURNING id"
+                "WHERE id = :c AND reported_at IS NULL RETURNING id, tenant_id"
             ),
             {"c": campaign_id, "r": json.dumps(report)},
         ).first()
@@ -234,6 +235,8 @@ def maybe_report(campaign_id: str) -> bool:
             session.execute(
                 text("DELETE FROM campaign_watch WHERE campaign_id = :c"), {"c": campaign_id}
             )
+            finished = {"campaignId": campaign_id, "report": report}
+            webhook_events.post(session, won.tenant_id, "campaign.finished", finished, campaign_id)
     if won:
         log.info("campaign %s report: %s", campaign_id, report)
         events.emit(EVENTS_QUEUE, "campaign.report", campaign_id, "campaign", report=report)

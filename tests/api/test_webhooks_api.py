@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from tasks.jobs import Owner, add
-from tasks.jobs.end.webhook_events import SUBSCRIPTIONS
+from tasks.jobs.intake.webhook_events import SUBSCRIPTIONS
 from tasks.jobs.model import webhooks
 from tasks.jobs.model.webhooks import WebhookRefused
 from tasks.jobs.upkeep.webhook_delivery import post

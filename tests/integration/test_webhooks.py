@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from tasks.jobs import JobOptions, Owner, add
-from tasks.jobs.end.webhook_events import REFRESH_S
+from tasks.jobs.intake.webhook_events import REFRESH_S
 from tasks.jobs.model import webhooks
 from tests.support.client import bearer, unique, wait_state
 from tests.support.stack import wait_for
@@ -112,5 +112,36 @@ def test_an_endpoint_down_gets_every_event_once_it_is_back(client, down_s):
         time.sleep(1.0)
         got = [d.event["data"]["jobId"] for d in receiver.received()]
         assert sorted(got) == sorted(ends)
+    finally:
+        receiver.stop()
+
+
+def test_a_tenants_pause_resume_and_finished_campaign_are_posted(client, sandbox):
+    receiver = Receiver().start()
+    try:
+        tenant = unique("events")
+        events = ["queue.paused", "queue.resumed", "campaign.finished"]
+        register(client, tenant, receiver.url, events)
+        operator = bearer(tenant=tenant, user="olga", roles=("operator",))
+        # When the tenant's operator pauses and resumes its jobs on a queue
+        assert client.post("/api/v1/queues/default/pause", headers=operator).status_code == 200
+        assert client.post("/api/v1/queues/default/resume", headers=operator).status_code == 200
+        # and sends a campaign of 3 messages, which finishes
+        campaign = client.post(
+            "/api/v1/campaigns",
+            json={"name": "hooks", "category": "c", "template": "hi", "recipientCount": 3},
+            headers=operator,
+        )
+        assert campaign.status_code == 202, campaign.get_json()
+        campaign_id = campaign.get_json()["campaignId"]
+        # Then the endpoint gets each event once, in the order they happened
+        assert wait_for(lambda: len(receiver.received()) >= 3, timeout=120)
+        time.sleep(1.0)
+        got = [d.event for d in receiver.received()]
+        assert [e["type"] for e in got] == events, got
+        assert got[0]["data"] == {"queue": "default", "pausedBy": "olga"}
+        assert got[1]["data"] == {"queue": "default", "resumedBy": "olga"}
+        assert got[2]["data"]["campaignId"] == campaign_id
+        assert got[2]["data"]["report"]["messages"] == 3
     finally:
         receiver.stop()

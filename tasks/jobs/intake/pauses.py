@@ -31,8 +31,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
+from typing import Any
 
+from sqlalchemy.orm import Session
+
+from tasks.jobs.intake import webhook_events
 from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.store import pauses as store
 from tasks.jobs.store import runs
@@ -96,6 +101,8 @@ def pause(queue: str, tenant_id: str = ALL_TENANTS, by: str | None = None) -> bo
     """Pause ``queue`` (for ``tenant_id``'s jobs; ``""``: everyone's). ``False``: it was."""
     with transaction() as session:
         new = store.pause(session, queue, tenant_id, by)
+        if new:
+            _post(session, tenant_id, "queue.paused", {"queue": queue, "pausedBy": by})
     if new:
         log.info(
             "queue %s paused for %s by %s",
@@ -117,6 +124,8 @@ def resume(queue: str, tenant_id: str = ALL_TENANTS, by: str | None = None) -> R
     """
     with transaction() as session:
         lifted = store.lift(session, queue, tenant_id)
+        if lifted:
+            _post(session, tenant_id, "queue.resumed", {"queue": queue, "resumedBy": by})
     _PAUSED.forget()
     released = 0
     if lifted:
@@ -130,6 +139,13 @@ def resume(queue: str, tenant_id: str = ALL_TENANTS, by: str | None = None) -> R
             extra={"queue": queue, "tenant_id": tenant_id or None},
         )
     return Resumed(lifted, released)
+
+
+def _post(session: Session, tenant_id: str, event_type: str, data: dict[str, Any]) -> None:
+    """A tenant's own pause set or lifted, to its webhook endpoints (a system-wide one is no
+    tenant's event), in the transaction that records it."""
+    if tenant_id != ALL_TENANTS:
+        webhook_events.post(session, tenant_id, event_type, data, source=uuid.uuid4().hex)
 
 
 def paused(tenant_id: str | None = None) -> list[Pause]:

@@ -3,7 +3,7 @@
 
 Registering checks the URL (``tasks.jobs.model.webhooks.check_url``) and makes the
 endpoint's signing secret, shown once. Every worker takes a new or removed endpoint
-into account within ``tasks.jobs.end.webhook_events.REFRESH_S``.
+into account within ``tasks.jobs.intake.webhook_events.REFRESH_S``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks.jobs.intake.enqueue import AddedJob, add
+from tasks.jobs.intake.webhook_events import delivery_options
 from tasks.jobs.model import webhooks
 from tasks.jobs.model.errors import JobNotFound, QuotaExceeded, Refused
 from tasks.jobs.model.models import JobRecord, WebhookEndpoint
-from tasks.jobs.model.options import Backoff, JobOptions
 from tasks.jobs.model.owner import Owner
 from tasks.jobs.model.search import DataMatch
 from tasks.jobs.store import jobs as jobs_store
@@ -102,13 +102,7 @@ def resend(owner: Owner, delivery_job_id: str) -> AddedJob:
         endpoint_id, event = _delivery_of(record, owner.tenant_id, delivery_job_id)
         if store.get(session, owner.tenant_id, endpoint_id) is None:
             raise JobNotFound(f"no delivery {delivery_job_id}")
-    settings = get_settings()
-    backoff = Backoff(type="exponential", delay=settings.webhook_backoff_ms)
-    opts = JobOptions(
-        attempts=settings.webhook_attempts,
-        backoff=backoff,
-        job_id=f"{delivery_job_id}:again:{uuid.uuid4().hex[:12]}"[-200:],
-    )
+    opts = delivery_options(f"{delivery_job_id}:again:{uuid.uuid4().hex[:12]}"[-200:])
     data = {"endpointId": endpoint_id, "event": event}
     return add(webhooks.DELIVER, data, queue=webhooks.QUEUE, opts=opts, owner=owner)
 

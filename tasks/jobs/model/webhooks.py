@@ -29,7 +29,9 @@ from tasks.platform.setting_types import Network
 DELIVER = "keel.webhook.deliver"
 QUEUE = WEBHOOKS_QUEUE
 JOB_EVENTS = ("job.completed", "job.failed", "job.cancelled")
-EVENT_TYPES = JOB_EVENTS
+# A tenant's own pause of a queue lifted or set (not a system-wide one: no tenant's), and a
+# campaign's report, once every message of it was sent.
+EVENT_TYPES = (*JOB_EVENTS, "queue.paused", "queue.resumed", "campaign.finished")
 SIGNATURE_HEADER = "Keel-Signature"
 MAX_RESULT_BYTES = 16_384  # a completed job's result rides in the event up to this size
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
