@@ -40,7 +40,9 @@ def test_an_amqp_url_means_rabbitmq_quorum_queues_and_publisher_confirms():
     assert options["broker_transport"] == "tasks.platform.rabbitmq:Transport"
     assert options["broker_transport_options"]["confirm_publish"] is True
     assert not REDIS_ONLY_OPTIONS & set(options["broker_transport_options"])
-    assert [q.queue_arguments for q in options["task_queues"]] == [{"x-queue-type": "quorum"}] * 3
+    queues = options["task_queues"]
+    assert {q.name for q in queues} == {"reports", "notifications", "default", "webhooks"}
+    assert all(q.queue_arguments == {"x-queue-type": "quorum"} for q in queues)
     assert options["task_create_missing_queue_type"] == "quorum"
 
 
