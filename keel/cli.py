@@ -1207,6 +1207,145 @@ def queue_limits_clear(queue: str, reason: str, actor: str | None) -> None:
     click.echo(json.dumps(live_limits.to_json(live_limits.of(queue))))
 
 
+@main.group("limits")
+def limits_group() -> None:
+    """Limits changed live (a queue's: keel queues limits)."""
+
+
+@limits_group.group("keys")
+def key_limits_group() -> None:
+    """A job type's key limits (max_running, rate) overridden live, for one tenant's keys or
+    any tenant's (*), one key or a pattern (partner-*): in force on every worker within a
+    second, no restart. The most specific override of a key wins. Every change is audited."""
+
+
+def _key_tenant(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return value if value == "*" else TENANT.convert(value, param, ctx)
+
+
+KEY_TENANT = click.option(
+    "--tenant",
+    default="*",
+    show_default=True,
+    callback=_key_tenant,
+    help="the tenant whose keys; *: any tenant's",
+)
+KEY_PATTERN = click.option(
+    "--key", "key", required=True, type=NAME, help="a key, or a pattern where * is any run"
+)
+
+
+def _reason(reason: str) -> None:
+    if not 10 <= len(reason) <= 2000:
+        raise click.BadParameter("10 to 2000 characters", param_hint="--reason")
+
+
+@key_limits_group.command("list")
+def key_limits_list() -> None:
+    """Print every job type's key limits as JSON lines: declared, and overridden (by, why)."""
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.run import live_key_limits
+
+    load_job_modules()
+    for limits in live_key_limits.shown():
+        click.echo(json.dumps(live_key_limits.to_json(limits)))
+
+
+@key_limits_group.command("show")
+@click.argument("name", type=NAME)
+@click.option("--key", type=NAME, help="also print what holds for this key (and --tenant)")
+@click.option("--tenant", callback=lambda c, p, v: v and _key_tenant(c, p, v), help="with --key")
+@click.option("--changes", default=20, show_default=True, type=click.IntRange(0, 1000))
+def key_limits_show(name: str, key: str | None, tenant: str | None, changes: int) -> None:
+    """Print NAME's key limits, what holds for --key, then its newest changes, as JSON lines."""
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.run import live_key_limits
+
+    load_job_modules()
+    try:
+        limits = live_key_limits.of(name)
+    except live_key_limits.UnknownJobType as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    click.echo(json.dumps(live_key_limits.to_json(limits)))
+    if key is not None:
+        given = None if tenant in (None, "*") else tenant
+        click.echo(json.dumps({"inForce": live_key_limits.in_force(limits, given, key)}))
+    for change in live_key_limits.history(name, changes):
+        click.echo(json.dumps(live_key_limits.change_json(change)))
+
+
+@key_limits_group.command("set")
+@click.argument("name", type=NAME)
+@KEY_TENANT
+@KEY_PATTERN
+@click.option("--max-running", help="jobs of one key running at once; 'none': no limit")
+@click.option("--rate", help="MAX/MS: at most MAX starts per MS milliseconds; 'none': no limit")
+@click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
+@click.option("--by", "actor", help="who (kept in the audit; default: cli:<your login>)")
+@changes_state
+def key_limits_set(
+    name: str,
+    tenant: str,
+    key: str,
+    max_running: str | None,
+    rate: str | None,
+    reason: str,
+    actor: str | None,
+) -> None:
+    """Override NAME's key limits for the keys --key names (of --tenant); an option left out
+    is decided by a less specific override or the declaration.
+
+    Running jobs are not stopped: a lower max-running refuses new starts until fewer run.
+    """
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.run import live_key_limits
+
+    _reason(reason)
+    problem = live_key_limits.pattern_problem(key)
+    if problem:
+        raise click.BadParameter(problem, param_hint="--key")
+    given: dict[str, Any] = {}
+    if max_running:
+        given["max_running"] = _limit_value(max_running, "--max-running", int)
+    if rate:
+        found = _limit_value(rate, "--rate", _rate)
+        given["rate"] = found and {"max": found.max, "per_ms": found.duration_ms}
+    if not given:
+        raise click.UsageError("give --max-running or --rate (or both)")
+    load_job_modules()
+    by = actor or f"cli:{getpass.getuser()}"
+    try:
+        live_key_limits.set_override(name, tenant, key, given, by, reason)
+    except live_key_limits.UnknownJobType as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    except live_key_limits.OverrideRefused as exc:
+        hint = "--rate" if exc.field.startswith("rate") else "--max-running"
+        raise click.BadParameter(exc.message, param_hint=hint) from None
+    click.echo(json.dumps(live_key_limits.to_json(live_key_limits.of(name))))
+
+
+@key_limits_group.command("clear")
+@click.argument("name", type=NAME)
+@KEY_TENANT
+@KEY_PATTERN
+@click.option("--reason", required=True, help="why (kept in the audit; 10+ characters)")
+@click.option("--by", "actor", help="who (kept in the audit; default: cli:<your login>)")
+@changes_state
+def key_limits_clear(name: str, tenant: str, key: str, reason: str, actor: str | None) -> None:
+    """Clear one override of NAME's key limits (--tenant and --key as set)."""
+    from tasks.jobs.calls.loading import load_job_modules
+    from tasks.jobs.run import live_key_limits
+
+    _reason(reason)
+    load_job_modules()
+    by = actor or f"cli:{getpass.getuser()}"
+    change = live_key_limits.clear_override(name, tenant, key, by, reason)
+    if change is None:
+        click.echo(f"{name} had no override for tenant {tenant}, key {key}", err=True)
+    found = live_key_limits.shown(name)
+    click.echo(json.dumps(live_key_limits.to_json(found[0]) if found else {"name": name}))
+
+
 @main.group("deadletters")
 def deadletters_group() -> None:
     """Broker items no worker could read, set aside per queue."""

@@ -45,6 +45,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         errors,
         hosts,
         jobs,
+        key_limits,
         queue_limits,
         queues,
         ratelimit,
@@ -83,6 +84,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         app.register_blueprint(campaigns.bp)
     app.register_blueprint(queues.bp)
     app.register_blueprint(queue_limits.bp)
+    app.register_blueprint(key_limits.bp)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(bulk.bp)
     app.register_blueprint(webhooks.bp)

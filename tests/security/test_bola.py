@@ -98,6 +98,11 @@ VALID_BODIES: dict[str, Callable[[], dict[str, Any]]] = {
     # port 9 (discard) on this machine: a delivery there fails at once, and harms no one
     "RegisterWebhook": lambda: {"url": "http://127.0.0.1:9/bola", "events": ["job.completed"]},
     "SetQueueLimits": lambda: {"concurrency": 2, "reason": "security matrix: by whoever asks"},
+    "SetKeyLimit": lambda: {
+        "key": "partner-*",
+        "maxRunning": 2,
+        "reason": "security matrix: by whoever asks",
+    },
 }
 
 

@@ -457,6 +457,10 @@ def _base_body(method: str, path: str) -> dict[str, Any]:
         ("POST", "/api/v1/reports/scheduled"): {"reportId": unique(), "rows": 1, "runAt": later},
         ("PUT", SCHEDULER): {"every": 60000, "template": {"name": "test.echo"}},
         ("PUT", "/api/v1/system/queues/{queue}/limits"): {"reason": "hostile input check"},
+        ("PUT", "/api/v1/system/key-limits/{job_name}"): {
+            "key": "partner-*",
+            "reason": "hostile input check",
+        },
     }.get((method, path.replace("{scheduler_id}", "{id}")), {})
 
 

@@ -425,6 +425,19 @@ def keyed_first(job: JobContext) -> dict:
     return _run_unless_aborted(job)
 
 
+@handler(
+    "test.keyed3",
+    queue="default",
+    key_concurrency=KeyConcurrency("partner", max_running=3),
+    key_rate=KeyRate("partner", max=1000, per="1s"),
+)
+def keyed3(job: JobContext) -> dict:
+    """Three jobs per ``partner`` at a time (overridden live in
+    tests/integration/test_live_key_limits.py); ``ms`` long."""
+    time.sleep(job.data.get("ms", 0) / 1000)
+    return {"partner": job.data.get("partner")}
+
+
 @handler("test.keyed_rated", queue="default", key_rate=KeyRate("apiKey", max=5, per="1s"))
 def keyed_rated(job: JobContext) -> dict:
     """At most 5 starts a second per ``apiKey``."""

@@ -148,6 +148,8 @@ STORE_TABLES = {
     "queue_limits",
     "queue_limit_changes",
     "webhook_endpoints",
+    "key_limit_overrides",
+    "key_limit_changes",
 }
 STORE_MODELS = {
     "JobRecord",
@@ -166,6 +168,8 @@ STORE_MODELS = {
     "QueueLimitOverride",
     "QueueLimitChange",
     "WebhookEndpoint",
+    "KeyLimitOverride",
+    "KeyLimitChange",
 }
 
 

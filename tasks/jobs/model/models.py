@@ -487,3 +487,41 @@ class QueueLimitChange(Base):
     )
 
     __table_args__ = (Index("ix_queue_limit_changes_queue", "queue", "id"),)
+
+
+class KeyLimitOverride(Base):
+    """A job type's key limits overridden live (``tasks.jobs.run.live_key_limits``), for the
+    keys of one tenant (or every tenant's: ``*``) that ``key_pattern`` matches (one key, or a
+    pattern with ``*``): ``limits`` holds the fields given (``max_running``, ``rate``; a null
+    one: no such limit), each replacing what the job type declares."""
+
+    __tablename__ = "key_limit_overrides"
+
+    job_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)
+    key_pattern: Mapped[str] = mapped_column(String(200), primary_key=True)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    set_by: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    set_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class KeyLimitChange(Base):
+    """Append-only record of a key limit override set or cleared: who, why, the override
+    before and after (null: none). The database refuses UPDATE, DELETE and TRUNCATE."""
+
+    __tablename__ = "key_limit_changes"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_name: Mapped[str] = mapped_column(String(200))
+    tenant: Mapped[str] = mapped_column(String(200))
+    key_pattern: Mapped[str] = mapped_column(String(200))
+    actor: Mapped[str] = mapped_column(String(200))
+    reason: Mapped[str] = mapped_column(Text)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (Index("ix_key_limit_changes_job_name", "job_name", "id"),)

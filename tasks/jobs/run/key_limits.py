@@ -24,6 +24,10 @@ A key is its tenant's: two tenants' jobs with the same key share nothing. A call
 its job's concurrency key itself (the ``concurrencyKey`` option); it travels in the job's
 messages, as the tenant does (``tasks.jobs.intake.messages``), so admission reads no
 record. A job whose data has no value for the key is not limited by it.
+
+What a job type declares can be overridden live, per tenant or key pattern, without a
+restart (``live_key_limits``): each admission takes the ``max_running`` and rate in force
+from that process's copy of the overrides, read again every second, never per job.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +48,7 @@ from tasks.jobs.intake.promote import publish_ready
 from tasks.jobs.model.errors import ControlFlow, RateLimited, Refused
 from tasks.jobs.model.key_limits import KeyConcurrency, KeyRate, key_value
 from tasks.jobs.model.models import State
-from tasks.jobs.run import limits
+from tasks.jobs.run import limits, live_key_limits
 from tasks.jobs.store import upkeep
 from tasks.platform.broker import redis_client
 from tasks.platform.db import transaction
@@ -62,6 +66,8 @@ MAX_HOLD_S = 10.0
 # its place, so that it does not hold its key's line for ever.
 STALE_WAITER_S = 15.0  # more than MAX_HOLD_S and its spread: a held job keeps its place
 CANCELLED_BY = "key"
+# A key whose concurrency was lifted live wakes at most this many of its line at once.
+MAX_WAKE = 10_000
 
 # KEYS: holders, line, asked, newest. ARGV: holder, job, max, lease ms, stale ms, mode,
 # the job's creation time (µs).
@@ -221,14 +227,38 @@ def admit(
     elif concurrency is not None:
         key = _key(concurrency.key, data, task.name)
     if concurrency is not None and key is not None:
-        names = KeyNames.of(task.name, given.tenant, key)
-        take_slot(admission, names, concurrency, job_id, f"key {key!r}")
+        _take_key_slot(admission, task.name, given.tenant, key, concurrency, job_id)
     if rate is not None:
         key = _key(rate.key, data, task.name)
-        if key is not None:
+        in_force = None if key is None else live_key_limits.rate(task.name, given.tenant, key, rate)
+        if key is not None and in_force is not None:
             starts = KeyNames.of(task.name, given.tenant, key).starts
             limited = f"{task.name} key {key}"
-            admission.starts.append(limits.reserve_start(starts, rate.max, rate.per_ms, limited))
+            admission.starts.append(
+                limits.reserve_start(starts, in_force.max, in_force.per_ms, limited)
+            )
+
+
+def _take_key_slot(
+    admission: limits.Admission,
+    name: str,
+    tenant: str | None,
+    key: str,
+    declared: KeyConcurrency,
+    job_id: str,
+) -> None:
+    """A slot of ``tenant``'s ``key`` by its concurrency in force (an override's, set live:
+    ``live_key_limits``); its wake-up reads the limit in force again when the slot is given
+    back, so that a limit raised meanwhile wakes as many as it now lets run."""
+    spec = live_key_limits.concurrency(name, tenant, key, declared)
+    if spec is None:
+        return
+
+    def max_now() -> int:
+        now = live_key_limits.concurrency(name, tenant, key, declared)
+        return now.max_running if now is not None else MAX_WAKE
+
+    take_slot(admission, KeyNames.of(name, tenant, key), spec, job_id, f"key {key!r}", max_now)
 
 
 def _key(source: Any, data: Mapping[str, Any], name: str) -> str | None:
@@ -254,18 +284,26 @@ def rate_limited(
         return True
     _concurrency, rate = declared(task)
     key = _key(rate.key, data, task.name) if rate is not None else None
-    if key is None:
+    if key is None or rate is None:
         return False
+    if live_key_limits.rate(task.name, given.tenant, key, rate) is None:
+        return False  # its key's rate is lifted live: there is no window to hold
     limits.block(KeyNames.of(task.name, given.tenant, key).starts, limited.delay_ms)
     return True
 
 
 def take_slot(
-    admission: limits.Admission, names: KeyNames, spec: KeyConcurrency, job_id: str, what: str
+    admission: limits.Admission,
+    names: KeyNames,
+    spec: KeyConcurrency,
+    job_id: str,
+    what: str,
+    max_now: Callable[[], int] | None = None,
 ) -> None:
     """A slot of ``names`` for ``job_id`` into ``admission``, or its place in the line
     (``LimitReached``) or its cancellation (``Superseded``), as ``spec``'s strategy says;
-    ``what`` names the key in reasons."""
+    ``what`` names the key in reasons. ``max_now``: the limit when a slot is given back
+    (else ``spec``'s), for a limit that can change meanwhile."""
     created_us = 0
     if spec.strategy == "cancel_in_progress":
         found = _record(job_id)
@@ -295,7 +333,7 @@ def take_slot(
     outcome, place = int(reply[0]), int(reply[1])
 
     def wake() -> None:
-        wake_next(names, spec.max_running)
+        wake_next(names, max_now() if max_now is not None else spec.max_running)
 
     if outcome == 1:  # the slot is ours from here: given back with the admission
         slot = limits.Token(names.concurrency[0], holder)
