@@ -7,23 +7,26 @@ come from — set live (when; who is the system's to know, as a pause of the who
 ``keel queues limits``), never from this page.
 
 Counts come from the trigger-maintained per-tenant counters
-(``store.counts.by_queue``); throughput and failures from the finished job
-records of the last hour (what retention keeps of them). Workers and
-individual task runs are Flower's view: the page links to it.
+(``store.counts.by_queue``); the charts — completed, failed, wait and run time over the last
+hour, day or week (``?range=``) — from the queue history, counted as jobs end and kept
+apart from the records (``tasks.jobs.observe.queue_history``), so retention does not
+shorten them. Workers and individual task runs are Flower's view: the page links to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
-from flask import g, render_template, url_for
+from flask import g, render_template, request, url_for
 
 from tasks.celeryconfig import QUEUES
 from tasks.jobs.intake import pauses
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import STATES
-from tasks.jobs.observe.queries import activity
 from tasks.jobs.observe.queue_counts import by_queue
+from tasks.jobs.observe.queue_history import SPANS, Bucket, History, history
 from tasks.jobs.run import live_limits
 from web.auth import OPERATOR
 from web.errors import ApiError
@@ -32,22 +35,77 @@ from web.ui.forms import act
 from web.ui.session import signed_in
 
 CHART_HEIGHT = 60
+BAR_STEP = 10  # a bucket's width in the chart's own units (its bar is 8 of them)
+SPAN_LABELS = {"hour": "the last hour", "day": "the last day", "week": "the last week"}
+BUCKET_LABELS = {"hour": "5 minutes", "day": "30 minutes", "week": "6 hours"}
+AXIS_FROM = {"hour": "60 min ago", "day": "24 h ago", "week": "7 days ago"}
+# Each chart: what it shows, and the bucket's value it draws.
+CHARTS: tuple[tuple[str, str, Callable[[Bucket], float]], ...] = (
+    ("completed", "Throughput (completed)", lambda b: b.completed),
+    ("failed", "Failures", lambda b: b.failed),
+    ("wait", "Wait time (average)", lambda b: b.wait_avg_s or 0.0),
+    ("run", "Run time (average)", lambda b: b.run_avg_s or 0.0),
+)
 
 
-def _bars(series: list[int], peak: int) -> list[dict[str, int]]:
-    """Bar heights of a small SVG chart, scaled to the busiest bucket of the page."""
-    return [
-        {"n": n, "height": round(CHART_HEIGHT * n / peak) if peak else 0, "x": i * 12}
-        for i, n in enumerate(series)
-    ]
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "none"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def _bar_title(kind: str, bucket: Bucket, step_s: int) -> str:
+    when = f"{bucket.start:%Y-%m-%d %H:%M} to {bucket.start + timedelta(seconds=step_s):%H:%M} UTC"
+    if kind in ("completed", "failed"):
+        return f"{when}: {getattr(bucket, kind)} {kind}"
+    avg, peak = getattr(bucket, f"{kind}_avg_s"), getattr(bucket, f"{kind}_max_s")
+    if avg is None:
+        return f"{when}: no runs"
+    return f"{when}: {kind} average {_seconds(avg)}, max {_seconds(peak)} ({bucket.timed} runs)"
+
+
+def _summary(kind: str, series: list[Bucket], span: str) -> str:
+    if kind in ("completed", "failed"):
+        return f"{sum(getattr(b, kind) for b in series)} {kind} in {SPAN_LABELS[span]}"
+    timed = sum(b.timed for b in series)
+    if not timed:
+        return f"{kind} time: no runs in {SPAN_LABELS[span]}"
+    avg = sum((getattr(b, f"{kind}_avg_s") or 0.0) * b.timed for b in series) / timed
+    peak = max(getattr(b, f"{kind}_max_s") or 0.0 for b in series)
+    spread = f"average {_seconds(avg)}, max {_seconds(peak)}"
+    return f"{kind} time: {spread} over {timed} runs in {SPAN_LABELS[span]}"
+
+
+def _charts(series: list[Bucket], found: History, peaks: dict[str, float]) -> list[dict[str, Any]]:
+    """A queue's four charts: bars scaled to the page's busiest bucket of each kind."""
+    charts = []
+    for kind, label, value in CHARTS:
+        peak = peaks[kind]
+        bars = [
+            {
+                "x": i * BAR_STEP,
+                "height": round(CHART_HEIGHT * value(b) / peak) if peak else 0,
+                "title": _bar_title(kind, b, found.step_s),
+            }
+            for i, b in enumerate(series)
+        ]
+        total = sum(getattr(b, kind) for b in series) if kind in ("completed", "failed") else None
+        summary = _summary(kind, series, found.span)
+        charts.append(
+            {"kind": kind, "label": label, "bars": bars, "total": total, "summary": summary}
+        )
+    return charts
 
 
 @bp.get("/queues")
 @signed_in(OPERATOR)
 def queues_page() -> Any:
     tenant = g.principal.tenant_id
+    span = request.args.get("range", "hour")
+    if span not in SPANS:
+        span = "hour"
     counts = by_queue(tenant)
-    recent = activity(tenant)
+    found = history(tenant, span)
     paused: dict[str, str] = {}  # queue -> "all" (every tenant's) or "tenant" (this tenant's)
     mine: set[str] = set()  # the queues this tenant paused (it may resume them)
     for pause in pauses.paused(tenant):
@@ -55,23 +113,25 @@ def queues_page() -> Any:
             mine.add(pause.queue)
         if paused.get(pause.queue) != "all":
             paused[pause.queue] = "tenant" if pause.tenant_id else "all"
-    limits = {found.queue: found for found in live_limits.shown()}
-    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | mine)
-    peak = max([n for s in (*recent.completed.values(), *recent.failed.values()) for n in s] or [0])
+    limits = {shown.queue: shown for shown in live_limits.shown()}
+    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | mine | set(found.queues))
+    count = SPANS[span].count
+    empty = [Bucket(found.since + i * timedelta(seconds=found.step_s)) for i in range(count)]
+    every = [b for series in found.queues.values() for b in series]
+    peaks = {kind: max([value(b) for b in every] or [0]) for kind, _, value in CHARTS}
     rows = []
     for queue in names:
-        done = recent.completed.get(queue, [])
-        failed = recent.failed.get(queue, [])
-        finished = sum(done) + sum(failed)
+        series = found.queues.get(queue, empty)
+        done = sum(b.completed for b in series)
+        failed = sum(b.failed for b in series)
         rows.append(
             {
                 "name": queue,
                 "counts": counts.get(queue, dict.fromkeys(STATES, 0)),
-                "completed": sum(done),
-                "failed": sum(failed),
-                "failure_rate": (sum(failed) / finished) if finished else None,
-                "done_bars": _bars(done, peak),
-                "failed_bars": _bars(failed, peak),
+                "completed": done,
+                "failed": failed,
+                "failure_rate": (failed / (done + failed)) if done + failed else None,
+                "charts": _charts(series, found, peaks),
                 "limit": limits.get(queue),
                 "paused": paused.get(queue),
                 "paused_by_tenant": queue in mine,
@@ -82,8 +142,13 @@ def queues_page() -> Any:
         "ui/queues.html",
         queues=rows,
         states=STATES,
-        bucket_minutes=recent.bucket_s // 60,
+        span=span,
+        spans=SPAN_LABELS,
+        span_label=SPAN_LABELS[span],
+        axis_from=AXIS_FROM[span],
+        bucket=BUCKET_LABELS[span],
         chart_height=CHART_HEIGHT,
+        chart_width=count * BAR_STEP,
     )
 
 

@@ -347,6 +347,35 @@ class JobCountDelta(Base):
     tenant_id: Mapped[str] = mapped_column(String(200), server_default="")
     state: Mapped[str] = mapped_column(String(20))
     n: Mapped[int] = mapped_column(Integer)
+    # A run's end (into completed or failed), on its ``+1`` row: when, and its wait and run
+    # times, for the queue history (``tasks.jobs.store.stats``) folded with the counts.
+    finished_on: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    wait_ms: Mapped[int | None] = mapped_column(BigInteger)
+    run_ms: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class JobStat(Base):
+    """A queue's finished runs of one tenant (``""``: system jobs) in one bucket of
+    ``step_s`` seconds starting at ``bucket``: the history behind the dashboard's charts.
+
+    See ``tasks.jobs.store.stats`` (filled as counts are compacted, kept for a bounded time).
+    """
+
+    __tablename__ = "job_stats"
+
+    tenant_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    step_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(100), primary_key=True)
+    completed: Mapped[int] = mapped_column(Integer, server_default="0")
+    failed: Mapped[int] = mapped_column(Integer, server_default="0")
+    timed: Mapped[int] = mapped_column(Integer, server_default="0")
+    wait_ms_sum: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    wait_ms_max: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    run_ms_sum: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    run_ms_max: Mapped[int] = mapped_column(BigInteger, server_default="0")
+
+    __table_args__ = (Index("ix_job_stats_expiry", "step_s", "bucket"),)
 
 
 class QueuePause(Base):

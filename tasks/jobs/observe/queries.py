@@ -10,10 +10,8 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
-
-from sqlalchemy import text
 
 from tasks.jobs.model.errors import JobNotFound, Refused
 from tasks.jobs.model.models import STATES, JobRecord
@@ -201,30 +199,3 @@ def audit_trail(job_id: str) -> list[dict[str, Any]]:
             }
             for row in rows
         ]
-
-
-@dataclass(frozen=True)
-class Activity:
-    """A tenant's finished jobs per queue over a window, in equal buckets (oldest first)."""
-
-    since: datetime
-    bucket_s: int
-    completed: dict[str, list[int]]
-    failed: dict[str, list[int]]
-
-
-def activity(tenant_id: str, *, window_s: int = 3600, bucket_s: int = 300) -> Activity:
-    """Completed and failed jobs of ``tenant_id`` per queue in the last ``window_s`` seconds."""
-    buckets = window_s // bucket_s
-    with transaction() as session:
-        now = session.scalar(text("SELECT clock_timestamp()"))
-        since = now - timedelta(seconds=window_s)
-        rows = listing.finished_since(session, tenant_id, since, bucket_s)
-    found = Activity(since, bucket_s, {}, {})
-    for queue, state, start, n in rows:
-        series = found.completed if state == "completed" else found.failed
-        index = min(buckets - 1, int((start - since).total_seconds() // bucket_s))
-        for kind in (found.completed, found.failed):
-            kind.setdefault(queue, [0] * buckets)
-        series[queue][index] += n
-    return found

@@ -3,7 +3,8 @@
 Triggers append deltas to ``job_count_deltas``: ``±1`` for each state change,
 and one ``±n`` row per queue, tenant and state for each statement that
 inserts or deletes jobs (a bulk add of 10,000 writes one or two); ``compact`` folds
-them into ``job_counts`` (one compactor at a time, by advisory lock), and
+them into ``job_counts`` (one compactor at a time, by advisory lock; the same statement
+folds the ends they carry into the queue history, ``stats``), and
 readers add the compacted counts to whatever deltas are still pending. The
 cost of a read stays flat however many records the queue holds. Counts are
 kept per tenant (``""`` for system jobs), so a tenant's view counts only its
@@ -15,6 +16,7 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from tasks.jobs.model.models import STATES
+from tasks.jobs.store import stats
 from tasks.platform.db import affected, transaction
 
 _COMPACT_LOCK = 0x6B65656C  # "keel"
@@ -30,11 +32,12 @@ def compact(max_rows: int = 50_000) -> int:
         return affected(
             session.execute(
                 text(
-                    """
+                    f"""
                 WITH folded AS (
                     DELETE FROM job_count_deltas WHERE id IN (
                         SELECT id FROM job_count_deltas ORDER BY id LIMIT :max)
-                    RETURNING queue, tenant_id, state, n),
+                    RETURNING queue, tenant_id, state, n, finished_on, wait_ms, run_ms),
+                {stats.FOLDED},
                 summed AS (SELECT queue, tenant_id, state, sum(n) AS n FROM folded
                            GROUP BY queue, tenant_id, state)
                 INSERT INTO job_counts (queue, tenant_id, state, n)

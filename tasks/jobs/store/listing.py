@@ -121,26 +121,6 @@ def state_counts(session: Session, where: JobFilter) -> dict[str, int]:
     return found
 
 
-def finished_since(
-    session: Session, tenant_id: str, since: datetime, bucket_s: int
-) -> Sequence[tuple[str, str, datetime, int]]:
-    """``(queue, state, bucket start, jobs)`` of a tenant's jobs completed or failed since
-    ``since``, in buckets of ``bucket_s`` (the records retention keeps: ``ix_jobs_finished``)."""
-    bucket = func.date_bin(
-        func.make_interval(0, 0, 0, 0, 0, 0, bucket_s), JobRecord.finished_on, since
-    )
-    query = (
-        select(JobRecord.queue, JobRecord.state, bucket, func.count())
-        .where(
-            JobRecord.tenant_id == tenant_id,
-            JobRecord.state.in_(("completed", "failed")),
-            JobRecord.finished_on >= since,
-        )
-        .group_by(JobRecord.queue, JobRecord.state, bucket)
-    )
-    return [(q, s, b, int(n)) for q, s, b, n in session.execute(query).all()]
-
-
 def audits(session: Session, job_id: str) -> Sequence[RetryAudit]:
     """A job's manual retries, oldest first (the append-only audit trail)."""
     query = select(RetryAudit).where(RetryAudit.job_id == job_id).order_by(RetryAudit.id)

@@ -10,7 +10,9 @@ than a default age:
 - failed and cancelled: ``KEEL_KEEP_FAILED_S`` (seven days); a failed record goes to the
   failure archive (``failed_jobs_archive``) by the statement that deletes it.
 
-``0`` (or ``result_expires = None``) keeps them for ever. A deleted job reads as missing:
+``0`` (or ``result_expires = None``) keeps them for ever. Each round also deletes the queue
+history's buckets past their time (``tasks.jobs.store.stats``); the history is counted as
+jobs end, so a trimmed record is not missing from it. A deleted job reads as missing:
 404 in the API, ``PENDING`` for ``AsyncResult``, as Celery's expired results do.
 
 **Off the hot path.** No job's end pays for it: every ``KEEL_RETENTION_INTERVAL_S`` (60 s)
@@ -36,7 +38,7 @@ from datetime import timedelta
 
 from tasks.jobs.intake import idempotency
 from tasks.jobs.model.models import State
-from tasks.jobs.store import upkeep
+from tasks.jobs.store import stats, upkeep
 from tasks.platform.broker import redis_client
 from tasks.platform.celery_app import app
 from tasks.platform.config import get_settings
@@ -96,6 +98,8 @@ def _round() -> tuple[int, bool]:
             behind = True
     if removed:
         log.info("retention: deleted %d finished records past their default age", removed)
+    with transaction() as session:  # the queue history's buckets past their time
+        stats.prune(session)
     keys = idempotency.purge_expired(BATCH)  # Idempotency-Key answers past their time
     if keys:
         log.info("retention: deleted %d idempotency keys past their time", keys)
