@@ -145,6 +145,11 @@ def test_error_text_and_finished_times_find_failed_jobs(client):
         ({"createdFrom": "2026-01-01T00:00:00"}, "createdFrom"),  # no offset: which zone?
         ({"finishedTo": "2026-13-01T00:00:00Z"}, "finishedTo"),
         ({"finishedTo": "0.5"}, "finishedTo"),  # not seconds since 1970
+        ({"data.customerId": "\x00"}, "data.customerId"),  # Postgres's jsonb takes no NUL
+        ({"data": 'customerId="\\u0000"'}, "data"),
+        ({"data": '{"a": "\\ud800"}'}, "data"),  # a lone surrogate
+        ({"data": '{"n": 1e999}'}, "data"),  # past a float
+        ({"data": '{"a": ' + "[" * 900 + "]" * 900 + "}"}, "data"),  # deeper than Python reads
         ({"createdTo": "2026-12-07"}, "createdTo"),
         ({"error": "a\x00b"}, "error"),
         ({"idPrefix": ""}, "idPrefix"),

@@ -94,6 +94,14 @@ def test_public_urls_are_taken(url):
         "https:///nohost",
         "https://user:secret@hooks.example.com/x",
         "http://[fe80::1/hook",
+        "http://[64:ff9b::10.0.0.5]/hook",  # NAT64 of a private address
+        "http://[64:ff9b::a9fe:a9fe]/hook",  # NAT64 of 169.254.169.254
+        "http://[2002:a00:5::1]/hook",  # 6to4 of 10.0.0.5
+        "http://[::127.0.0.1]/hook",  # IPv4-compatible
+        "http://[::ffff:0:127.0.0.1]/hook",  # SIIT
+        "http://[fec0::1]/hook",  # site-local
+        "http://localhost./hook",
+        "http://a..b/hook",
         "http://[not-an-address]/hook",
     ],
 )

@@ -6,6 +6,7 @@ jobs end without events of their own (a delivery's end posting a delivery would 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -34,4 +35,8 @@ def announce(
     if event_type is None:
         return
     event = webhooks.job_event(job, state, reason=reason, result=result)
-    webhook_events.post(session, getattr(job, "tenant_id", None), event_type, event["data"], job.id)
+    # Each end is an occurrence of its own (a job retried by hand ends again): the guarded
+    # statement that records the end commits once, and its deliveries with it.
+    occurrence = f"{job.id}:{uuid.uuid4().hex}"
+    tenant = getattr(job, "tenant_id", None)
+    webhook_events.post(session, tenant, event_type, event["data"], occurrence)

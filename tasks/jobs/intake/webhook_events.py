@@ -11,6 +11,7 @@ statement; an endpoint registered (or removed) takes effect in every process wit
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from tasks.jobs.store import webhooks as store
 from tasks.platform.config import get_settings
 from tasks.platform.db import transaction
 
+log = logging.getLogger(__name__)
 REFRESH_S = 2.0
 
 
@@ -39,24 +41,41 @@ class Endpoint:
 
 
 class Subscriptions:
-    """Every tenant's endpoints, as this process last read them."""
+    """Every tenant's endpoints, as this process last read them.
+
+    One thread reads at a time, without holding the copy's readers up: while it reads, the
+    others use the copy they have (at most ``REFRESH_S`` old). Only the first read of a
+    process makes the others wait for it (no copy yet: an event must not be taken for one
+    without endpoints). A failed read keeps the last copy and is tried again ``REFRESH_S``
+    later; a failed first read fails the event's transaction, as Postgres away would.
+    """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._reading = threading.Lock()
         self._read_at = -REFRESH_S
-        self._by_tenant: dict[str, list[Endpoint]] = {}
+        self._by_tenant: dict[str, list[Endpoint]] | None = None
 
     def of(self, tenant_id: str) -> list[Endpoint]:
-        with self._lock:
-            if time.monotonic() - self._read_at >= REFRESH_S:
+        if self._by_tenant is None:
+            with self._reading:  # the first read: wait for it
+                if self._by_tenant is None:
+                    self._by_tenant = self._read()
+                    self._read_at = time.monotonic()
+        elif time.monotonic() - self._read_at >= REFRESH_S and self._reading.acquire(False):
+            try:
                 self._by_tenant = self._read()
+            except Exception:
+                log.warning(
+                    "could not read the webhook endpoints; using the last copy", exc_info=True
+                )
+            finally:
                 self._read_at = time.monotonic()
-            return self._by_tenant.get(tenant_id, [])
+                self._reading.release()
+        return self._by_tenant.get(tenant_id, [])
 
     def forget(self) -> None:
         """Read again at the next event (this process just changed an endpoint)."""
-        with self._lock:
-            self._read_at = -REFRESH_S
+        self._read_at = -REFRESH_S
 
     @staticmethod
     def _read() -> dict[str, list[Endpoint]]:

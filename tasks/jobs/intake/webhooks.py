@@ -24,6 +24,7 @@ from tasks.jobs.model.search import DataMatch
 from tasks.jobs.store import jobs as jobs_store
 from tasks.jobs.store import webhooks as store
 from tasks.jobs.store.listing import JobFilter
+from tasks.platform import quotas
 from tasks.platform.config import get_settings
 from tasks.platform.db import transaction
 from tasks.platform.setting_types import parse_networks
@@ -104,7 +105,9 @@ def resend(owner: Owner, delivery_job_id: str) -> AddedJob:
             raise JobNotFound(f"no delivery {delivery_job_id}")
     opts = delivery_options(f"{delivery_job_id}:again:{uuid.uuid4().hex[:12]}"[-200:])
     data = {"endpointId": endpoint_id, "event": event}
-    return add(webhooks.DELIVER, data, queue=webhooks.QUEUE, opts=opts, owner=owner)
+    # a tenant-facing door: the tenant's liveJobs quota applies (429 past it)
+    limits = quotas.current().jobs
+    return add(webhooks.DELIVER, data, queue=webhooks.QUEUE, opts=opts, owner=owner, limits=limits)
 
 
 def _delivery_of(

@@ -20,13 +20,17 @@ Several terms all hold (AND). Pure logic: the store turns each condition into SQ
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.platform.ids import has_control
+
 MAX_TERMS = 8  # conditions in one search
 MAX_DEPTH = 8  # keys in one path
 MAX_TEXT = 2000  # characters of one search's data text
+MAX_NESTING = 32  # levels of a JSON object searched for
 _KEY = re.compile(r"[A-Za-z0-9_$@-]{1,100}")
 
 
@@ -54,16 +58,20 @@ def _nested(keys: list[str], value: Any) -> dict[str, Any]:
 def _values(raw: str) -> list[Any]:
     """What ``raw`` may match: as it reads as JSON (a number, true, false, null, a quoted
     string) and as text, unless it is quoted, which means that string only."""
+    if has_control(raw):
+        raise SearchRefused("a value may not hold a control character")
     if raw.startswith('"'):
         try:
-            quoted = json.loads(raw)
+            quoted = _json(raw)
         except ValueError:
-            raise SearchRefused(f"{raw!r} is not a JSON string (a quote opens it)") from None
+            raise SearchRefused(
+                f"{raw!r} is not a JSON string a search can hold (a quote opens it)"
+            ) from None
         if not isinstance(quoted, str):
             raise SearchRefused(f"{raw!r} is not a JSON string (a quote opens it)")
         return [quoted]
     try:
-        read = json.loads(raw, parse_constant=_no_constant)
+        read = _json(raw)
     except ValueError:
         return [raw]
     if isinstance(read, (dict, list)):
@@ -73,6 +81,39 @@ def _values(raw: str) -> list[Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # NaN, Infinity: text
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: JSON Postgres cannot hold
+        raise ValueError(f"{text} is past a float's range")
+    return value
+
+
+def _json(text: str) -> Any:
+    """``text`` read as JSON a search can send to Postgres (``ValueError`` otherwise): finite
+    numbers, no NUL nor lone surrogate in a string, at most ``MAX_NESTING`` deep."""
+    try:
+        value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    _check(value, 0)
+    return value
+
+
+def _check(value: Any, depth: int) -> None:
+    if depth > MAX_NESTING:
+        raise ValueError(f"nested deeper than {MAX_NESTING}")
+    if isinstance(value, str):
+        if "\x00" in value or any("\ud800" <= c <= "\udfff" for c in value):
+            raise ValueError("a string holds NUL or a lone surrogate")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check(key, depth + 1)
+            _check(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check(item, depth + 1)
 
 
 def term(path: str, raw: str) -> DataMatch:
@@ -91,7 +132,7 @@ def term(path: str, raw: str) -> DataMatch:
 
 def _whole(text: str) -> DataMatch:
     try:
-        given = json.loads(text, parse_constant=_no_constant)
+        given = _json(text)
     except ValueError as exc:
         raise SearchRefused(f"not a JSON object: {exc}") from None
     if not isinstance(given, dict) or not given:

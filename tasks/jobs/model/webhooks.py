@@ -101,7 +101,11 @@ def check_url(url: str, allowed: tuple[Network, ...]) -> str:
     except ValueError:
         raise WebhookRefused("the URL's port is not a port number") from None
     host = parts.hostname
-    if host == "localhost" or host.endswith(".localhost"):
+    try:
+        host.encode("idna")
+    except UnicodeError:
+        raise WebhookRefused(f"{host!r} is not a host name") from None
+    if host.rstrip(".") == "localhost" or host.rstrip(".").endswith(".localhost"):
         check_address(ipaddress.ip_address("127.0.0.1"), allowed)
     try:
         literal = ipaddress.ip_address(host)
@@ -111,15 +115,39 @@ def check_url(url: str, allowed: tuple[Network, ...]) -> str:
     return url
 
 
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits: NAT64 (well-known and
+# local-use), IPv4-compatible, and SIIT's IPv4-translated (RFC 6052, 4291, 2765).
+_IPV4_IN_LAST_32 = tuple(
+    ipaddress.IPv6Network(net)
+    for net in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96", "::ffff:0:0:0/96")
+)
+
+
+def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one leads to, if it embeds one (mapped, 6to4, Teredo's
+    client, NAT64, IPv4-compatible, SIIT): where a packet to it ends up on a network that
+    translates it."""
+    if not isinstance(address, ipaddress.IPv6Address):
+        return None
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    if any(address in net for net in _IPV4_IN_LAST_32) and int(address) > 1:  # not ::, ::1
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def check_address(address: Address, allowed: tuple[Network, ...]) -> None:
     """Refuse an address that is not on the public internet (loopback, private, link-local,
     multicast, reserved…), unless an operator allowed its network (``KEEL_WEBHOOK_ALLOW``)."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
+    address = embedded_ipv4(address) or address
     if any(address in network for network in allowed):
         return
-    if not address.is_global or address.is_multicast:
+    site_local = isinstance(address, ipaddress.IPv6Address) and address.is_site_local
+    if not address.is_global or address.is_multicast or site_local:
         raise WebhookRefused(
             f"{address} is not a public address: webhooks do not reach this machine or "
             "private networks unless KEEL_WEBHOOK_ALLOW lists them"
