@@ -500,7 +500,8 @@ def schedulers_list(tenant: str) -> None:
 @click.option(
     "--catch-up",
     type=click.Choice(["earliest", "latest", "all"]),
-    help="slots missed while no beat ran: fire the first (default), the last, or each",
+    help="slots missed while no beat ran: fire the first (default), the last, or each"
+    " (all: with --catch-up-window)",
 )
 @click.option("--catch-up-window", type=click.IntRange(1000), help="ms: older slots never fire")
 @click.option("--jitter", type=click.IntRange(0), help="ms: each job starts up to this late")
@@ -541,6 +542,10 @@ def schedulers_upsert(
 
     if bool(tenant) != bool(user):
         raise click.UsageError("--tenant and --user go together (a tenant's jobs need a user)")
+    if catch_up == "all" and catch_up_window is None:
+        raise click.UsageError(
+            "--catch-up all needs --catch-up-window (ms: older missed slots never fire)"
+        )
     for name, value in (("--tenant", tenant), ("--user", user)):
         if value and not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)

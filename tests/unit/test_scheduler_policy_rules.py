@@ -147,3 +147,16 @@ def test_a_plain_tasks_entry_keeps_its_celery_options_apart_and_allows_overlap_o
         convert(app, "tick", {**entry, "options": {"overlap": "skip"}})
     with pytest.raises(EntryRefused, match="jitter"):
         convert(app, "tick", {**entry, "options": {"jitter": "soon"}})
+
+
+def test_an_entry_catching_up_every_slot_needs_a_window():
+    from tasks.celery import app
+    from tasks.jobs.schedule.beat_entries import EntryRefused, convert
+
+    entry = {"task": "test.echo", "schedule": 1.0, "options": {"catchUp": "all"}}
+    with pytest.raises(EntryRefused, match="catchUpWindow is required"):
+        convert(app, "echo", entry)
+    with pytest.raises(EntryRefused, match="catchUpWindow is required"):
+        convert(app, "tick", {**entry, "task": "test.beat_tick"})
+    entry["options"]["catchUpWindow"] = 60_000
+    assert convert(app, "echo", entry).spec.catchUpWindow == 60_000

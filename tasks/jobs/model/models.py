@@ -313,6 +313,9 @@ class JobSchedulerRecord(Base):
     iteration_count: Mapped[int] = mapped_column(Integer, server_default="0")
     next_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_run_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Since when its due slot is held by ``overlap: buffer`` (its last job live), 0032; null:
+    # not held. Held slots are looked at after every other due one (``firing.fire_due``).
+    held_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 

@@ -9,9 +9,16 @@ number of beats add one job per slot. What a slot does follows the scheduler's
 - what it does while the scheduler's last job is live (``overlap``): the last job is the
   one of its last fire (``last_run_at``), read by its derived id — a skipped fire does not
   move it, so under ``skip``, ``buffer`` and ``cancel`` it is the only live one. A
-  ``buffer`` slot stays due (``next_run_at`` in the past) and is fired by the first tick
-  after that job ends; ``FireRound.held`` tells beat to look again shortly, not at once;
+  ``buffer`` slot stays due (``next_run_at`` in the past, ``held_since`` set) and is fired
+  by the first tick after that job ends; ``FireRound.held`` tells beat to look again
+  shortly, not at once;
 - ``jitter``: the job is added delayed by its slot's share of it.
+
+A round fires at most ``limit`` slots, and no set of schedulers can keep the others out of
+it: the due slots that are not held come first, those on time before those of a scheduler
+catching up a backlog (``catchUp: all``, more than ``BEHIND`` late), oldest first; then,
+with what is left of the round, the held slots whose last job has ended — all held slots
+are checked at once (two queries however many), so one still held takes no room.
 
 A plain Celery message (a ``beat_schedule`` entry that is no Keel job) leaves no record
 to watch: its overlap is always ``allow`` (``beat_entries`` refuses another). It is sent
@@ -25,10 +32,10 @@ import logging
 import time
 from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import select, text
+from sqlalchemy import ColumnElement, Select, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
 from tasks.jobs.end import cancel
@@ -62,6 +69,9 @@ from tasks.platform.setting_types import TenantLimits
 
 log = logging.getLogger(__name__)
 Outcome = Literal["added", "sent", "skipped", "buffered"]
+# A ``catchUp: all`` scheduler whose due slot is older than this is catching up a backlog:
+# its slots yield to the slots on time of every other scheduler.
+BEHIND = timedelta(seconds=1)
 
 
 class PublishFailed(Exception):
@@ -89,49 +99,105 @@ class FireRound:
 
 
 def fire_due(limit: int = 100, job_limits: TenantLimits | None = None) -> FireRound:
-    """Fire every scheduler whose time has come."""
+    """Fire every scheduler whose time has come, at most ``limit`` of them: the slots not
+    held first (on time before backlogs, oldest first), then the held slots that can fire."""
     fired = FireRound([])
     with transaction() as session:
         now = db_now(session)
-        due = session.scalars(
+        catching_up = func.coalesce(
+            (JobSchedulerRecord.policy["catchUp"].astext == "all")
+            & (JobSchedulerRecord.next_run_at < now - BEHIND),
+            False,
+        )
+        due = _locked(
+            session,
             select(JobSchedulerRecord)
-            .where(JobSchedulerRecord.next_run_at <= now)
-            .order_by(JobSchedulerRecord.next_run_at)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        ).all()
+            .where(JobSchedulerRecord.next_run_at <= now, JobSchedulerRecord.held_since.is_(None))
+            .order_by(catching_up, JobSchedulerRecord.next_run_at)
+            .limit(limit),
+        )
         for record in due:
-            try:
-                with session.begin_nested():  # one broken scheduler must not stop the others
-                    done = _fire(session, record, now, job_limits)
-            except PublishFailed as exc:
-                log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
-                fired.unsent += 1
-                continue
-            except Exception as exc:
-                if not passing(exc):
-                    log.exception(
-                        "scheduler %s/%s could not fire; parked", record.tenant_id, record.id
-                    )
-                    _park(session, record)
-                    continue
-                # A deadlock, a lock or statement timeout, the database away: the fire stays
-                # due and the next tick tries it again (a job it did insert, on its own
-                # connection, is found by its id then). Parking is for a fire that can never
-                # work, not a passing error.
-                log.warning(
-                    "scheduler %s/%s did not fire; retrying: %s", record.tenant_id, record.id, exc
-                )
-                fired.unsent += 1
-                continue
-            if done is None:
-                continue
-            if done.outcome == "buffered":
-                fired.held += 1
-            elif done.outcome == "added" and done.job_id:
-                fired.job_ids.append(done.job_id)
-                fired.names[done.job_id] = str(record.spec.get("template", {}).get("name", ""))
+            _fire_one(session, record, now, job_limits, fired)
+        room = limit - len(due)
+        if room > 0:
+            seen = {(record.tenant_id, record.id) for record in due}  # held by this round
+            for record in _released(session, now, room, seen, fired):
+                _fire_one(session, record, now, job_limits, fired)
     return fired
+
+
+def _locked(session: Session, query: Select[JobSchedulerRecord]) -> list[JobSchedulerRecord]:
+    return list(session.scalars(query.with_for_update(skip_locked=True)).all())
+
+
+def _released(
+    session: Session, now: datetime, room: int, seen: set[tuple[str, str]], fired: FireRound
+) -> list[JobSchedulerRecord]:
+    """Up to ``room`` held slots that may fire now (their scheduler's last job has ended),
+    locked; the others, still held, are counted in ``fired.held`` and left untouched
+    (``seen``: the slots this round looked at already)."""
+    held_now: ColumnElement[bool] = JobSchedulerRecord.held_since.is_not(None) & (
+        JobSchedulerRecord.next_run_at <= now
+    )
+    columns = JobSchedulerRecord.tenant_id, JobSchedulerRecord.id, JobSchedulerRecord.last_run_at
+    held = [
+        (tenant, scheduler_id, at)
+        for tenant, scheduler_id, at in session.execute(select(*columns).where(held_now))
+        if (tenant, scheduler_id) not in seen
+    ]
+    if not held:
+        return []
+    last = {fire_job_id(t, i, at): (t, i) for t, i, at in held if at is not None}
+    live = session.scalars(
+        select(JobRecord.id).where(JobRecord.id.in_(last), JobRecord.state.in_(LIVE_STATES))
+    )
+    waiting = {last[job_id] for job_id in live}
+    fired.held += len(waiting)
+    free = [(t, i) for t, i, _ in held if (t, i) not in waiting]
+    if not free:
+        return []
+    return _locked(
+        session,
+        select(JobSchedulerRecord)
+        .where(held_now, tuple_(JobSchedulerRecord.tenant_id, JobSchedulerRecord.id).in_(free))
+        .order_by(JobSchedulerRecord.held_since, JobSchedulerRecord.next_run_at)
+        .limit(room),
+    )
+
+
+def _fire_one(
+    session: Session,
+    record: JobSchedulerRecord,
+    now: datetime,
+    job_limits: TenantLimits | None,
+    fired: FireRound,
+) -> None:
+    try:
+        with session.begin_nested():  # one broken scheduler must not stop the others
+            done = _fire(session, record, now, job_limits)
+    except PublishFailed as exc:
+        log.warning("scheduler %s could not send its message; retrying: %s", record.id, exc)
+        fired.unsent += 1
+        return
+    except Exception as exc:
+        if not passing(exc):
+            log.exception("scheduler %s/%s could not fire; parked", record.tenant_id, record.id)
+            _park(session, record)
+            return
+        # A deadlock, a lock or statement timeout, the database away: the fire stays
+        # due and the next tick tries it again (a job it did insert, on its own
+        # connection, is found by its id then). Parking is for a fire that can never
+        # work, not a passing error.
+        log.warning("scheduler %s/%s did not fire; retrying: %s", record.tenant_id, record.id, exc)
+        fired.unsent += 1
+        return
+    if done is None:
+        return
+    if done.outcome == "buffered":
+        fired.held += 1
+    elif done.outcome == "added" and done.job_id:
+        fired.job_ids.append(done.job_id)
+        fired.names[done.job_id] = str(record.spec.get("template", {}).get("name", ""))
 
 
 def _fire(
@@ -141,6 +207,7 @@ def _fire(
     policy = policy_of(record.policy)
     due = record.next_run_at
     assert due is not None
+    held_since, record.held_since = record.held_since, None  # unless it is held again below
     if spec.limit is not None and record.iteration_count >= spec.limit:
         record.next_run_at = None
         return None
@@ -153,6 +220,7 @@ def _fire(
     if busy is not None and policy.overlap == "buffer":
         # Held: the slot stays due; slots passing meanwhile collapse into it (one held).
         record.next_run_at = last_slot(spec, due, now) if policy.catchUp == "all" else due
+        record.held_since = held_since or now
         return Fired("buffered")
     if busy is not None and policy.overlap == "skip":
         log.info("scheduler %s/%s skipped %s: %s is live", record.tenant_id, record.id, at, busy)
@@ -277,6 +345,7 @@ def trigger(scope: Scope, scheduler_id: str, limits: TenantLimits | None = None)
             if record.next_run_at is None or record.next_run_at <= now:  # paused, or one held
                 return Fired("skipped")
             record.next_run_at = now
+            record.held_since = now
             return Fired("buffered")
         if busy is not None:
             return Fired("skipped")
@@ -288,7 +357,10 @@ def trigger(scope: Scope, scheduler_id: str, limits: TenantLimits | None = None)
 def _park(session: Session, record: JobSchedulerRecord) -> None:
     """A scheduler whose next fire cannot be computed stops firing (visible as next = null)."""
     session.execute(
-        text("UPDATE job_schedulers SET next_run_at = NULL WHERE tenant_id = :t AND id = :i"),
+        text(
+            "UPDATE job_schedulers SET next_run_at = NULL, held_since = NULL "
+            "WHERE tenant_id = :t AND id = :i"
+        ),
         {"t": record.tenant_id, "i": record.id},
     )
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
@@ -68,6 +68,16 @@ class SchedulerSpec(Rule, Policy):
     """A rule plus the job template it fires, and its policies (kept apart when stored)."""
 
     template: JobTemplate
+
+    @model_validator(mode="after")
+    def _bounded_catch_up(self) -> SchedulerSpec:
+        """``catchUp: all`` fires each missed slot: without a window, a beat away for an hour
+        would leave a 100 ms scheduler 36,000 of them to fire."""
+        if self.catchUp == "all" and self.catchUpWindow is None:
+            raise ValueError(
+                "catchUpWindow is required with catchUp all (ms: older missed slots never fire)"
+            )
+        return self
 
 
 class CeleryMessage(BaseModel):
@@ -198,6 +208,7 @@ def _save(
         record.updated_at = now
         paused = was.paused if policy.paused is None else policy.paused
         record.policy = policy.model_copy(update={"paused": paused or None}).stored()
+        record.held_since = None  # a slot still held is held again at the next round
         if paused:
             record.next_run_at = None
         elif rule_changed or (parked and not was.paused):
@@ -223,6 +234,7 @@ def set_paused(scope: Scope, scheduler_id: str, paused: bool) -> JobSchedulerRec
         now = db_now(session)
         record.policy = was.model_copy(update={"paused": paused or None}).stored()
         record.updated_at = now
+        record.held_since = None
         if paused:
             record.next_run_at = None
         else:
