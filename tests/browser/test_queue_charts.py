@@ -40,6 +40,7 @@ def test_the_queues_page_charts_a_tenants_throughput_failures_and_times_per_rang
     ends(OTHER, "test.sleep", 5, "completed")
     counts.compact()  # what any worker's maintenance does every few seconds
     sign_in(browser, served, tenant=TENANT, user="olga", roles=("operator",))
+    browser.get_log("browser")  # what earlier pages logged (a signed-out page's 401)
     for span in ("hour", "day", "week"):
         # When the operator picks the range
         browser.get(f"{served.url}/ui/queues")
