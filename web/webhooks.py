@@ -78,7 +78,8 @@ class DeliveryQuery(BaseModel):
     limit: int = Field(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE)
 
 
-def _view(endpoint: WebhookEndpoint) -> dict:
+def view(endpoint: WebhookEndpoint) -> dict:
+    """An endpoint as the API and the dashboard show it: never its secret."""
     return {
         "id": endpoint.id,
         "url": endpoint.url,
@@ -109,7 +110,7 @@ def register_webhook(body: RegisterWebhook):
             code="validation_failed",
             details=[{"field": "url", "type": "webhook_url", "message": str(exc)}],
         ) from None
-    return {**_view(endpoint), "secret": endpoint.secret}, 201
+    return {**view(endpoint), "secret": endpoint.secret}, 201
 
 
 @operation(
@@ -121,7 +122,7 @@ def register_webhook(body: RegisterWebhook):
     responses={200: WebhookList, 403: None},
 )
 def list_webhooks():
-    return {"webhooks": [_view(e) for e in endpoints.listed(g.principal.tenant_id)]}
+    return {"webhooks": [view(e) for e in endpoints.listed(g.principal.tenant_id)]}
 
 
 @operation(
@@ -133,7 +134,7 @@ def list_webhooks():
     responses={200: WebhookView, 403: None, 404: None},
 )
 def get_webhook(endpoint_id: str):
-    return _view(endpoints.get(g.principal.tenant_id, endpoint_id))
+    return view(endpoints.get(g.principal.tenant_id, endpoint_id))
 
 
 @operation(

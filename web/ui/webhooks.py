@@ -23,7 +23,7 @@ from tasks.jobs.intake import webhooks as endpoints
 from tasks.jobs.model.errors import JobNotFound, KeelError
 from tasks.jobs.model.models import JobRecord, WebhookEndpoint
 from tasks.jobs.model.webhooks import DELIVER, EVENT_TYPES, WebhookRefused
-from tasks.jobs.observe.queries import iso, list_jobs
+from tasks.jobs.observe.queries import list_jobs
 from web.api import check_payload, validate, validate_query
 from web.auth import OPERATOR, Principal
 from web.errors import ApiError, status_of
@@ -32,25 +32,13 @@ from web.jobs import read_job
 from web.ui import bp
 from web.ui.forms import act, explained
 from web.ui.session import signed_in
-from web.webhooks import DeliveryQuery, RegisterWebhook
+from web.webhooks import DeliveryQuery, RegisterWebhook, view
 
 EMPTY_FORM = MultiDict({"events": "job.failed"})
 
 
-def _view(endpoint: WebhookEndpoint) -> dict[str, Any]:
-    """An endpoint as its pages show it: never its secret."""
-    return {
-        "id": endpoint.id,
-        "url": endpoint.url,
-        "events": endpoint.events,
-        "description": endpoint.description,
-        "createdBy": endpoint.created_by,
-        "createdAt": iso(endpoint.created_at),
-    }
-
-
 def _listing(form: MultiDict, status: int = 200, **more: Any) -> Any:
-    found = [_view(e) for e in endpoints.listed(g.principal.tenant_id)]
+    found = [view(e) for e in endpoints.listed(g.principal.tenant_id)]
     page = render_template(
         "ui/webhooks.html", webhooks=found, form=form, event_types=EVENT_TYPES, **more
     )
@@ -93,7 +81,7 @@ def register_webhook() -> Any:
         return _listing(form, status_of(refused), error=explained(refused))
     return render_template(
         "ui/webhook.html",
-        endpoint=_view(endpoint),
+        endpoint=view(endpoint),
         secret=endpoint.secret,
         deliveries=[],
         query=DeliveryQuery(),
@@ -121,7 +109,7 @@ def webhook(endpoint_id: str) -> Any:
     page = list_jobs(where, cursor=query.cursor, limit=query.limit)
     return render_template(
         "ui/webhook.html",
-        endpoint=_view(endpoint),
+        endpoint=view(endpoint),
         deliveries=[_delivery(job) for job in page.jobs],
         query=query,
         next_cursor=page.next_cursor,
