@@ -29,7 +29,7 @@ if _SHADOWED is not None:  # nothing of Keel's would import: say why, in one lin
 if os.getcwd() not in sys.path and shadowing_tasks_module(Path.cwd()) is None:
     sys.path.append(os.getcwd())
 
-from tasks.platform.config import ProcessSettings, get_settings  # noqa: E402
+from tasks.platform.config import ProcessSettings, forget_settings, get_settings  # noqa: E402
 
 STACK_CHILDREN_CWD = Path(__file__).resolve().parents[1]  # keel.stack.PROJECT_ROOT
 
@@ -173,7 +173,7 @@ def main(ctx: click.Context, home: Path | None, verbose: bool) -> None:
     """
     if home is not None:
         os.environ["KEEL_HOME"] = str(home.resolve())
-        get_settings.cache_clear()
+        forget_settings()
     if ctx.invoked_subcommand in (None, "up") or "--help" in sys.argv[1:]:
         return  # `keel up` picks its own home; help needs no stack
     ctx.obj = _use_stack()
@@ -197,7 +197,7 @@ def _use_stack() -> Any:
         # The stack's job modules (`keel up --include`) import from where its children run.
         if str(STACK_CHILDREN_CWD) not in sys.path:
             sys.path.append(str(STACK_CHILDREN_CWD))
-        get_settings.cache_clear()
+        forget_settings()
         click.echo(f"keel: {choice.describe()}", err=True)
     elif choice.stale_env is not None and _stale_values(choice.stale_env):
         click.echo(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from functools import cached_property, lru_cache
+import threading
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -486,12 +487,36 @@ class ProcessSettings(Settings):
     home: Path = Field(default_factory=keel_home)  # keel up's own: ./.keel, found or not
 
 
-@lru_cache(maxsize=1)
+_current: Settings | None = None
+_loading = threading.Lock()
+
+
 def get_settings() -> Settings:
-    """Settings of this process; cached, call ``reload_settings`` after changing env."""
-    return Settings()
+    """Settings of this process; read once, call ``reload_settings`` after changing env."""
+    settings = _current
+    if settings is None:
+        with _loading:
+            settings = _current if _current is not None else _swap(Settings())
+    return settings
 
 
 def reload_settings() -> Settings:
-    get_settings.cache_clear()
-    return get_settings()
+    """Read the settings again and put them in place in one step: a thread that reads them
+    meanwhile gets the old ones or the new, and cannot leave the old ones behind (as a cache
+    that is cleared, then filled by whichever thread finishes last, can)."""
+    fresh = Settings()
+    with _loading:
+        return _swap(fresh)
+
+
+def forget_settings() -> None:
+    """Read the settings again when next asked (after a change of env or of ``KEEL_HOME``)."""
+    global _current
+    with _loading:
+        _current = None
+
+
+def _swap(settings: Settings) -> Settings:
+    global _current
+    _current = settings
+    return settings

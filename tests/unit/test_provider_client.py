@@ -11,13 +11,13 @@ def test_proxies_and_ca_bundle_from_the_environment_still_apply(monkeypatch):
     monkeypatch.setenv("NO_PROXY", "")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/keel-ca.pem")
     monkeypatch.setenv("KEEL_PROVIDER_URL", "http://provider.example:8025")
-    from tasks.platform.config import get_settings
+    from tasks.platform.config import forget_settings
 
-    get_settings.cache_clear()
+    forget_settings()
     try:
         client = ProviderClient.from_settings()
     finally:
-        get_settings.cache_clear()
+        forget_settings()
     # Then the session carries them, and no longer looks them up on every request
     assert client.session.proxies["http"] == "http://proxy.internal:3128"
     assert client.session.verify == "/etc/ssl/keel-ca.pem"
