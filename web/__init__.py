@@ -51,6 +51,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
         ratelimit,
         schedulers,
         system,
+        tenant_events,
         ui,
         webhooks,
     )
@@ -86,6 +87,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(queue_limits.bp)
     app.register_blueprint(key_limits.bp)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(tenant_events.bp)
     app.register_blueprint(bulk.bp)
     app.register_blueprint(webhooks.bp)
     app.register_blueprint(docs.bp)

@@ -25,7 +25,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -224,9 +224,36 @@ def job_events(job_id: str):
 
 def stream_response(job: JobRecord, timeout_s: float) -> Response:
     """``job``'s events as a ``text/event-stream`` response (the caller checked who may see it)."""
+    cursor = _resume_after()
+    return open_stream(
+        lambda held: JobEventStream(
+            job_id=job.id,
+            queue=job.queue,
+            cursor=cursor,
+            deadline=time.monotonic() + timeout_s,
+            finished=job.state in FINISHED_STATES,
+            client_gone=held.client_gone,
+            stopping=held.stopping,
+            renew=held.renew,
+        )
+    )
+
+
+@dataclass
+class Held:
+    """What an open stream holds and watches: whether its client left, whether the server
+    is stopping, and its lease to renew (``web.stream_leases``)."""
+
+    client_gone: Callable[[], bool]
+    stopping: threading.Event
+    renew: Callable[[], None]
+
+
+def open_stream(body: Callable[[Held], Iterable[str]]) -> Response:
+    """A ``text/event-stream`` response of ``body``, in one of this server's stream slots and
+    within the caller's share of open streams (503 past either), both let go when it ends."""
     environ = request.environ
     principal = g.principal
-    cursor = _resume_after()
     slot = _take_stream_slot(environ)
     try:
         lease = stream_leases.take(principal.tenant_id, principal.user_id)
@@ -234,18 +261,13 @@ def stream_response(job: JobRecord, timeout_s: float) -> Response:
         if slot is not None:
             slot.release()
         raise
-    stream = JobEventStream(
-        job_id=job.id,
-        queue=job.queue,
-        cursor=cursor,
-        deadline=time.monotonic() + timeout_s,
-        finished=job.state in FINISHED_STATES,
+    held = Held(
         client_gone=client_gone_probe(environ),
         stopping=environ.get(STOPPING) or threading.Event(),
         renew=lease.renew if lease is not None else lambda: None,
     )
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    response = Response(iter(stream), mimetype="text/event-stream", headers=headers)
+    response = Response(iter(body(held)), mimetype="text/event-stream", headers=headers)
     # the server closes every response it started
     if slot is not None:
         response.call_on_close(slot.release)

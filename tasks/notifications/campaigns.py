@@ -239,7 +239,14 @@ def maybe_report(campaign_id: str) -> bool:
             webhook_events.post(session, won.tenant_id, "campaign.finished", finished, campaign_id)
     if won:
         log.info("campaign %s report: %s", campaign_id, report)
-        events.emit(EVENTS_QUEUE, "campaign.report", campaign_id, "campaign", report=report)
+        events.emit(
+            EVENTS_QUEUE,
+            "campaign.report",
+            campaign_id,
+            "campaign",
+            report=report,
+            tenant=won.tenant_id,
+        )
     return won is not None
 
 
@@ -263,11 +270,11 @@ def watch(quiet_seconds: float | None = None) -> dict[str, Any]:
                     "UPDATE campaigns c SET stalled_at = clock_timestamp() FROM campaign_watch w "
                     "WHERE c.id = w.campaign_id AND c.reported_at IS NULL AND c.stalled_at IS NULL "
                     "AND w.last_load_at < clock_timestamp() - make_interval(secs => :q) "
-                    "RETURNING c.id"
+                    "RETURNING c.id, c.tenant_id"
                 ),
                 {"q": quiet},
             )
-            .scalars()
+            .tuples()
             .all()
         )
         session.execute(
@@ -278,10 +285,17 @@ def watch(quiet_seconds: float | None = None) -> dict[str, Any]:
             ),
             {"q": quiet},
         )
-    for campaign_id in stalled:
+    for campaign_id, tenant in stalled:
         log.error("campaign %s made no progress for %ss", campaign_id, quiet)
-        events.emit(EVENTS_QUEUE, "campaign.stalled", campaign_id, "campaign", quietSeconds=quiet)
-    return {"stalled": list(stalled), "healed": list(healed)}
+        events.emit(
+            EVENTS_QUEUE,
+            "campaign.stalled",
+            campaign_id,
+            "campaign",
+            quietSeconds=quiet,
+            tenant=tenant,
+        )
+    return {"stalled": [campaign_id for campaign_id, _ in stalled], "healed": list(healed)}
 
 
 def describe(campaign: Campaign) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from tasks.platform.config import reload_settings
 from tests.security.conftest import OPENAPI, documented_operations, record_figure
 from tests.support.client import bearer, unique
 from web import create_app
+from web.events import TIMEOUT
 
 FAST_EXAMPLES = 25
 SLOW_EXAMPLES = 300
@@ -62,6 +63,10 @@ CONTRACT_RULES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/api/v1/jobs"): {
         "cursor": "must be a nextCursor this API returned",
         "data": "must be path=value terms or a JSON object (tasks.jobs.model.search)",
+    },
+    ("GET", "/api/v1/events"): {
+        "queue": "must be queues a job type runs on",
+        "timeout": "must be in (0, 300] seconds",
     },
     ("POST", "/api/v1/webhooks"): {
         "url": "must be a public http(s) URL, without credentials (tasks.jobs.model.webhooks)",
@@ -156,6 +161,22 @@ def keep_campaigns_small(case: schemathesis.Case) -> None:
             body["recipientCount"] = min(count, MAX_FUZZ_RECIPIENTS)
 
 
+def keep_streams_short(case: schemathesis.Case) -> None:
+    """An event stream stays open ``timeout`` seconds (30 when not given): a *valid* or absent
+    one is cut to a tenth of a second, so that the fuzzer's examples each end at once."""
+    if (case.method.upper(), case.operation.path) != ("GET", "/api/v1/events"):
+        return
+    query = case.query
+    if isinstance(query, dict) and _valid_or_absent(query.get("timeout")):
+        query["timeout"] = "0.1"
+
+
+def _valid_or_absent(timeout: Any) -> bool:
+    if timeout is None:
+        return True
+    return isinstance(timeout, str) and bool(TIMEOUT.fullmatch(timeout)) and float(timeout) <= 300
+
+
 def breaks_only_contract_rules(case: schemathesis.Case, response: Any) -> bool:
     """A 400 whose every detail is a rule of ``CONTRACT_RULES`` (or ``EVERYWHERE``), or the
     422 of an ``Idempotency-Key`` the generator sent again with another body (it repeats
@@ -177,6 +198,7 @@ def breaks_only_contract_rules(case: schemathesis.Case, response: Any) -> bool:
 def exercise(case: schemathesis.Case, tier: str) -> None:
     """Send one generated request and run every schemathesis check on its answer."""
     keep_campaigns_small(case)
+    keep_streams_short(case)
     response = case.call(headers=OPERATOR)
     with _TALLY_LOCK:
         tally = TALLY[tier].setdefault(label(case), Counter())

@@ -56,8 +56,10 @@ def mark(session: Session, job: JobRecord, *, actor: str, reason: str | None) ->
     if reason:
         details["reason"] = reason
     jobs_store.add_action(session, job.id, job.tenant_id, AUDIT_ACTION, actor, details)
-    queue, job_id, name = job.queue, job.id, job.name
-    _after_commit(session, lambda: events.emit(queue, "aborting", job_id, name, by=actor))
+    queue, job_id, name, tenant = job.queue, job.id, job.name, job.tenant_id
+    _after_commit(
+        session, lambda: events.emit(queue, "aborting", job_id, name, by=actor, tenant=tenant)
+    )
 
 
 def _after_commit(session: Session, announce: Callable[[], None]) -> None:
@@ -71,9 +73,12 @@ def ended_run(session: Session, claimed: ClaimedJob, reason: str = ABORTED) -> b
     if job is None:
         return False
     ending.ended(session, job, State.CANCELLED, reason, announce=False)
-    queue, job_id, name = job.queue, job.id, job.name
+    queue, job_id, name, tenant = job.queue, job.id, job.name, job.tenant_id
     _after_commit(
-        session, lambda: events.emit(queue, "cancelled", job_id, name, by="abort", reason=reason)
+        session,
+        lambda: events.emit(
+            queue, "cancelled", job_id, name, by="abort", reason=reason, tenant=tenant
+        ),
     )
     return True
 

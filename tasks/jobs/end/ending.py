@@ -76,11 +76,11 @@ def ended(
         return
     if state == State.FAILED:
         fields = {"failedReason": reason, **fields}
-    queue, job_id, name = job.queue, job.id, job.name
+    queue, job_id, name, tenant = job.queue, job.id, job.name, job.tenant_id
     event.listen(
         session,
         "after_commit",
-        lambda _session: events.emit(queue, str(state), job_id, name, **fields),
+        lambda _session: events.emit(queue, str(state), job_id, name, tenant=tenant, **fields),
         once=True,
     )
 
@@ -190,9 +190,7 @@ def _publish_woken(session: Session, ready: list[ReadyJob]) -> None:
     if not ready:
         return
     sent = publish_ready(session, ready)
-    announced: list[tuple[str, str, str, str | None]] = [
-        (job.queue, "waiting", job.id, job.name) for job in sent
-    ]
+    announced = [(job.queue, "waiting", job.id, job.name, job.tenant_id) for job in sent]
     event.listen(session, "after_commit", lambda _s: events.emit_many(announced), once=True)
 
 

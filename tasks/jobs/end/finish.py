@@ -138,7 +138,13 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
         raise
     observed = ("duration", duration_s) if duration_s is not None else None
     events.emit(
-        claimed.queue, "completed", claimed.id, claimed.name, observed=observed, returnvalue=result
+        claimed.queue,
+        "completed",
+        claimed.id,
+        claimed.name,
+        observed=observed,
+        returnvalue=result,
+        tenant=claimed.tenant_id,
     )
 
 
@@ -186,12 +192,21 @@ def failed(
             claimed.name,
             failedReason=reason,
             attemptsMade=made,
+            tenant=claimed.tenant_id,
         )
         return None
     events.emit(
-        claimed.queue, "retrying", claimed.id, claimed.name, failedReason=reason, attemptsMade=made
+        claimed.queue,
+        "retrying",
+        claimed.id,
+        claimed.name,
+        failedReason=reason,
+        attemptsMade=made,
+        tenant=claimed.tenant_id,
     )
-    events.emit(claimed.queue, "delayed", claimed.id, claimed.name, delay=delay)
+    events.emit(
+        claimed.queue, "delayed", claimed.id, claimed.name, delay=delay, tenant=claimed.tenant_id
+    )
     return Retrying(outcome.retry_at, reason)
 
 
@@ -230,7 +245,14 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     state = State.WAITING_CHILDREN if waiting else State.DELAYED
 
     def announce(_session: Session) -> None:
-        events.emit(claimed.queue, state, claimed.id, claimed.name, delay=deferral.delay_ms)
+        events.emit(
+            claimed.queue,
+            state,
+            claimed.id,
+            claimed.name,
+            delay=deferral.delay_ms,
+            tenant=claimed.tenant_id,
+        )
 
     awaited = [job_id for job_id in deferral.waiting_for if job_id != claimed.id]
     for tried in range(1, MARK_TRIES + 1):

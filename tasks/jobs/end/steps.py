@@ -81,7 +81,9 @@ def record(
     )
     if not jobs_store.insert(session, job):
         return []  # recorded already
-    after_commit(session, lambda: events.emit(job.queue, job.state, job.id, job.name))
+    after_commit(
+        session, lambda: events.emit(job.queue, job.state, job.id, job.name, tenant=job.tenant_id)
+    )
     if job.state != State.WAITING:
         return []
     return [jobs_store.ready_job(job)]

@@ -140,7 +140,11 @@ def _in_keels_transactions(
         with transaction() as session:
             publish_ready(session, waiting)
     events.emit_many(
-        [(job.queue, str(state), job.id, job.name) for job, state in states if job.id in created]
+        [
+            (job.queue, str(state), job.id, job.name, job.tenant_id)
+            for job, state in states
+            if job.id in created
+        ]
     )
     return states, created
 
@@ -162,8 +166,8 @@ def _in_callers_transaction(
         states = [(job, job.state) for job in records]
         waiting = [job.id for job, state in states if state == State.WAITING and job.id in created]
         caller.hold_many(waiting)  # published once the caller commits, with their events
-    others: list[tuple[str, str, str, str | None]] = [
-        (job.queue, str(state), job.id, job.name)
+    others = [
+        (job.queue, str(state), job.id, job.name, job.tenant_id)
         for job, state in states
         if job.id in created and state != State.WAITING
     ]

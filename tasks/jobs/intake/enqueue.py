@@ -245,6 +245,7 @@ def _announce(job: NewJob, recorded: _Recorded, publish_now: bool, caller: Any) 
                 job.name,
                 deduplicationId=dedup_id,
                 deduplicatedJobId=job.id,
+                tenant=job.tenant_id,
             )
         )
         return AddedJob(job_id=recorded.kept, created=False, state="deduplicated")
@@ -260,10 +261,11 @@ def _announce(job: NewJob, recorded: _Recorded, publish_now: bool, caller: Any) 
                 job.name,
                 deduplicationId=dedup_id,
                 deduplicatedJobId=recorded.replaced,
+                tenant=job.tenant_id,
             )
         )
     delay: dict[str, Any] = {"delay": job.opts.delay} if job.opts.delay else {}
-    added = events.Event(job.queue, job.state, job.id, job.name, **delay)
+    added = events.Event(job.queue, job.state, job.id, job.name, **delay, tenant=job.tenant_id)
     if caller is not None:  # nothing is announced before the caller's commit
         if not (publish_now and job.state == State.WAITING):  # (a held job's is, when sent)
             caller.on_commit(added.send)

@@ -96,7 +96,7 @@ def publish_ready(
         log.warning("broker unavailable; %d jobs parked again", len(unsent))
         upkeep.park(session, unsent, PARK_S)
     if announce_waiting:
-        events.emit_many([(job.queue, "waiting", job.id, job.name) for job in sent])
+        events.emit_many([(job.queue, "waiting", job.id, job.name, job.tenant_id) for job in sent])
     return sent
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -61,10 +61,15 @@ def result_channel(job_id: str) -> str:
     return f"{RESULT_CHANNEL_PREFIX}{job_id}"
 
 
-def emit_many(entries: list[tuple[str, str, str, str | None]]) -> None:
-    """``(queue, event, job id, name)`` of many jobs, in one round trip (a bulk add's)."""
+def emit_many(entries: Sequence[tuple[str, str, str, str | None, str | None]]) -> None:
+    """``(queue, event, job id, name, tenant)`` of many jobs, in one round trip (a bulk
+    add's)."""
     if entries:
-        _send([*_held.take(), *(Event(*entry) for entry in entries)])
+        batch = (
+            Event(queue, event, job, name, tenant=tenant)
+            for queue, event, job, name, tenant in entries
+        )
+        _send([*_held.take(), *batch])
 
 
 class Event:
@@ -82,6 +87,7 @@ class Event:
         job_id: str,
         name: str | None = None,
         *,
+        tenant: str | None = None,
         observed: tuple[str, float] | None = None,
         **fields: Any,
     ) -> None:
@@ -94,6 +100,8 @@ class Event:
         }
         if name:
             entry["name"] = name
+        if tenant:  # whose: a tenant's stream of every job (``read_tenant``) keeps its own
+            entry["tenant"] = tenant
         for key, value in fields.items():
             entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
         self.queue, self.event, self.job_id, self.name = queue, event, job_id, name
@@ -259,11 +267,12 @@ def emit(
     job_id: str,
     name: str | None = None,
     *,
+    tenant: str | None = None,
     observed: tuple[str, float] | None = None,
     **fields: Any,
 ) -> None:
     """One event (``Event``), in one round trip."""
-    Event(queue, event, job_id, name, observed=observed, **fields).send()
+    Event(queue, event, job_id, name, tenant=tenant, observed=observed, **fields).send()
 
 
 def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
@@ -271,7 +280,7 @@ def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:
     for key, raw in fields.items():
         value = raw.decode()
         k = key.decode()
-        if k in ("event", "jobId", "queue", "name", "time"):
+        if k in ("event", "jobId", "queue", "name", "time", "tenant"):
             out[k] = value
             continue
         try:
@@ -301,6 +310,32 @@ def read(
                 yield {"id": entry_id.decode(), **_decode(fields)}
         if not follow and batch and all(len(e) < 500 for _, e in batch):
             return
+
+
+def latest_ids(queues: list[str]) -> dict[str, str]:
+    """Each queue's last event id now (``0-0``: none yet): where a reader of new events
+    only starts (``$``, in one round trip, for a reader that polls)."""
+    pipe = redis_client().pipeline(transaction=False)
+    for queue in queues:
+        pipe.xrevrange(stream_key(queue), count=1)
+    return {
+        queue: found[0][0].decode() if found else "0-0"
+        for queue, found in zip(queues, pipe.execute(), strict=True)
+    }
+
+
+def read_after(cursors: dict[str, str], count: int = 500) -> list[tuple[str, dict[str, Any]]]:
+    """``(queue, event)`` after each queue's cursor (``{queue: id}``), up to ``count`` a
+    queue, in one round trip; oldest first across the queues."""
+    batch: Any = redis_client().xread({stream_key(q): at for q, at in cursors.items()}, count=count)
+    prefix = len(stream_key(""))
+    found = [
+        (stream.decode()[prefix:], {"id": entry_id.decode(), **_decode(fields)})
+        for stream, entries in batch or []
+        for entry_id, fields in entries
+    ]
+    found.sort(key=lambda pair: tuple(int(part) for part in pair[1]["id"].split("-")))
+    return found
 
 
 DEAD_LETTERED = "dead-lettered"
