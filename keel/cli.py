@@ -361,47 +361,75 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
 
 
 @main.command("ui-link")
-@click.option("--tenant", required=True)
+@click.option("--tenant")
 @click.option("--user", required=True)
 @click.option(
     "--role", "roles", multiple=True, type=click.Choice(ROLES), help="repeat for several roles"
 )
+@click.option(
+    "--platform",
+    is_flag=True,
+    help="the platform role: every tenant's pages, read only, each view audited (no --tenant)",
+)
 @click.option("--ttl", default=300, show_default=True, type=click.IntRange(1, 3600), help="seconds")
 @click.option("--url", "base_url", help="where the web app answers (default: KEEL_WEB_URL)")
-def ui_link(tenant: str, user: str, roles: tuple[str, ...], ttl: int, base_url: str | None) -> None:
+def ui_link(
+    tenant: str | None,
+    user: str,
+    roles: tuple[str, ...],
+    platform: bool,
+    ttl: int,
+    base_url: str | None,
+) -> None:
     """Print a one-time sign-in link to the dashboard at /ui."""
     from web.tokens import ID_RULE, check_secret, is_id
-    from web.ui.session import issue_link
+    from web.ui.session import issue_link, issue_platform_link
 
+    if platform and (tenant is not None or roles):
+        raise click.ClickException(
+            "--platform signs in to every tenant: give it without --tenant or --role"
+        )
+    if not platform and tenant is None:
+        raise click.ClickException("give --tenant T (or --platform for every tenant's pages)")
     settings = get_settings()
     for name, value in (("--tenant", tenant), ("--user", user)):
-        if not is_id(value):
+        if value is not None and not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
     try:
         secret = check_secret(settings.secret_key)
     except RuntimeError as exc:
         raise click.ClickException(str(exc)) from None
     base = (base_url or settings.web_url or f"http://127.0.0.1:{settings.web_port}").rstrip("/")
-    click.echo(f"{base}/ui/login/{issue_link(secret, tenant, user, list(roles), ttl)}")
+    if platform:
+        token = issue_platform_link(secret, user, ttl)
+    else:
+        token = issue_link(secret, str(tenant), user, list(roles), ttl)
+    click.echo(f"{base}/ui/login/{token}")
 
 
 @main.command("ui-signout")
-@click.option("--tenant", required=True)
+@click.option("--tenant")
 @click.option("--user", required=True)
+@click.option("--platform", is_flag=True, help="the user's platform sessions (no --tenant)")
 @changes_state
-def ui_signout(tenant: str, user: str) -> None:
+def ui_signout(tenant: str | None, user: str, platform: bool) -> None:
     """End every dashboard session of a user, in every browser, at once."""
     from flask import Flask
 
+    from web.auth import EVERY_TENANT
     from web.tokens import ID_RULE, is_id
     from web.ui.session import sign_out_everywhere
 
+    if platform == (tenant is not None):
+        raise click.ClickException("give --tenant T, or --platform for platform sessions")
     for name, value in (("--tenant", tenant), ("--user", user)):
-        if not is_id(value):
+        if value is not None and not is_id(value):
             raise click.BadParameter(f"{value!r} is not an id ({ID_RULE})", param_hint=name)
+    scope = EVERY_TENANT if platform else str(tenant)
     with Flask(__name__).app_context():  # the session store keeps a per-request cache in g
-        ended = sign_out_everywhere(tenant, user)
-    click.echo(f"ended {ended} dashboard session{'s' if ended != 1 else ''} of {tenant}/{user}")
+        ended = sign_out_everywhere(scope, user)
+    whose = f"platform user {user}" if platform else f"{tenant}/{user}"
+    click.echo(f"ended {ended} dashboard session{'s' if ended != 1 else ''} of {whose}")
 
 
 URL_KINDS = ("web", "api", "ui", "docs", "flower", "sandbox")
@@ -1417,3 +1445,20 @@ def status(as_json: bool) -> None:
         click.echo("healthy" if healthy else "unhealthy")
     if not healthy:
         sys.exit(1)
+
+
+@main.group("audit")
+def audit_group() -> None:
+    """Audit trails that belong to no job: what the dashboard's platform sessions read."""
+
+
+@audit_group.command("views")
+@click.option("--user", type=TENANT, help="only this platform user's views")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10000))
+def audit_views(user: str | None, limit: int) -> None:
+    """Print the pages platform sessions (keel ui-link --platform) read, newest first, as JSON
+    lines: who, which view, the path with its query, when."""
+    from tasks.jobs.observe import platform_views
+
+    for view in platform_views.newest(user, limit):
+        click.echo(json.dumps(view.to_json()))

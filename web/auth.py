@@ -31,6 +31,11 @@ from web.errors import ApiError
 from web.tokens import ALGORITHMS, ID_RULE, MAX_TOKEN_BYTES, is_id
 
 OPERATOR = "operator"
+# The dashboard's role of the people who run Keel (``keel ui-link --platform``): it reads every
+# tenant's pages. Only a platform session holds it (``Principal.platform``); a token's or an
+# identity provider's "platform" in ``roles`` is a name like any other and grants nothing.
+PLATFORM = "platform"
+EVERY_TENANT = "*"  # a platform session's tenant: not an id (``is_id``), so no tenant's
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,9 @@ class Principal:
     tenant_id: str
     user_id: str
     roles: tuple[str, ...]
+    # Set only by a sign-in link of ``keel ui-link --platform`` (``web.ui.session``), never
+    # from a token's claims.
+    platform: bool = False
 
     @property
     def owner(self) -> Owner:

@@ -165,13 +165,23 @@ def _refused(field: str, message: str) -> ApiError:
 
 # Who sees and acts on which job, for the API and the dashboard (``web.ui``) alike: a user
 # its own jobs, an operator every job of its tenant; anything else is a missing job (404).
+# The dashboard's platform sessions (``web.ui.platform``; never a token) read every tenant's.
 
 
-def visible_to(principal: Principal, query: JobListQuery) -> JobFilter:
-    """The jobs ``principal`` may list, narrowed by the query's filters."""
+def visible_to(principal: Principal, query: JobListQuery, tenant: str | None = None) -> JobFilter:
+    """The jobs ``principal`` may list, narrowed by the query's filters. ``tenant`` narrows a
+    platform session's every-tenant scope to one tenant; a tenant's principal has its own
+    tenant's scope, whatever ``tenant`` says."""
+    if principal.platform:
+        return _narrowed(query, tenant_id=tenant, user_id=None)  # None: every tenant's
+    user = None if principal.operator else principal.user_id
+    return _narrowed(query, tenant_id=principal.tenant_id, user_id=user)
+
+
+def _narrowed(query: JobListQuery, tenant_id: str | None, user_id: str | None) -> JobFilter:
     return JobFilter(
-        tenant_id=principal.tenant_id,
-        user_id=None if principal.operator else principal.user_id,
+        tenant_id=tenant_id,
+        user_id=user_id,
         queue=query.queue,
         state=query.state,
         name=query.name,

@@ -24,9 +24,9 @@ from tasks.jobs.intake import webhooks
 from tests.security.conftest import record_figure
 from tests.security.test_bola import INTRUDERS, KINDS, TENANT_A, TENANT_B
 from tests.support.client import unique
-from tests.support.ui import PAGE, csrf_token, signed_in
+from tests.support.ui import PAGE, csrf_token, signed_in, signed_in_platform
 from web import create_app
-from web.auth import OPERATOR
+from web.auth import OPERATOR, PLATFORM
 
 pytestmark = pytest.mark.usefixtures("stack")
 
@@ -65,6 +65,7 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.webhook": ("get", "/api/v1/webhooks/{endpoint_id}/deliveries"),
     "ui.remove_webhook": ("delete", "/api/v1/webhooks/{endpoint_id}"),
     "ui.resend_delivery": ("post", "/api/v1/webhooks/deliveries/{delivery_id}/resend"),
+    "ui.key_limits_page": ("get", "/api/v1/system/key-limits"),
 }
 # Signing in and out: no object, no role (the sign-in link is its own credential, and the
 # identity provider's answer the provider's sign-in's).
@@ -125,6 +126,23 @@ ENDPOINTS = [
     for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"})
 ]
 GUARDED = [e for e in ENDPOINTS if e.endpoint not in SIGN_IN]
+
+
+def reach(endpoint: Endpoint) -> str:
+    """What a platform session may do there (``web.ui.platform``): refused, reads or only."""
+    return getattr(APP.view_functions[endpoint.endpoint], "reach", "refused")
+
+
+# Where a platform session is let in: the pages it reads and its own (and signing out).
+PLATFORM_READS = {
+    "ui.jobs",
+    "ui.jobs_table",
+    "ui.job",
+    "ui.job_state",
+    "ui.job_events",
+    "ui.queues_page",
+    "ui.key_limits_page",
+}
 WITH_IDS = [e for e in GUARDED if e.params]
 WITHOUT_IDS = [e for e in GUARDED if not e.params]
 
@@ -322,3 +340,66 @@ def test_hostile_input_is_a_4xx_never_a_5xx(endpoint):
                 statuses.append(response.status_code)
     assert statuses and max(statuses) < 500, f"{endpoint.label}: {sorted(set(statuses))}"
     CHECKED.append(f"{endpoint.label} hostile x{len(statuses)}")
+
+
+def test_the_platform_role_reaches_the_pages_it_reads_and_no_other():
+    """A new page is refused to platform sessions unless it says otherwise; this list is
+    what it may open (every other page and form answers 403)."""
+    assert {e.endpoint for e in GUARDED if reach(e) != "refused"} == PLATFORM_READS
+    assert {e.endpoint for e in GUARDED if reach(e) == "only"} == {"ui.key_limits_page"}
+
+
+@pytest.mark.parametrize(
+    "endpoint", [e for e in GUARDED if reach(e) == "refused"], ids=lambda e: e.label
+)
+def test_a_platform_session_is_403_on_every_action_and_tenant_page(client, endpoint):
+    session = signed_in_platform(APP, unique("root"))
+    ids = {p: KINDS[p].create(client) for p in endpoint.params}
+    before = {p: KINDS[p].fingerprint(i) for p, i in ids.items()}
+    on_real = call(session, endpoint, next(iter(ids.values()), None))
+    on_missing = call(session, endpoint)
+    assert (on_real.status_code, on_missing.status_code) == (403, 403), endpoint.label
+    assert {p: KINDS[p].fingerprint(i) for p, i in ids.items()} == before
+    CHECKED.append(f"{endpoint.label} as platform")
+
+
+TENANT_QUERIES = ["tenant=%00", "tenant=a/b", "tenant=" + "t" * 300, "tenant=x&tenant=%ED%A0%80"]
+TENANT_SESSIONS = {
+    "operator": (OPERATOR,),
+    "a role named platform": (PLATFORM,),
+    "operator and platform": (OPERATOR, PLATFORM),
+}
+
+
+@pytest.mark.parametrize("who", list(TENANT_SESSIONS))
+@pytest.mark.parametrize(
+    "endpoint", [e for e in GUARDED if reach(e) == "only"], ids=lambda e: e.label
+)
+def test_the_platform_roles_own_pages_are_403_to_every_tenant_session(endpoint, who):
+    session = signed_in(APP, TENANT_A, "vic", TENANT_SESSIONS[who])
+    response = call(session, endpoint)
+    assert response.status_code == 403, endpoint.label
+    assert "platform role" in response.get_data(as_text=True)
+    CHECKED.append(f"{endpoint.label} as a tenant's {who}")
+
+
+@pytest.mark.parametrize(
+    "endpoint", [e for e in GUARDED if reach(e) != "refused"], ids=lambda e: e.label
+)
+def test_hostile_input_on_a_platform_sessions_pages_is_a_4xx_never_a_5xx(endpoint):
+    """Every view a platform session opens is audited with its path and query as sent:
+    hostile ones are kept (escaped), never a 5xx."""
+    statuses = []
+    for value in HOSTILE_IDS if endpoint.params else [None]:
+        session = signed_in_platform(APP, unique("root"))
+        url = endpoint.url(value) if value else endpoint.url()
+        for query in [*HOSTILE_QUERIES, *TENANT_QUERIES] if endpoint.method == "GET" else [""]:
+            if endpoint.method == "GET":
+                response = session.get(f"{url}?{query}", headers=PAGE)
+            else:
+                data = {"csrf_token": csrf_token(session), **HOSTILE_FORMS[0]}
+                response = session.post(url, data=data, headers=PAGE)
+            statuses.append(response.status_code)
+            response.close()
+    assert statuses and max(statuses) < 500, f"{endpoint.label}: {sorted(set(statuses))}"
+    CHECKED.append(f"{endpoint.label} hostile as platform x{len(statuses)}")

@@ -24,7 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from werkzeug.serving import BaseWSGIServer, make_server
 
 from keel.embedded import free_port
-from web.ui.session import issue_link
+from web.ui.session import issue_link, issue_platform_link
 
 CHROMIUM = os.environ.get("KEEL_TEST_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("KEEL_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -83,6 +83,11 @@ class ServedApp:
     def link(self, tenant: str, user: str, roles: tuple[str, ...] = (), ttl_s: int = 60) -> str:
         """A one-time sign-in URL, as ``keel ui-link`` prints it."""
         token = issue_link(self.app.config["SECRET_KEY"], tenant, user, list(roles), ttl_s)
+        return f"{self.url}/ui/login/{token}"
+
+    def platform_link(self, user: str, ttl_s: int = 60) -> str:
+        """A one-time sign-in URL of the platform role, as ``keel ui-link --platform`` prints it."""
+        token = issue_platform_link(self.app.config["SECRET_KEY"], user, ttl_s)
         return f"{self.url}/ui/login/{token}"
 
 

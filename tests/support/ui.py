@@ -7,7 +7,7 @@ import re
 from flask import Flask
 from flask.testing import FlaskClient
 
-from web.ui.session import issue_link
+from web.ui.session import issue_link, issue_platform_link
 
 CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
 PAGE = {"Accept": "text/html"}
@@ -17,6 +17,15 @@ def signed_in(app: Flask, tenant: str, user: str, roles: tuple[str, ...] = ()) -
     """A client holding a dashboard session for ``user`` of ``tenant``."""
     client = app.test_client()
     token = issue_link(app.config["SECRET_KEY"], tenant, user, list(roles), 60)
+    response = client.get(f"/ui/login/{token}")
+    assert response.status_code == 303, response.get_data(as_text=True)
+    return client
+
+
+def signed_in_platform(app: Flask, user: str) -> FlaskClient:
+    """A client holding a platform session (``keel ui-link --platform``) for ``user``."""
+    client = app.test_client()
+    token = issue_platform_link(app.config["SECRET_KEY"], user, 60)
     response = client.get(f"/ui/login/{token}")
     assert response.status_code == 303, response.get_data(as_text=True)
     return client

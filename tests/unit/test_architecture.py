@@ -151,6 +151,7 @@ STORE_TABLES = {
     "webhook_endpoints",
     "key_limit_overrides",
     "key_limit_changes",
+    "platform_views",
 }
 STORE_MODELS = {
     "JobRecord",
@@ -172,6 +173,7 @@ STORE_MODELS = {
     "WebhookEndpoint",
     "KeyLimitOverride",
     "KeyLimitChange",
+    "PlatformView",
 }
 
 

@@ -1,7 +1,8 @@
 """The dashboard at ``/ui``: what only Keel knows, in a browser (Flower shows the workers).
 
 Server-rendered pages, one module per page — ``jobs``, ``schedulers``,
-``campaigns``, ``queues``, ``webhooks`` — plus ``signin``; a little JavaScript for live
+``campaigns``, ``queues``, ``webhooks``, ``key_limits`` (the platform role's: ``platform``)
+— plus ``signin``; a little JavaScript for live
 updates; templates and assets inside the package (``templates/ui``,
 ``static/ui``), so there is no CDN and no build step.
 
@@ -58,6 +59,7 @@ def init_app(app: Flask) -> None:
     from web.ui import (  # noqa: F401  (routes)
         bulk,
         jobs,
+        key_limits,
         new_job,
         oidc,
         queues,
@@ -190,8 +192,10 @@ def _dashboard_context() -> dict[str, Any]:
     return {
         "principal": principal,
         # Flower is a system-wide admin tool (every tenant's tasks, the workers): its link is
-        # for operators only. Configured, never built from the Host header.
-        "flower_url": hosts.flower_url() if principal and principal.operator else None,
+        # for operators and the platform role only. Configured, never built from the Host header.
+        "flower_url": hosts.flower_url()
+        if principal and (principal.operator or principal.platform)
+        else None,
         "campaigns_on": catalog.enabled("notifications"),
         "oidc_enabled": oidc_enabled(),
     }

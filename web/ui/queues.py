@@ -11,6 +11,10 @@ Counts come from the trigger-maintained per-tenant counters
 hour, day or week (``?range=``) — from the queue history, counted as jobs end and kept
 apart from the records (``tasks.jobs.observe.queue_history``), so retention does not
 shorten them. Workers and individual task runs are Flower's view: the page links to it.
+
+A platform session (``web.ui.platform``) sees every queue's jobs counted across every tenant
+(``queue_counts.by_queue_of_every_tenant``), the pauses of every tenant and the limits, read
+only: no chart (the history is counted per tenant), no Pause or Resume.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from tasks.celeryconfig import QUEUES
 from tasks.jobs.intake import pauses
 from tasks.jobs.model import registry
 from tasks.jobs.model.models import STATES
-from tasks.jobs.observe.queue_counts import by_queue
+from tasks.jobs.observe.queue_counts import by_queue, by_queue_of_every_tenant
 from tasks.jobs.observe.queue_history import SPANS, Bucket, History, history
 from tasks.jobs.run import live_limits
 from web.auth import OPERATOR
@@ -98,8 +102,10 @@ def _charts(series: list[Bucket], found: History, peaks: dict[str, float]) -> li
 
 
 @bp.get("/queues")
-@signed_in(OPERATOR)
+@signed_in(OPERATOR, reach="reads")
 def queues_page() -> Any:
+    if g.principal.platform:
+        return _every_tenants_queues()
     tenant = g.principal.tenant_id
     span = request.args.get("range", "hour")
     if span not in SPANS:
@@ -150,6 +156,29 @@ def queues_page() -> Any:
         chart_height=CHART_HEIGHT,
         chart_width=count * BAR_STEP,
     )
+
+
+def _every_tenants_queues() -> Any:
+    """The platform role's queues page: counts across every tenant, pauses, limits."""
+    counts = by_queue_of_every_tenant()
+    paused: dict[str, str] = {}  # queue -> "all", or how many tenants paused their jobs
+    for pause in pauses.paused():
+        if not pause.tenant_id:
+            paused[pause.queue] = "all"
+        elif paused.get(pause.queue) != "all":
+            paused[pause.queue] = str(int(paused.get(pause.queue, "0")) + 1)
+    limits = {shown.queue: shown for shown in live_limits.shown()}
+    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | set(paused))
+    rows = [
+        {
+            "name": queue,
+            "counts": counts.get(queue, dict.fromkeys(STATES, 0)),
+            "limit": limits.get(queue),
+            "paused": paused.get(queue),
+        }
+        for queue in names
+    ]
+    return render_template("ui/platform_queues.html", queues=rows, states=STATES)
 
 
 def _pausable(queue: str) -> str:

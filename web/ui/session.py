@@ -23,7 +23,9 @@ Each request turns the record back into a ``web.auth.Principal`` and passes
 ``web.auth.admit`` — the API's rate limit and role check — and the pages then
 call the API's own owner-scoped operations (``web.jobs.read_job`` and its
 siblings), so what a session may see and do is decided by the same code as
-for a token.
+for a token. A link of ``issue_platform_link`` (``keel ui-link --platform``) carries a mark
+of its own, kept in the session's record: only that makes a platform session
+(``web.ui.platform``), never a role's name.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 
 from web import auth
 from web.api import check_path_params, path_param_schema
-from web.auth import Principal
+from web.auth import EVERY_TENANT, PLATFORM, Principal
 from web.errors import ApiError
+from web.ui import platform
+from web.ui.platform import Reach
 
 LINK_SALT = "keel.ui-link"
 DEFAULT_LINK_TTL_S = 300
@@ -77,9 +81,20 @@ def issue_link(
     secret: str, tenant: str, user: str, roles: list[str], ttl_s: int = DEFAULT_LINK_TTL_S
 ) -> str:
     """A link token for ``/ui/login/<token>``, valid once, for ``ttl_s`` seconds."""
+    return _issue(secret, {"t": tenant, "u": user, "r": roles}, ttl_s)
+
+
+def issue_platform_link(secret: str, user: str, ttl_s: int = DEFAULT_LINK_TTL_S) -> str:
+    """A link token whose session has the platform role (every tenant's pages, read only,
+    audited: ``web.ui.platform``). Only who holds ``KEEL_SECRET_KEY`` makes one (``keel
+    ui-link --platform``); no token and no identity provider's sign-in leads to one."""
+    return _issue(secret, {"t": EVERY_TENANT, "u": user, "r": [PLATFORM], "p": True}, ttl_s)
+
+
+def _issue(secret: str, who: dict[str, Any], ttl_s: int) -> str:
     if not 1 <= ttl_s <= MAX_LINK_TTL_S:
         raise ValueError(f"a sign-in link lives 1..{MAX_LINK_TTL_S} s")
-    claims = {"t": tenant, "u": user, "r": roles, "n": secrets.token_urlsafe(18), "ttl": ttl_s}
+    claims = {**who, "n": secrets.token_urlsafe(18), "ttl": ttl_s}
     return _serializer(secret).dumps(claims)
 
 
@@ -100,7 +115,14 @@ def _claims(token: str) -> dict[str, Any]:
     return claims
 
 
-def _principal(tenant: Any, user: Any, roles: Any) -> Principal:
+def _principal(tenant: Any, user: Any, roles: Any, platform: Any = False) -> Principal:
+    """Who a link or a session record names; ``platform`` only if it says so itself (its
+    ``p``/``platform`` field, which only ``issue_platform_link`` writes), never from
+    ``roles``."""
+    if platform is True:
+        if not auth.is_id(user):
+            raise SignedOut()
+        return Principal(EVERY_TENANT, user, (PLATFORM,), platform=True)
     if not auth.is_id(tenant) or not auth.is_id(user):
         raise SignedOut()
     if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
@@ -116,7 +138,7 @@ def _spend(nonce: str, ttl_s: int) -> bool:
 
 def _link(token: str) -> tuple[Principal, dict[str, Any]]:
     claims = _claims(token)
-    principal = _principal(claims.get("t"), claims.get("u"), claims.get("r"))
+    principal = _principal(claims.get("t"), claims.get("u"), claims.get("r"), claims.get("p"))
     if not isinstance(claims.get("n"), str):
         raise SignedOut("this sign-in link is not valid")
     return principal, claims
@@ -187,6 +209,7 @@ def sign_in(principal: Principal) -> None:
         "tenant": principal.tenant_id,
         "user": principal.user_id,
         "roles": list(principal.roles),
+        "platform": principal.platform,
         "exp": expires,
         "key": _key_id(),
     }
@@ -279,7 +302,9 @@ def current() -> Principal:
         raise SignedOut(ENDED)
     if record.get("exp") != expires:
         raise SignedOut(ENDED)
-    principal = _principal(record.get("tenant"), record.get("user"), record.get("roles"))
+    principal = _principal(
+        record.get("tenant"), record.get("user"), record.get("roles"), record.get("platform")
+    )
     g.setdefault(CACHE, principal)
     return principal
 
@@ -291,18 +316,28 @@ def current_or_none() -> Principal | None:
         return None
 
 
-def signed_in(role: str | None = None) -> Callable:
+def signed_in(role: str | None = None, *, reach: Reach = "refused") -> Callable:
     """The view runs for a signed-in principal (with ``role``), its path ids checked like the
-    API's; ``g.principal`` is set, as for a token."""
+    API's; ``g.principal`` is set, as for a token. ``reach`` says what a platform session
+    may do here (``web.ui.platform``): ``refused`` (403: a tenant's page or an action),
+    ``reads`` (the view shows every tenant's records to it, audited) or ``only`` (a page of
+    the platform role alone; a tenant's session is 403)."""
 
     def wrap(view: Callable) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            auth.admit(current(), role)
+            principal = current()
+            if principal.platform or reach == "only":
+                platform.admit(principal, reach)
+            else:
+                auth.admit(principal, role)
             check_path_params({name: path_param_schema() for name in kwargs}, kwargs)
+            if principal.platform:
+                platform.audit(principal)
             return view(*args, **kwargs)
 
         inner.required_role = role  # type: ignore[attr-defined]
+        inner.reach = reach  # type: ignore[attr-defined]
         return inner
 
     return wrap

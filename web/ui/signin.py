@@ -91,7 +91,7 @@ def signin() -> Any:
 
 
 @bp.post("/logout")
-@signed_in()
+@signed_in(reach="reads")  # a platform session signs out too
 def logout() -> Any:
     """End this session (every copy of its cookie); ``everywhere``: all of the user's."""
     from web.ui.session import sign_out_everywhere

@@ -557,3 +557,21 @@ class KeyLimitChange(Base):
     )
 
     __table_args__ = (Index("ix_key_limit_changes_job_name", "job_name", "id"),)
+
+
+class PlatformView(Base):
+    """Append-only record of a page a platform session read (``web.ui.platform``): who, which
+    view, the path with its query, when. Every tenant's records are on those pages, so each
+    read is kept. The database refuses UPDATE, DELETE and TRUNCATE."""
+
+    __tablename__ = "platform_views"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    actor: Mapped[str] = mapped_column(String(200))
+    view: Mapped[str] = mapped_column(String(100))
+    path: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (Index("ix_platform_views_actor", "actor", "id"),)

@@ -155,29 +155,28 @@ def list_jobs(where: JobFilter, *, cursor: str | None = None, limit: int = DEFAU
 def count_states(where: JobFilter) -> dict[str, int]:
     """Jobs per state among those ``where`` selects (its own ``state`` filter aside).
 
-    A tenant's jobs, or one queue's of them, are read from the counters (``store.counts``):
-    a few rows, however many records the tenant keeps. Narrower filters (a user's jobs, a
-    job name) count the records they select.
+    A tenant's jobs, or every tenant's (``tenant_id`` None), or one queue's of them, are read
+    from the counters (``store.counts``): a few rows, however many records are kept.
+    Narrower filters (a user's jobs, a job name) count the records they select.
     """
     if _counted(where):
-        return _from_counters(str(where.tenant_id), where.queue)
+        return _from_counters(where.tenant_id, where.queue)
     with transaction() as session:
         return listing.state_counts(session, where)
 
 
 def _counted(where: JobFilter) -> bool:
     narrower = (where.user_id, where.name, where.id_prefix)
-    return (
-        where.tenant_id is not None
-        and narrower == (None, None, None)
-        and not where.hidden_names
-        and not where.searching
-    )
+    return narrower == (None, None, None) and not where.hidden_names and not where.searching
 
 
-def _from_counters(tenant_id: str, queue: str | None) -> dict[str, int]:
+def _from_counters(tenant_id: str | None, queue: str | None) -> dict[str, int]:
+    """A tenant's counters, or (``tenant_id`` None: the every-tenant scope) all of them."""
     found: dict[str, int] = dict.fromkeys(STATES, 0)
-    for counted_queue, states in counts.by_queue(tenant_id).items():
+    by_queue = (
+        counts.by_queue_of_every_tenant() if tenant_id is None else counts.by_queue(tenant_id)
+    )
+    for counted_queue, states in by_queue.items():
         if queue is None or counted_queue == queue:
             for state, n in states.items():
                 found[state] = found.get(state, 0) + n

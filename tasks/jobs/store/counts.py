@@ -74,20 +74,30 @@ def counts(queue: str, tenant_id: str | None = None) -> dict[str, int]:
 
 def by_queue(tenant_id: str) -> dict[str, dict[str, int]]:
     """Jobs per state of each queue the tenant has jobs on (``counts`` for every queue at once)."""
+    return _by_queue("WHERE tenant_id = :tenant", {"tenant": tenant_id})
+
+
+def by_queue_of_every_tenant() -> dict[str, dict[str, int]]:
+    """Jobs per state of each queue, every tenant's and the system's summed: the platform
+    role's and the system's scope, never a tenant's."""
+    return _by_queue("", {})
+
+
+def _by_queue(where: str, params: dict[str, str]) -> dict[str, dict[str, int]]:
     with transaction() as session:
         rows = session.execute(
             text(
-                """
+                f"""
                 SELECT queue, state, sum(n) FROM (
-                    SELECT queue, state, n FROM job_counts WHERE tenant_id = :tenant
+                    SELECT queue, state, n FROM job_counts {where}
                     UNION ALL
-                    SELECT queue, state, n FROM job_count_deltas WHERE tenant_id = :tenant
+                    SELECT queue, state, n FROM job_count_deltas {where}
                 ) AS all_counts
                 GROUP BY queue, state
                 HAVING sum(n) <> 0
                 """
             ),
-            {"tenant": tenant_id},
+            params,
         ).all()
     found: dict[str, dict[str, int]] = {}
     for queue, state, n in rows:
