@@ -143,8 +143,10 @@ NOTES: dict[str, str] = {
         " (`python -m tasks.jobs.upkeep.healthcheck`) passes while Redis does not answer."
     ),
     "event_flush_s": (
-        "How long a worker's task event waits for others to go out with it as one"
-        " `task.multi` message (or until Celery's buffer of 24 fills)."
+        "How long a Celery task event waits for others of its process to go out with it as"
+        " one `task.multi` message: a worker's (or until Celery's buffer of 24 fills), and the"
+        " `task-sent` of a job added on its own. 0: each goes at once (a job's `task-sent`"
+        " with its message)."
     ),
     "reconcile_interval_s": (
         "How often one worker compares waiting jobs with the broker's queues and republishes"

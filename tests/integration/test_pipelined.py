@@ -24,6 +24,7 @@ from tasks.jobs import BulkJob, add_bulk
 from tasks.jobs.intake.messages import Message, announce, publish, publish_all
 from tasks.platform import broker
 from tasks.platform.broker import redis_client
+from tasks.platform.config import reload_settings
 from tasks.platform.db import transaction
 from tasks.platform.pipelined import FLUSH_AT, LPUSH_MAX, pipelined
 from tasks.platform.transport import riding
@@ -90,7 +91,18 @@ def test_a_pipelined_message_reads_as_one_the_producer_sent():
     assert by_pipeline["headers"]["keel_tenant"] == "t-1"
 
 
-def test_task_sent_events_in_a_pipeline_read_as_the_producers():
+@pytest.fixture
+def no_held_events(monkeypatch):
+    """A job added alone sends its ``task-sent`` in its own pipeline (``KEEL_EVENT_FLUSH_S``
+    0), not later with others (``tests/integration/test_task_events.py``)."""
+    monkeypatch.setenv("KEEL_EVENT_FLUSH_S", "0")
+    reload_settings()
+    yield
+    monkeypatch.undo()
+    reload_settings()
+
+
+def test_task_sent_events_in_a_pipeline_read_as_the_producers(no_held_events):
     """One job's event as ``task.sent``, several as one ``task.multi``, either way."""
     queue = unique("pipelined")
     listener = redis_client().pubsub(ignore_subscribe_messages=True)

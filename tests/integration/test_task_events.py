@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from tasks.jobs import BulkJob, add, add_bulk
 from tasks.jobs.model.models import JobRecord
 from tasks.notifications.jobs import MONITOR, QUEUE
-from tasks.platform.config import get_settings
+from tasks.platform.config import get_settings, reload_settings
 from tasks.platform.db import transaction
 from tests.support.events import celery_events
 from tests.support.inline import join
@@ -74,6 +74,30 @@ def test_a_bulk_add_s_messages_never_reach_a_worker_before_their_records(task_ev
     # ...and no delivery found its record missing: one that did is ignored, and its job
     # waits for the reconciler (``KEEL_RECONCILE_INTERVAL_S``) to be published again
     assert [e for e in task_events if e["type"] == "task-ignored" and e["uuid"] in ids] == []
+
+
+def test_jobs_added_one_by_one_share_their_task_sent_message(inline_worker, monkeypatch):
+    # Given a process that holds a job's task-sent a second for others (KEEL_EVENT_FLUSH_S)
+    monkeypatch.setenv("KEEL_EVENT_FLUSH_S", "1")
+    reload_settings()
+    try:
+        with celery_events() as heard:
+            # When it adds five jobs one by one
+            ids = [add("test.echo", {"n": n}, queue="default").job_id for n in range(5)]
+
+            # Then Flower hears each job's task-sent, with its own fields...
+            def sent() -> dict[str, dict]:
+                return {e["uuid"]: e for e in heard.events if e.get("type") == "task-sent"}
+
+            wait_for(lambda: set(ids) <= set(sent()), timeout=10)
+            assert [sent()[i]["kwargs"] for i in ids] == [f"{{'n': {n}}}" for n in range(5)]
+            # ...in one or two messages (one per second held), not one message each
+            carrying = [m for m in heard.messages if any(e.get("uuid") in ids for e in m)]
+            carrying = [m for m in carrying if {e.get("type") for e in m} == {"task-sent"}]
+            assert 1 <= len(carrying) <= 2, [len(m) for m in carrying]
+    finally:
+        monkeypatch.undo()
+        reload_settings()
 
 
 BULK_RACE = 1100  # one pipeline of 1,000 goes out while the rest are built

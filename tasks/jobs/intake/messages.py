@@ -46,6 +46,7 @@ from tasks.jobs.model.formats import KEEL_HEADER
 from tasks.platform import broker, tracing
 from tasks.platform.celery_app import app
 from tasks.platform.config import get_settings
+from tasks.platform.holding import Held
 from tasks.platform.pipelined import Pipelined, pipelined
 
 log = logging.getLogger(__name__)
@@ -344,11 +345,15 @@ def messages_for(
 
 def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
     """Send ``messages`` and their ``task-sent`` events in one pipeline
-    (``tasks.platform.pipelined``):
+    (``tasks.platform.pipelined``; one job's event: ``announce_later``):
     all, or, if the send fails, any part of them (the error is raised). False, sending
     nothing, where the producer's channel cannot take a pipeline (RabbitMQ)."""
     if get_settings().broker_on_amqp:  # decided before the channel: ``broker.publish`` opens it
         return False
+
+    sent = [message.sent for message in messages if message.sent is not None]
+    alone = len(sent) == 1 and len(messages) == 1 and get_settings().event_flush_s > 0
+    one = sent[0] if alone else None  # a job added alone: its event waits for others
 
     def send() -> bool:
         with pipelined(producer) as batch:
@@ -356,9 +361,10 @@ def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
                 return False
             for message in messages:
                 message.push(batch)
-            sent = [message.sent for message in messages if message.sent is not None]
-            if sent:
+            if sent and one is None:
                 _push_events(producer, batch, sent)
+        if one is not None:  # once its message is sent
+            announce_later(producer, one)
         return True
 
     # Under kombu's ensure, as a producer's publish is (``retry=True``): no retry, and the
@@ -366,8 +372,8 @@ def publish_all(producer: Any, messages: Sequence[Message]) -> bool:
     # (without it, the transport's own retry loop: 3 s on a hung Redis, not 0.5).
     connection = producer.connection
     connection.transport_options.update(PUBLISH_RETRY)
-    sent: bool = connection.ensure(producer, send, **PUBLISH_RETRY)()
-    return sent
+    went: bool = connection.ensure(producer, send, **PUBLISH_RETRY)()
+    return went
 
 
 def _bounded(value: Any, limit: int) -> str:
@@ -394,12 +400,33 @@ def shown_arguments(name: str, data: dict[str, Any]) -> tuple[str, str]:
 
 
 def publish(message: Message, producer: Any = None) -> None:
-    """Send one waiting job's ``message``, and its ``task-sent`` event."""
+    """Send one waiting job's ``message``, and (``announce_later``) its ``task-sent`` event."""
     sent = message.sent
     with app.producer_or_acquire(producer) as used:
         broker.publish(message.publish, used)
         if sent is not None:
-            announce(used, [sent])
+            announce_later(used, sent)
+
+
+def announce_later(producer: Any, sent: dict[str, Any]) -> None:
+    """A job added on its own: its ``task-sent`` event waits up to ``KEEL_EVENT_FLUSH_S``
+    for others of this process to go out with it, as one ``task.multi`` message (as a
+    worker's task events do, ``tasks.platform.celery_events``): under load, one Redis
+    ``PUBLISH`` for many adds instead of one each. 0: sent with the job's message."""
+    if get_settings().event_flush_s > 0:
+        _sent_later.add(sent)
+    else:
+        announce(producer, [sent])
+
+
+def _announce_held(sent: list[dict[str, Any]]) -> None:
+    with app.producer_or_acquire() as producer:
+        announce(producer, sent)
+
+
+_sent_later: Held[dict[str, Any]] = Held(
+    _announce_held, lambda: get_settings().event_flush_s, "keel-task-sent"
+)
 
 
 def announce(producer: Any, sent: list[dict[str, Any]]) -> None:

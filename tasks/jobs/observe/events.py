@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -25,6 +23,7 @@ import orjson
 from tasks.jobs.observe import metrics
 from tasks.platform import broker
 from tasks.platform.broker import redis_client
+from tasks.platform.holding import Held
 
 log = logging.getLogger(__name__)
 STREAM_MAXLEN = 10_000
@@ -212,43 +211,7 @@ def _add_many(pipe: Any, batch: list[Event]) -> None:
 HOLD_S = 0.05
 
 
-class _Held:
-    """Events held back in this process, oldest first; a thread sends those held too long."""
-
-    def __init__(self) -> None:
-        self._events: list[tuple[float, Event]] = []
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-
-    def add(self, event: Event) -> None:
-        with self._lock:
-            if self._pid != os.getpid():  # first use in this (forked) process
-                self._pid, self._events = os.getpid(), []
-                threading.Thread(
-                    target=self._flush_forever, name="keel-events", daemon=True
-                ).start()
-            self._events.append((time.monotonic() + HOLD_S, event))
-
-    def take(self) -> list[Event]:
-        # Read without the lock: an event added meanwhile waits its turn. A forked child
-        # never sends what its parent held.
-        if not self._events or self._pid != os.getpid():
-            return []
-        with self._lock:
-            taken = [event for _, event in self._events]
-            self._events = []
-        return taken
-
-    def _flush_forever(self) -> None:
-        while True:
-            time.sleep(HOLD_S)
-            with self._lock:
-                due = bool(self._events) and self._events[0][0] <= time.monotonic()
-            if due:
-                _send(self.take())
-
-
-_held = _Held()
+_held: Held[Event] = Held(lambda batch: _send(batch), lambda: HOLD_S, "keel-events")
 
 
 def later(event: Event) -> None:
