@@ -11,11 +11,13 @@ holds every tenant's and shows here as ``scope: "all"``. How a pause works:
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 from flask import Blueprint, g
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.jobs.intake import pauses
+from tasks.jobs.observe import queue_history
 from tasks.jobs.observe.queries import iso
 from tasks.jobs.observe.queue_counts import by_queue
 from web.api import operation
@@ -50,6 +52,35 @@ class PauseState(Open):
     )
 
 
+class HistoryQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    span: Literal["hour", "day", "week"] = Field(
+        default="hour",
+        description="hour: 12 buckets of 5 minutes; day: 48 of 30 minutes; week: 28 of 6 hours",
+    )
+
+
+class HistoryBucket(Open):
+    start: datetime
+    completed: int
+    failed: int
+    waitAvgS: float | None = Field(description="seconds from due to start, of the timed runs")
+    waitMaxS: float | None
+    runAvgS: float | None = Field(description="seconds from start to end, of the timed runs")
+    runMaxS: float | None
+
+
+class QueueHistory(Open):
+    span: str
+    since: datetime
+    stepSeconds: int
+    queues: dict[str, list[HistoryBucket]] = Field(
+        description="each queue the tenant's jobs ended on in the span: its buckets, oldest "
+        "first, every one present (the newest still under way)"
+    )
+
+
 def _shown(pause: pauses.Pause) -> dict:
     return {
         "queue": pause.queue,
@@ -79,6 +110,40 @@ def queue_counts():
     return {
         "queues": by_queue(tenant),
         "paused": [_shown(p) for p in pauses.paused(tenant)],
+    }
+
+
+@operation(
+    bp,
+    "/history",
+    "GET",
+    summary="Operator: the tenant's jobs ended per queue over the last hour, day or week: "
+    "completed, failed, wait and run times per bucket (the dashboard's charts)",
+    query=HistoryQuery,
+    role=OPERATOR,
+    responses={200: QueueHistory, 400: None, 403: None},
+)
+def history(query: HistoryQuery):
+    found = queue_history.history(g.principal.tenant_id, query.span)
+    return {
+        "span": found.span,
+        "since": iso(found.since),
+        "stepSeconds": found.step_s,
+        "queues": {
+            queue: [
+                {
+                    "start": iso(b.start),
+                    "completed": b.completed,
+                    "failed": b.failed,
+                    "waitAvgS": b.wait_avg_s,
+                    "waitMaxS": b.wait_max_s,
+                    "runAvgS": b.run_avg_s,
+                    "runMaxS": b.run_max_s,
+                }
+                for b in buckets
+            ]
+            for queue, buckets in sorted(found.queues.items())
+        },
     }
 
 
