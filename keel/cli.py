@@ -369,7 +369,8 @@ def token(tenant: str, user: str, roles: tuple[str, ...], ttl: int) -> None:
 @click.option(
     "--platform",
     is_flag=True,
-    help="the platform role: every tenant's pages, read only, each view audited (no --tenant)",
+    help="the platform role: every tenant's pages, read only but for queue and key limits, "
+    "each view audited (no --tenant)",
 )
 @click.option("--ttl", default=300, show_default=True, type=click.IntRange(1, 3600), help="seconds")
 @click.option("--url", "base_url", help="where the web app answers (default: KEEL_WEB_URL)")

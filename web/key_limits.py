@@ -220,6 +220,18 @@ def _refused(field: str, message: str) -> ApiError:
     tenants=False,
 )
 def put_key_limits(job_name: str, body: SetKeyLimit):
+    try:
+        put_override(job_name, body, API_ACTOR)
+    except UnknownJobType as exc:
+        raise ApiError(404, str(exc), code="job_type_not_found") from None
+    return live_key_limits.to_json(live_key_limits.of(job_name))
+
+
+def put_override(job_name: str, body: SetKeyLimit, actor: str) -> None:
+    """Set the override of ``job_name``'s key limits ``body`` says, audited as ``actor``'s
+    change (the API's, the dashboard's platform role's). A field refused: a 400 naming it;
+    ``UnknownJobType`` for its caller to answer (the API: 404 on its path; a form: 400 on
+    its field)."""
     problem = live_key_limits.pattern_problem(body.key)
     if problem:
         raise _refused("key", problem)
@@ -232,12 +244,9 @@ def put_key_limits(job_name: str, body: SetKeyLimit):
     if not given:
         raise _refused("maxRunning", "give maxRunning or rate (null: no such limit)")
     try:
-        live_key_limits.set_override(job_name, body.tenant, body.key, given, API_ACTOR, body.reason)
-    except UnknownJobType as exc:
-        raise ApiError(404, str(exc), code="job_type_not_found") from None
+        live_key_limits.set_override(job_name, body.tenant, body.key, given, actor, body.reason)
     except OverrideRefused as exc:
         raise _refused(FIELD_NAMES.get(exc.field, exc.field), exc.message) from None
-    return live_key_limits.to_json(live_key_limits.of(job_name))
 
 
 @operation(

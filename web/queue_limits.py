@@ -141,6 +141,13 @@ def get_queue_limits(queue: str):
     tenants=False,
 )
 def put_queue_limits(queue: str, body: SetQueueLimits):
+    put_limits(queue, body, API_ACTOR)
+    return live_limits.to_json(live_limits.of(queue))
+
+
+def put_limits(queue: str, body: SetQueueLimits, actor: str) -> None:
+    """Set ``queue``'s limits as ``body`` says, audited as ``actor``'s change (the API's, the
+    dashboard's platform role's); no limit given: a 400 naming both fields."""
     given = body.model_fields_set - {"reason"}
     if not given:
         raise ApiError(
@@ -154,8 +161,7 @@ def put_queue_limits(queue: str, body: SetQueueLimits):
         )
     rate = Rate(max=body.rate.max, duration_ms=body.rate.durationMs) if body.rate else None
     override = live_limits.stored(body.concurrency, rate, given)
-    live_limits.set_limits(queue, override, API_ACTOR, body.reason)
-    return live_limits.to_json(live_limits.of(queue))
+    live_limits.set_limits(queue, override, actor, body.reason)
 
 
 @operation(

@@ -1,5 +1,5 @@
 """A job type's key limit overridden live for one tenant's key through the system API, while
-its jobs run on real worker processes that are never restarted (issue 58, item 4).
+its jobs run on real worker processes that are never restarted.
 
 ``test.keyed3`` declares 3 jobs of one ``partner`` at a time. Tenant A's ``p-1`` is lowered
 to 1 while A's ``p-2`` and tenant B's ``p-1`` (the same key, another tenant's) run: from 5 s

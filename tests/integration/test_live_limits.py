@@ -1,5 +1,5 @@
 """A queue's concurrency changed live through the system API, while its jobs run on real
-worker processes that are never restarted (issue 58, item 4's acceptance).
+worker processes that are never restarted.
 
 Measured from the job records' runs (startedAt, finishedAt): before the change 4 run at
 once; from 5 s after lowering it to 1, never more than 1; from 5 s after raising it back

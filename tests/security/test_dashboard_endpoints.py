@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tasks.jobs.intake import webhooks
+from tasks.jobs.run import live_key_limits, live_limits
 from tests.security.conftest import record_figure
 from tests.security.test_bola import INTRUDERS, KINDS, TENANT_A, TENANT_B
 from tests.support.client import unique
@@ -66,6 +67,10 @@ API_TWINS: dict[str, tuple[str, str]] = {
     "ui.remove_webhook": ("delete", "/api/v1/webhooks/{endpoint_id}"),
     "ui.resend_delivery": ("post", "/api/v1/webhooks/deliveries/{delivery_id}/resend"),
     "ui.key_limits_page": ("get", "/api/v1/system/key-limits"),
+    "ui.set_queue_limits": ("put", "/api/v1/system/queues/{queue}/limits"),
+    "ui.clear_queue_limits": ("delete", "/api/v1/system/queues/{queue}/limits"),
+    "ui.set_key_limit": ("put", "/api/v1/system/key-limits/{job_name}"),
+    "ui.clear_key_limit": ("delete", "/api/v1/system/key-limits/{job_name}"),
 }
 # Signing in and out: no object, no role (the sign-in link is its own credential, and the
 # identity provider's answer the provider's sign-in's).
@@ -80,6 +85,16 @@ SIGN_IN = {
     "ui.oidc_callback",
 }
 BULK_FORM = {"action": "cancel", "queue": "bola-quiet", "reason": "security matrix: bulk"}
+# The limit forms' fields, valid: a tenant's session sending them changes nothing here.
+MATRIX_LIMITS = "matrix-limits"
+LIMITS_FORM = {"queue": MATRIX_LIMITS, "concurrency": "1", "reason": "security matrix: limits"}
+KEY_LIMIT_FORM = {
+    "name": "test.keyed",
+    "tenant": MATRIX_LIMITS,
+    "key": "k",
+    "maxRunning": "1",
+    "reason": "security matrix: key limits",
+}
 FORMS: dict[str, dict[str, str]] = {
     "ui.retry_job": {"reason": "security matrix: retry from a page"},
     "ui.confirm_bulk": BULK_FORM,
@@ -92,6 +107,10 @@ FORMS: dict[str, dict[str, str]] = {
         "data": '{"reportId": "yearly", "rows": 10}',
         "opts": "{}",
     },
+    "ui.set_queue_limits": LIMITS_FORM,
+    "ui.clear_queue_limits": LIMITS_FORM,
+    "ui.set_key_limit": KEY_LIMIT_FORM,
+    "ui.clear_key_limit": KEY_LIMIT_FORM,
 }
 CSRF = re.compile(r'(name="csrf_token" value=")[^"]+"')
 CHECKED: list[str] = []
@@ -129,11 +148,19 @@ GUARDED = [e for e in ENDPOINTS if e.endpoint not in SIGN_IN]
 
 
 def reach(endpoint: Endpoint) -> str:
-    """What a platform session may do there (``web.ui.platform``): refused, reads or only."""
+    """What a platform session may do there (``web.ui.platform``): refused, reads, only or
+    acts."""
     return getattr(APP.view_functions[endpoint.endpoint], "reach", "refused")
 
 
-# Where a platform session is let in: the pages it reads and its own (and signing out).
+# Where a platform session is let in: the pages it reads, its own, the forms that change the
+# limits every tenant shares (and signing out).
+PLATFORM_ACTS = {
+    "ui.set_queue_limits",
+    "ui.clear_queue_limits",
+    "ui.set_key_limit",
+    "ui.clear_key_limit",
+}
 PLATFORM_READS = {
     "ui.jobs",
     "ui.jobs_table",
@@ -311,6 +338,16 @@ HOSTILE_FORMS = [
     {"id": "ok-id", "pattern": "* * * * * * *", "tz": "Mars/Olympus"},
     {"id": "x" * 300, "name": "report.generate", "opts": '{"attempts": "many"}'},
 ]
+# The limit forms' fields, each form refused (a platform session sends them: nothing may be
+# kept, and nothing is a 5xx).
+HOSTILE_LIMIT_FORMS = [
+    {"queue": "x" * 300, "concurrency": "9" * 40, "reason": "hostile: a long queue"},
+    {"queue": MATRIX_LIMITS, "rate.max": "-1", "rate.durationMs": "1e999", "reason": "x" * 12},
+    {"queue": MATRIX_LIMITS, "concurrency": "\uff11", "reason": "hostile: fullwidth one"},
+    {"name": "%00", "key": "*" * 200, "maxRunning": "1", "reason": "hostile: a key"},
+    {"name": "test.keyed", "tenant": MATRIX_LIMITS, "key": "k", "maxRunning": "1e3"},
+    {"name": "test.keyed", "tenant": "\u2028", "key": "k", "maxRunning": "1", "reason": "x" * 12},
+]
 # What a form cannot hold but a client can send: bytes that are not UTF-8.
 RAW_FORM = "csrf_token={token}&id=s&name=%ED%A0%80&reason=%FF%FE%00%00&data=%C0%AF"
 
@@ -345,8 +382,9 @@ def test_hostile_input_is_a_4xx_never_a_5xx(endpoint):
 def test_the_platform_role_reaches_the_pages_it_reads_and_no_other():
     """A new page is refused to platform sessions unless it says otherwise; this list is
     what it may open (every other page and form answers 403)."""
-    assert {e.endpoint for e in GUARDED if reach(e) != "refused"} == PLATFORM_READS
+    assert {e.endpoint for e in GUARDED if reach(e) != "refused"} == PLATFORM_READS | PLATFORM_ACTS
     assert {e.endpoint for e in GUARDED if reach(e) == "only"} == {"ui.key_limits_page"}
+    assert {e.endpoint for e in GUARDED if reach(e) == "acts"} == PLATFORM_ACTS
 
 
 @pytest.mark.parametrize(
@@ -373,14 +411,22 @@ TENANT_SESSIONS = {
 
 @pytest.mark.parametrize("who", list(TENANT_SESSIONS))
 @pytest.mark.parametrize(
-    "endpoint", [e for e in GUARDED if reach(e) == "only"], ids=lambda e: e.label
+    "endpoint", [e for e in GUARDED if reach(e) in ("only", "acts")], ids=lambda e: e.label
 )
 def test_the_platform_roles_own_pages_are_403_to_every_tenant_session(endpoint, who):
     session = signed_in(APP, TENANT_A, "vic", TENANT_SESSIONS[who])
+    before = limit_changes()
     response = call(session, endpoint)
     assert response.status_code == 403, endpoint.label
     assert "platform role" in response.get_data(as_text=True)
+    assert limit_changes() == before
     CHECKED.append(f"{endpoint.label} as a tenant's {who}")
+
+
+def limit_changes() -> tuple[int, int]:
+    """How many changes the matrix's queue and key limits have seen."""
+    keyed = [c for c in live_key_limits.history("test.keyed", 500) if c.tenant == MATRIX_LIMITS]
+    return len(live_limits.history(MATRIX_LIMITS)), len(keyed)
 
 
 @pytest.mark.parametrize(
@@ -397,9 +443,15 @@ def test_hostile_input_on_a_platform_sessions_pages_is_a_4xx_never_a_5xx(endpoin
             if endpoint.method == "GET":
                 response = session.get(f"{url}?{query}", headers=PAGE)
             else:
-                data = {"csrf_token": csrf_token(session), **HOSTILE_FORMS[0]}
-                response = session.post(url, data=data, headers=PAGE)
+                for form in [HOSTILE_FORMS[0], *HOSTILE_LIMIT_FORMS]:
+                    data = {"csrf_token": csrf_token(session), **form}
+                    statuses.append(session.post(url, data=data, headers=PAGE).status_code)
+                raw = RAW_FORM.format(token=csrf_token(session)).encode()
+                response = session.post(
+                    url, data=raw, content_type="application/x-www-form-urlencoded", headers=PAGE
+                )
             statuses.append(response.status_code)
             response.close()
     assert statuses and max(statuses) < 500, f"{endpoint.label}: {sorted(set(statuses))}"
+    assert limit_changes() == (0, 0), endpoint.label  # every hostile form was refused
     CHECKED.append(f"{endpoint.label} hostile as platform x{len(statuses)}")

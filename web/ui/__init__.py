@@ -1,8 +1,8 @@
 """The dashboard at ``/ui``: what only Keel knows, in a browser (Flower shows the workers).
 
 Server-rendered pages, one module per page — ``jobs``, ``schedulers``,
-``campaigns``, ``queues``, ``webhooks``, ``key_limits`` (the platform role's: ``platform``)
-— plus ``signin``; a little JavaScript for live
+``campaigns``, ``queues``, ``webhooks``, ``key_limits`` and ``limit_forms`` (the platform
+role's: ``platform``) — plus ``signin``; a little JavaScript for live
 updates; templates and assets inside the package (``templates/ui``,
 ``static/ui``), so there is no CDN and no build step.
 
@@ -60,6 +60,7 @@ def init_app(app: Flask) -> None:
         bulk,
         jobs,
         key_limits,
+        limit_forms,
         new_job,
         oidc,
         queues,

@@ -1,11 +1,12 @@
 """Key limits (the platform role): every job type's declared key limits and the overrides
-of them in force, with who set each, when and why, and the newest changes — read only.
+of them in force, with who set each, when and why, the newest changes, and the forms that
+set and clear an override (``web.ui.limit_forms``).
 
 An override names one tenant's keys or any tenant's (``tasks.jobs.run.live_key_limits``),
 so this page is the platform role's alone (``web.ui.platform``): a tenant's session is 403
-and no tenant's page shows an override. Overrides are changed in the system scope only
-(``keel limits keys``, ``PUT /api/v1/system/key-limits/<name>`` with the metrics token),
-never from here.
+and no tenant's page shows an override. Overrides are changed in the system scope only:
+``keel limits keys``, ``PUT /api/v1/system/key-limits/<name>`` with the metrics token, or
+this page's forms.
 """
 
 from __future__ import annotations
@@ -27,12 +28,21 @@ CHANGES_SHOWN = 20
 @bp.get("/key-limits")
 @signed_in(OPERATOR, reach="only")
 def key_limits_page() -> Any:
-    return render_template(
+    return key_limits_shown()
+
+
+def key_limits_shown(status: int = 200, **more: Any) -> Any:
+    """The page (``more``: a refused form's values and errors, ``web.ui.limit_forms``)."""
+    job_types = [live_key_limits.to_json(limits) for limits in live_key_limits.shown()]
+    page = render_template(
         "ui/key_limits.html",
-        job_types=[live_key_limits.to_json(limits) for limits in live_key_limits.shown()],
+        job_types=job_types,
+        declaring=[t["name"] for t in job_types if t["declared"]],
         changes=[
             live_key_limits.change_json(change)
             for change in live_key_limits.history(limit=CHANGES_SHOWN)
         ],
         any_tenant=live_key_limits.ANY_TENANT,
+        **more,
     )
+    return page, status

@@ -1,5 +1,5 @@
-"""The platform role: the people who run Keel read every tenant's pages, and each read is
-audited.
+"""The platform role: the people who run Keel read every tenant's pages, change the limits
+shared by every tenant, and each view is audited.
 
 A platform session comes only from ``keel ui-link --platform`` (a link signed with
 ``KEEL_SECRET_KEY``, ``web.ui.session.issue_platform_link``): a tenant's token, an identity
@@ -10,12 +10,17 @@ any other. What such a session may open is said by each view (``signed_in(reach=
   and live stream, the queues page (counts across tenants) — the same views as a tenant's,
   scoped to every tenant instead of one (``web.job_query.visible_to``);
 - ``only``: the key limit overrides of every job type (``web.ui.key_limits``);
-- ``refused`` (every other view, and every form but signing out): 403. The role reads; it
-  does not act (retry, cancel, pause and the rest stay the tenant's operators' and the CLI's).
+- ``acts``: the forms that set and clear a queue's limits and a job type's key limit
+  overrides (``web.ui.limit_forms``): system-wide settings, the API's with the metrics token
+  only, so the platform role's alone (a tenant's session is 403), each change audited with
+  its reason as the API's and the CLI's are (``ui:<user>``);
+- ``refused`` (every other view, and every other form but signing out): 403. On a tenant's
+  jobs the role reads and does not act (retry, cancel, pause and the rest stay the tenant's
+  operators' and the CLI's).
 
-Every view it opens writes a row of ``platform_views`` first (who, which view, the path with
-its query, when: ``keel audit views``); while that row cannot be written, the page is not
-shown.
+Every view it opens (and every form it sends) writes a row of ``platform_views`` first (who,
+which view, the path with its query, when: ``keel audit views``); while that row cannot be
+written, the page is not shown.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from web import auth
 from web.auth import Principal
 from web.errors import ApiError
 
-Reach = Literal["refused", "reads", "only"]
+Reach = Literal["refused", "reads", "only", "acts"]
+PLATFORM_ONLY: tuple[Reach, ...] = ("only", "acts")  # a tenant's session is 403 there
 FOR_PLATFORM = "a page of the platform role (keel ui-link --platform), not a tenant's"
 READ_ONLY = (
-    "the platform role reads every tenant's pages and acts on none: a tenant's operator "
-    "or the keel command acts"
+    "the platform role reads every tenant's pages and acts on none of a tenant's objects "
+    "(it changes queue and key limits only): a tenant's operator or the keel command acts"
 )
 MAX_PATH = 2000
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
@@ -42,7 +48,7 @@ _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 def admit(principal: Principal, reach: Reach) -> None:
     """Let ``principal`` in to a view of ``reach`` (a platform session, or a tenant's on a
-    platform-only page); 403 otherwise, before any object is looked up."""
+    platform-only page or form); 403 otherwise, before any object is looked up."""
     auth.admit(principal)
     if not principal.platform:
         raise ApiError(403, FOR_PLATFORM)

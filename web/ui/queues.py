@@ -4,7 +4,7 @@ and a pause of the tenant's jobs on each (``tasks.jobs.intake.pauses``), with it
 A queue's limits are every tenant's (``tasks.jobs.run.live_limits``): shown with where they
 come from — set live (when; who is the system's to know, as a pause of the whole queue) or
 ``KEEL_QUEUE_LIMITS`` — and changed only in the system scope (the API with the metrics token,
-``keel queues limits``), never from this page.
+``keel queues limits``, the platform role's form), never from a tenant's page.
 
 Counts come from the trigger-maintained per-tenant counters
 (``store.counts.by_queue``); the charts — completed, failed, wait and run time over the last
@@ -13,8 +13,9 @@ apart from the records (``tasks.jobs.observe.queue_history``), so retention does
 shorten them. Workers and individual task runs are Flower's view: the page links to it.
 
 A platform session (``web.ui.platform``) sees every queue's jobs counted across every tenant
-(``queue_counts.by_queue_of_every_tenant``), the pauses of every tenant and the limits, read
-only: no chart (the history is counted per tenant), no Pause or Resume.
+(``queue_counts.by_queue_of_every_tenant``), the pauses of every tenant and the limits, with
+a form setting and clearing each queue's limits (``web.ui.limit_forms``): no chart (the
+history is counted per tenant), no Pause or Resume.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _charts(series: list[Bucket], found: History, peaks: dict[str, float]) -> li
 @signed_in(OPERATOR, reach="reads")
 def queues_page() -> Any:
     if g.principal.platform:
-        return _every_tenants_queues()
+        return platform_queues()
     tenant = g.principal.tenant_id
     span = request.args.get("range", "hour")
     if span not in SPANS:
@@ -158,8 +159,10 @@ def queues_page() -> Any:
     )
 
 
-def _every_tenants_queues() -> Any:
-    """The platform role's queues page: counts across every tenant, pauses, limits."""
+def platform_queues(status: int = 200, also: str = "", **more: Any) -> Any:
+    """The platform role's queues page: counts across every tenant, pauses, limits and their
+    forms (``more``: a refused form's values and errors, ``web.ui.limit_forms``; ``also``:
+    its queue, shown even if no job type, job or limit names it now)."""
     counts = by_queue_of_every_tenant()
     paused: dict[str, str] = {}  # queue -> "all", or how many tenants paused their jobs
     for pause in pauses.paused():
@@ -168,7 +171,9 @@ def _every_tenants_queues() -> Any:
         elif paused.get(pause.queue) != "all":
             paused[pause.queue] = str(int(paused.get(pause.queue, "0")) + 1)
     limits = {shown.queue: shown for shown in live_limits.shown()}
-    names = sorted(set(QUEUES) | set(registry.queues()) | set(counts) | set(paused))
+    names = sorted(
+        set(QUEUES) | set(registry.queues()) | set(counts) | set(paused) | set(limits) | {also}
+    )
     rows = [
         {
             "name": queue,
@@ -177,8 +182,10 @@ def _every_tenants_queues() -> Any:
             "paused": paused.get(queue),
         }
         for queue in names
+        if queue
     ]
-    return render_template("ui/platform_queues.html", queues=rows, states=STATES)
+    page = render_template("ui/platform_queues.html", queues=rows, states=STATES, **more)
+    return page, status
 
 
 def _pausable(queue: str) -> str:

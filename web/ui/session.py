@@ -47,7 +47,7 @@ from web.api import check_path_params, path_param_schema
 from web.auth import EVERY_TENANT, PLATFORM, Principal
 from web.errors import ApiError
 from web.ui import platform
-from web.ui.platform import Reach
+from web.ui.platform import PLATFORM_ONLY, Reach
 
 LINK_SALT = "keel.ui-link"
 DEFAULT_LINK_TTL_S = 300
@@ -320,14 +320,15 @@ def signed_in(role: str | None = None, *, reach: Reach = "refused") -> Callable:
     """The view runs for a signed-in principal (with ``role``), its path ids checked like the
     API's; ``g.principal`` is set, as for a token. ``reach`` says what a platform session
     may do here (``web.ui.platform``): ``refused`` (403: a tenant's page or an action),
-    ``reads`` (the view shows every tenant's records to it, audited) or ``only`` (a page of
-    the platform role alone; a tenant's session is 403)."""
+    ``reads`` (the view shows every tenant's records to it, audited), ``only`` (a page of
+    the platform role alone; a tenant's session is 403) or ``acts`` (a form of the platform
+    role alone, that changes a system-wide setting)."""
 
     def wrap(view: Callable) -> Callable:
         @wraps(view)
         def inner(*args: Any, **kwargs: Any) -> Any:
             principal = current()
-            if principal.platform or reach == "only":
+            if principal.platform or reach in PLATFORM_ONLY:
                 platform.admit(principal, reach)
             else:
                 auth.admit(principal, role)
