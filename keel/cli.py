@@ -1045,7 +1045,10 @@ def campaign_verify(campaign_id: str) -> None:
 )
 @click.option("--follow", "-f", is_flag=True, help="keep printing events as they are written")
 @click.option("--since", help="stream id to start after; '$' = now (default: 0, or now with -f)")
-def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> None:
+@click.option("--tenant", type=NAME, help="one tenant's jobs only (their events name it)")
+def events_command(
+    queues: tuple[str, ...], follow: bool, since: str | None, tenant: str | None
+) -> None:
     """Print queue events as JSON lines, whichever process wrote them."""
     from tasks.celeryconfig import QUEUES
     from tasks.jobs.observe import events
@@ -1057,7 +1060,8 @@ def events_command(queues: tuple[str, ...], follow: bool, since: str | None) -> 
     click.echo(f"keel: events of {', '.join(chosen)} after {start}", err=True)
     try:
         for event in events.read(chosen, since=start, follow=follow):
-            click.echo(json.dumps(event))
+            if tenant is None or event.get("tenant") == tenant:
+                click.echo(json.dumps(event))
     except KeyboardInterrupt:
         pass
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
-from tasks.jobs import Owner
+from tasks.jobs import Owner, add
 from tasks.reports import service
 from tasks.reports.operation_key import operation_key
 from tests.support.client import bearer, unique, wait_state
@@ -204,3 +207,27 @@ def test_a_long_runs_active_event_is_in_the_stream_while_it_runs():
     completed = wait_state(job_id, "completed")
     kinds = [e["event"] for e in events.read([queue]) if e["jobId"] == job_id]
     assert kinds == ["waiting", "active", "completed"], (kinds, completed)
+
+
+def test_keel_events_narrowed_to_a_tenant_prints_its_jobs_only():
+    # Given a job of each of two tenants, ended
+    tenant, other = unique("t"), unique("other")
+    mine = add("test.echo", {}, queue="default", owner=Owner(tenant, "alice")).job_id
+    theirs = add("test.echo", {}, queue="default", owner=Owner(other, "bob")).job_id
+    wait_state(mine, "completed", timeout=30)
+    wait_state(theirs, "completed", timeout=30)
+    # When `keel events --tenant` reads the queue's stream from its start
+    keel = str(Path(sys.executable).with_name("keel"))
+    printed = subprocess.run(
+        [keel, "events", "--queue", "default", "--tenant", tenant],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    lines = [json.loads(line) for line in printed.splitlines()]
+    # Then it printed the tenant's job's life, and nothing of anyone else's
+    assert {e["jobId"] for e in lines} == {mine}
+    assert [e["event"] for e in lines][-1] == "completed" and {e["tenant"] for e in lines} == {
+        tenant
+    }
