@@ -23,8 +23,6 @@ process keeps the overrides it read last and tries again ``REFRESH_S`` later.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +44,7 @@ from tasks.jobs.store import key_limits as store
 from tasks.jobs.store.key_limits import KeyLimitChange, KeyLimitRow
 from tasks.platform.celery_app import app
 from tasks.platform.db import transaction
+from tasks.platform.refreshed import Refreshed
 
 log = logging.getLogger(__name__)
 
@@ -84,39 +83,19 @@ def _as_override(row: KeyLimitRow) -> KeyOverride:
     return KeyOverride(row.job_name, row.tenant, row.key, row.limits)
 
 
-class _Overrides:
-    """This process's copy of the overrides by job type, most specific first, read again
-    when ``REFRESH_S`` old."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.read_at = float("-inf")
-        self.by_name: dict[str, list[KeyOverride]] = {}
-
-    def of(self, job_name: str) -> list[KeyOverride]:
-        if time.monotonic() - self.read_at > REFRESH_S:
-            with self.lock:
-                if time.monotonic() - self.read_at > REFRESH_S:
-                    self._read()
-        return self.by_name.get(job_name, [])
-
-    def _read(self) -> None:
-        try:
-            with transaction() as session:
-                found = store.overrides(session)
-            by_name: dict[str, list[KeyOverride]] = {}
-            for row in found:
-                by_name.setdefault(row.job_name, []).append(_as_override(row))
-            self.by_name = {name: ordered(rules) for name, rules in by_name.items()}
-        except Exception:  # the overrides read last hold; a claim would need Postgres anyway
-            log.warning("could not read the key limit overrides; keeping the last read")
-        self.read_at = time.monotonic()
-
-    def forget(self) -> None:
-        self.read_at = float("-inf")
+def _read_overrides() -> dict[str, list[KeyOverride]]:
+    """The overrides by job type, most specific first."""
+    with transaction() as session:
+        found = store.overrides(session)
+    by_name: dict[str, list[KeyOverride]] = {}
+    for row in found:
+        by_name.setdefault(row.job_name, []).append(_as_override(row))
+    return {name: ordered(rules) for name, rules in by_name.items()}
 
 
-_OVERRIDES = _Overrides()
+_OVERRIDES: Refreshed[dict[str, list[KeyOverride]]] = Refreshed(
+    _read_overrides, {}, REFRESH_S, "the key limit overrides"
+)
 
 
 def concurrency(
@@ -124,7 +103,7 @@ def concurrency(
 ) -> KeyConcurrency | None:
     """The concurrency in force for ``tenant``'s jobs of ``key`` (``None``: none), as this
     process knows the overrides (at most ``REFRESH_S`` old)."""
-    rules = _OVERRIDES.of(job_name)
+    rules = _OVERRIDES.get().get(job_name, [])
     if not rules:
         return declared
     return concurrency_of(declared, deciding(rules, tenant, key, "max_running"))
@@ -132,7 +111,7 @@ def concurrency(
 
 def rate(job_name: str, tenant: str | None, key: str, declared: KeyRate) -> KeyRate | None:
     """The start rate in force for ``tenant``'s jobs of ``key`` (``None``: none)."""
-    rules = _OVERRIDES.of(job_name)
+    rules = _OVERRIDES.get().get(job_name, [])
     if not rules:
         return declared
     return rate_of(declared, deciding(rules, tenant, key, "rate"))

@@ -22,8 +22,6 @@ again ``REFRESH_S`` later.
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +30,7 @@ from tasks.jobs.store import queue_limits as store
 from tasks.jobs.store.queue_limits import Change, Override
 from tasks.platform.config import get_settings
 from tasks.platform.db import transaction
+from tasks.platform.refreshed import Refreshed
 from tasks.platform.setting_types import QueueLimit, Rate
 
 log = logging.getLogger(__name__)
@@ -79,41 +78,20 @@ def stored(concurrency: int | None, rate: Rate | None, given: set[str]) -> dict[
     return {name: values[name] for name in FIELDS if name in given}
 
 
-class _Overrides:
-    """This process's copy of the overrides, read again when ``REFRESH_S`` old."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.read_at = float("-inf")
-        self.by_queue: dict[str, dict[str, Any]] = {}
-
-    def of(self, queue: str) -> dict[str, Any] | None:
-        if time.monotonic() - self.read_at > REFRESH_S:
-            with self.lock:
-                if time.monotonic() - self.read_at > REFRESH_S:
-                    self._read()
-        return self.by_queue.get(queue)
-
-    def _read(self) -> None:
-        try:
-            with transaction() as session:
-                found = store.overrides(session)
-            self.by_queue = {o.queue: o.limits for o in found}
-        except Exception:  # the limits read last hold; a claim would need Postgres anyway
-            log.warning("could not read the queue limits set live; keeping the last read")
-        self.read_at = time.monotonic()
-
-    def forget(self) -> None:
-        self.read_at = float("-inf")
+def _read_overrides() -> dict[str, dict[str, Any]]:
+    with transaction() as session:
+        return {o.queue: o.limits for o in store.overrides(session)}
 
 
-_OVERRIDES = _Overrides()
+_OVERRIDES: Refreshed[dict[str, dict[str, Any]]] = Refreshed(
+    _read_overrides, {}, REFRESH_S, "the queue limits set live"
+)
 
 
 def effective(queue: str) -> QueueLimit | None:
     """``queue``'s limits in force now, as this process knows them (at most ``REFRESH_S``
     old): what a worker admits a delivery by."""
-    return merged(get_settings().queue_limits.get(queue), _OVERRIDES.of(queue))
+    return merged(get_settings().queue_limits.get(queue), _OVERRIDES.get().get(queue))
 
 
 @dataclass(frozen=True)
