@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from tasks.platform.refreshed import Refreshed
 
 
@@ -42,4 +44,26 @@ def test_a_failed_read_keeps_the_last_value_and_is_not_tried_again_at_once():
     assert held.get() == 1 and held.get() == 1 and store.reads == 3
     store.down = False
     held.forget()
+    assert held.get() == 2
+
+
+def test_while_one_caller_reads_again_the_others_get_the_copy_there_is():
+    store, reading, release = Store(), threading.Event(), threading.Event()
+
+    def slow_read() -> int:
+        if store.reads:  # the first read answers at once, the next ones wait to be released
+            reading.set()
+            release.wait(10)
+        return store.read()
+
+    held = Refreshed(slow_read, 0, 60, "a number")
+    assert held.get() == 1
+    store.value = 2
+    held.forget()
+    rereading = threading.Thread(target=held.get)
+    rereading.start()
+    assert reading.wait(10)
+    assert held.get() == 1  # not held up by the read under way
+    release.set()
+    rereading.join(10)
     assert held.get() == 2
