@@ -36,10 +36,11 @@ TITLES = {
     "P8": "bulk add vs single adds",
     "P9": "callers waiting on AsyncResult.get()",
     "P10": "no-op jobs on grown tables",
+    "P11": "pickup latency, add → start",
     "P12": "the API beside 1,000 slow request heads",
 }
 # Figures with workers first; the API figures leave queued messages nobody consumes.
-ORDER = ("P6", "P8", "P1", "P2", "P9", "P7", "P4", "P5", "P3", "P12", "P10")
+ORDER = ("P6", "P8", "P1", "P2", "P9", "P11", "P7", "P4", "P5", "P3", "P12", "P10")
 # Figures that start servers of their own (on separate hosts): they need no BenchEnv.
 OWN_SERVERS = {"P7"}
 
@@ -55,6 +56,7 @@ RUNNERS = {
     "P8": "fig_bulk:p8_bulk",
     "P9": "fig_results:p9_waiting",
     "P10": "fig_grown:p10_grown",
+    "P11": "fig_pickup:p11_pickup",
     "P12": "fig_slow_heads:p12_slow_heads",
 }
 

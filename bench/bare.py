@@ -15,10 +15,13 @@ import time
 
 from celery import Celery
 
+from bench import pickup
+
 QUEUE = "bench-bare"
 NOOP = "bench.bare.noop"
 FLAKY = "bench.bare.flaky"
 ADD = "bench.bare.add"
+STAMP = "bench.bare.stamp"
 
 
 def _redis_url() -> str:
@@ -74,3 +77,9 @@ def add(x: int, y: int, ms: int = 0) -> int:
     """P9's task: the sum, after ``ms`` milliseconds of work (its callers wait on ``.get()``)."""
     time.sleep(ms / 1000)
     return x + y
+
+
+@app.task(name=STAMP)
+def stamp(out: str, added: float, due: float) -> None:
+    """P11's task: writes when it started (``bench.pickup``), nothing else."""
+    pickup.record(out, added, due, time.time())

@@ -1,4 +1,4 @@
-"""Keel handlers for P1 and P2, loaded into a real Keel worker with ``-I bench.jobs``.
+"""Keel handlers for P1, P2 and P11, loaded into a real Keel worker with ``-I bench.jobs``.
 
 They live in the bench, not in ``tasks/``: production workers never know them.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from bench import pickup
 from tasks.celery import app
 from tasks.jobs import JobContext, handler
 
@@ -14,6 +15,7 @@ QUEUE = "default"
 NOOP = "bench.noop"
 FLAKY = "bench.flaky"
 ADD = "bench.add"
+STAMP = "bench.stamp"
 
 
 class PlannedFailure(Exception):
@@ -32,6 +34,13 @@ def flaky(job: JobContext) -> None:
     if job.attempts_made == 0:
         raise PlannedFailure("planned failure on the first run")
     return None
+
+
+@handler(STAMP, queue=QUEUE)
+def stamp(job: JobContext) -> None:
+    """P11's handler: writes when it started (``bench.pickup``), nothing else."""
+    started = time.time()
+    pickup.record(job.data["out"], job.data["added"], job.data["due"], started)
 
 
 @app.task(name=ADD)

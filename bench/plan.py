@@ -26,6 +26,7 @@ class Sizes:
     health_calls: int  # P5 calls per repetition
     naive_calls: int  # P5 calls of the full-scan reference per repetition
     worker_concurrency: int = 2  # celery -c for bare and Keel workers alike
+    pickup_seconds: float = 10  # P11 paced seconds per load level, system and repetition
 
 
 Batch = tuple[dict, Callable[[], object]]  # a batch's figures, and how to remove what it left
@@ -49,6 +50,7 @@ FULL = Sizes(
     records=1_000_000,
     health_calls=200,
     naive_calls=10,
+    pickup_seconds=10,
 )
 QUICK = Sizes(
     noop_jobs=200,
@@ -63,6 +65,7 @@ QUICK = Sizes(
     records=20_000,
     health_calls=200,
     naive_calls=5,
+    pickup_seconds=1,
 )
 
 
