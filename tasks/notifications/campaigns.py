@@ -264,19 +264,15 @@ def watch(quiet_seconds: float | None = None) -> dict[str, Any]:
             .scalars()
             .all()
         )
-        stalled = (
-            session.execute(
-                text(
-                    "UPDATE campaigns c SET stalled_at = clock_timestamp() FROM campaign_watch w "
-                    "WHERE c.id = w.campaign_id AND c.reported_at IS NULL AND c.stalled_at IS NULL "
-                    "AND w.last_load_at < clock_timestamp() - make_interval(secs => :q) "
-                    "RETURNING c.id, c.tenant_id"
-                ),
-                {"q": quiet},
-            )
-            .tuples()
-            .all()
-        )
+        stalled = session.execute(
+            text(
+                "UPDATE campaigns c SET stalled_at = clock_timestamp() FROM campaign_watch w "
+                "WHERE c.id = w.campaign_id AND c.reported_at IS NULL AND c.stalled_at IS NULL "
+                "AND w.last_load_at < clock_timestamp() - make_interval(secs => :q) "
+                "RETURNING c.id, c.tenant_id"
+            ),
+            {"q": quiet},
+        ).all()
         session.execute(
             text(
                 "UPDATE campaigns c SET stalled_at = NULL FROM campaign_watch w "
