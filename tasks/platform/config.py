@@ -488,35 +488,43 @@ class ProcessSettings(Settings):
 
 
 _current: Settings | None = None
-_loading = threading.Lock()
+_generation = 0  # counts reloads and forgets: a read begun before one is not kept
+_loading = threading.Lock()  # held only to swap, never while reading (which may re-enter)
 
 
 def get_settings() -> Settings:
-    """Settings of this process; read once, call ``reload_settings`` after changing env."""
-    settings = _current
-    if settings is None:
+    """Settings of this process; read once, call ``reload_settings`` after changing env.
+
+    Reading them may come back here (a settings source that imports a project which reads
+    them: Django's settings importing the project's Celery app), so nothing is held while
+    they are read.
+    """
+    global _current
+    while True:
+        settings, generation = _current, _generation
+        if settings is not None:
+            return settings
+        fresh = Settings()
         with _loading:
-            settings = _current if _current is not None else _swap(Settings())
-    return settings
+            if generation == _generation:  # else reloaded or forgotten meanwhile: again
+                if _current is None:
+                    _current = fresh
+                return _current
 
 
 def reload_settings() -> Settings:
     """Read the settings again and put them in place in one step: a thread that reads them
     meanwhile gets the old ones or the new, and cannot leave the old ones behind (as a cache
     that is cleared, then filled by whichever thread finishes last, can)."""
+    global _current, _generation
     fresh = Settings()
     with _loading:
-        return _swap(fresh)
+        _current, _generation = fresh, _generation + 1
+    return fresh
 
 
 def forget_settings() -> None:
     """Read the settings again when next asked (after a change of env or of ``KEEL_HOME``)."""
-    global _current
+    global _current, _generation
     with _loading:
-        _current = None
-
-
-def _swap(settings: Settings) -> Settings:
-    global _current
-    _current = settings
-    return settings
+        _current, _generation = None, _generation + 1
