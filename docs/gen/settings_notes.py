@@ -145,8 +145,8 @@ NOTES: dict[str, str] = {
     "event_flush_s": (
         "How long a Celery task event waits for others of its process to go out with it as"
         " one `task.multi` message: a worker's (or until Celery's buffer of 24 fills), and the"
-        " `task-sent` of a job added on its own. 0: each goes at once (a job's `task-sent`"
-        " with its message)."
+        " `task-sent` of a job added on its own (a Redis broker's; on RabbitMQ it goes with"
+        " its message). 0: each goes at once (a job's `task-sent` with its message)."
     ),
     "reconcile_interval_s": (
         "How often one worker compares waiting jobs with the broker's queues and republishes"

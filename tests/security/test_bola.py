@@ -310,8 +310,14 @@ def call(client, op: DocumentedOperation, headers: dict, object_id: str | None =
         url,
         method=op.method.upper(),
         headers=headers,
+        query_string=STREAMED_FOR if op.path in STREAMS else None,
         **({"json": body} if body is not None else {}),
     )
+
+
+# Event streams stay open until ``timeout`` (30 s by default): a few seconds show as much.
+STREAMS = {"/api/v1/events", "/api/v1/jobs/{job_id}/events", "/api/v1/reports/jobs/{job_id}/events"}
+STREAMED_FOR = {"timeout": "3"}
 
 
 def _normalized(value: Any, object_id: str | None) -> Any:
