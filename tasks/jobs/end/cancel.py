@@ -116,4 +116,4 @@ def cancel_in(
 
 def announce(done: list[CancelledJob], *, by: str) -> None:
     for job in done:
-        events.emit(job.queue, "cancelled", job.id, job.name, by=by, tenant=job.tenant_id)
+        events.emit_job(job, "cancelled", by=by)

@@ -137,15 +137,7 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
             metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
         raise
     observed = ("duration", duration_s) if duration_s is not None else None
-    events.emit(
-        claimed.queue,
-        "completed",
-        claimed.id,
-        claimed.name,
-        observed=observed,
-        returnvalue=result,
-        tenant=claimed.tenant_id,
-    )
+    events.emit_job(claimed, "completed", observed=observed, returnvalue=result)
 
 
 def failed(
@@ -185,28 +177,10 @@ def failed(
         _refused(claimed)
     made = claimed.attempts_made + 1
     if outcome.retry_at is None:
-        events.emit(
-            claimed.queue,
-            "failed",
-            claimed.id,
-            claimed.name,
-            failedReason=reason,
-            attemptsMade=made,
-            tenant=claimed.tenant_id,
-        )
+        events.emit_job(claimed, "failed", failedReason=reason, attemptsMade=made)
         return None
-    events.emit(
-        claimed.queue,
-        "retrying",
-        claimed.id,
-        claimed.name,
-        failedReason=reason,
-        attemptsMade=made,
-        tenant=claimed.tenant_id,
-    )
-    events.emit(
-        claimed.queue, "delayed", claimed.id, claimed.name, delay=delay, tenant=claimed.tenant_id
-    )
+    events.emit_job(claimed, "retrying", failedReason=reason, attemptsMade=made)
+    events.emit_job(claimed, "delayed", delay=delay)
     return Retrying(outcome.retry_at, reason)
 
 
@@ -245,14 +219,7 @@ def deferred(claimed: ClaimedJob, deferral: Defer) -> None:
     state = State.WAITING_CHILDREN if waiting else State.DELAYED
 
     def announce(_session: Session) -> None:
-        events.emit(
-            claimed.queue,
-            state,
-            claimed.id,
-            claimed.name,
-            delay=deferral.delay_ms,
-            tenant=claimed.tenant_id,
-        )
+        events.emit_job(claimed, state, delay=deferral.delay_ms)
 
     awaited = [job_id for job_id in deferral.waiting_for if job_id != claimed.id]
     for tried in range(1, MARK_TRIES + 1):

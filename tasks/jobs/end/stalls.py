@@ -34,26 +34,11 @@ def requeue_stalled_once() -> int:
             ending.ended(session, job, State.CANCELLED, ABORTED_STALLED, announce=False)
         sent = publish_ready(session, [job for job in stalled if job.state == State.WAITING])
     for job in stalled:
-        events.emit(job.queue, "stalled", job.id, job.name, tenant=job.tenant_id)
+        events.emit_job(job, "stalled")
     for job in given_up:
-        events.emit(
-            job.queue,
-            "failed",
-            job.id,
-            job.name,
-            failedReason=upkeep.STALLED_TOO_OFTEN,
-            tenant=job.tenant_id,
-        )
+        events.emit_job(job, "failed", failedReason=upkeep.STALLED_TOO_OFTEN)
     for job in aborted:
-        events.emit(
-            job.queue,
-            "cancelled",
-            job.id,
-            job.name,
-            by="abort",
-            reason=ABORTED_STALLED,
-            tenant=job.tenant_id,
-        )
+        events.emit_job(job, "cancelled", by="abort", reason=ABORTED_STALLED)
     for job in sent:
-        events.emit(job.queue, "waiting", job.id, job.name, tenant=job.tenant_id)
+        events.emit_job(job, "waiting")
     return len(stalled)

@@ -81,9 +81,7 @@ def record(
     )
     if not jobs_store.insert(session, job):
         return []  # recorded already
-    after_commit(
-        session, lambda: events.emit(job.queue, job.state, job.id, job.name, tenant=job.tenant_id)
-    )
+    after_commit(session, lambda: events.emit_job(job, job.state))
     if job.state != State.WAITING:
         return []
     return [jobs_store.ready_job(job)]

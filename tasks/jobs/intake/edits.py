@@ -152,7 +152,7 @@ def change_delay(
             before=before.isoformat() if before else None,
             after=job.run_at.isoformat() if job.run_at else None,
         )
-    events.emit(job.queue, "delayed", job.id, job.name, delay=delay_ms, tenant=job.tenant_id)
+    events.emit_job(job, "delayed", delay=delay_ms)
     return job
 
 
@@ -167,5 +167,5 @@ def promote(job_id: str, owner: Owner, *, actor: str, tenant_wide: bool = False)
         _audit(session, job, "promote", actor, before=before.isoformat() if before else None)
         session.refresh(job)
     if sent:
-        events.emit(job.queue, "waiting", job.id, job.name, tenant=job.tenant_id)
+        events.emit_job(job, "waiting")
     return job

@@ -265,7 +265,7 @@ def _announce(job: NewJob, recorded: _Recorded, publish_now: bool, caller: Any) 
             )
         )
     delay: dict[str, Any] = {"delay": job.opts.delay} if job.opts.delay else {}
-    added = events.Event(job.queue, job.state, job.id, job.name, **delay, tenant=job.tenant_id)
+    added = events.Event.of(job, job.state, **delay)
     if caller is not None:  # nothing is announced before the caller's commit
         if not (publish_now and job.state == State.WAITING):  # (a held job's is, when sent)
             caller.on_commit(added.send)

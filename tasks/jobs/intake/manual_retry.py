@@ -176,8 +176,6 @@ def retry_failed(
         if held is not None and held.job_id != job.id:
             raise JobConflict("another job for the same operation is in progress")
         store.reset_for_retry(session, job.id)
-    events.emit(
-        job.queue, "waiting", job.id, job.name, manualRetryBy=request.actor, tenant=job.tenant_id
-    )
+    events.emit_job(job, "waiting", manualRetryBy=request.actor)
     publish_or_park(job.id, job.name, job.queue, job.data, job.celery_ctx, tenant=job.tenant_id)
     return job

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -50,6 +50,19 @@ RESULT_CHANNEL_PREFIX = "celery-task-meta-"  # Celery's Redis backend's key for 
 # Not the result itself (another tenant may listen on a guessed id): only the news that the
 # record changed; a waiting reader reads the record, scoped to its owner.
 ENDED = "KEEL-ENDED"
+
+
+class AJob(Protocol):
+    """What an event says of its job: a record, a claimed run or a running job's context."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def id(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def tenant_id(self) -> str | None: ...
 
 
 def stream_key(queue: str) -> str:
@@ -105,6 +118,15 @@ class Event:
             entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
         self.queue, self.event, self.job_id, self.name = queue, event, job_id, name
         self.entry, self.observed, self.counted = entry, observed, False
+
+    @classmethod
+    def of(
+        cls, job: AJob, event: str, *, observed: tuple[str, float] | None = None, **fields: Any
+    ) -> Event:
+        """``job``'s event: its queue, id, name and tenant taken from it."""
+        return cls(
+            job.queue, event, job.id, job.name, tenant=job.tenant_id, observed=observed, **fields
+        )
 
     def add_to(self, pipe: Any) -> None:
         """Its commands; its counts go to the process's tally, once, whichever pipeline
@@ -236,6 +258,13 @@ def emit(
 ) -> None:
     """One event (``Event``), in one round trip."""
     Event(queue, event, job_id, name, tenant=tenant, observed=observed, **fields).send()
+
+
+def emit_job(
+    job: AJob, event: str, *, observed: tuple[str, float] | None = None, **fields: Any
+) -> None:
+    """``job``'s event (``Event.of``), in one round trip."""
+    Event.of(job, event, observed=observed, **fields).send()
 
 
 def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:

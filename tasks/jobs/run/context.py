@@ -37,9 +37,7 @@ class JobContext:
     def update_progress(self, progress: Any) -> None:
         with transaction() as session:
             runs.set_progress(session, self._claimed, progress)
-        events.emit(
-            self.queue, "progress", self.id, self.name, data=progress, tenant=self.tenant_id
-        )
+        events.emit_job(self, "progress", data=progress)
 
     def log(self, message: object) -> int | None:
         """Add a line to the job's log (BullMQ's ``job.log()``), read by ``GET

@@ -74,15 +74,12 @@ def start(task: CeleryTask, admission: limits.Admission, claimed: ClaimedJob) ->
     """The claimed job starts: counted by its limits, announced, its lock kept renewed."""
     limits.started(admission)
     if claimed.stalled:
-        events.emit(claimed.queue, "stalled", claimed.id, claimed.name, tenant=claimed.tenant_id)
-    active = events.Event(
-        claimed.queue,
+        events.emit_job(claimed, "stalled")
+    active = events.Event.of(
+        claimed,
         "active",
-        claimed.id,
-        claimed.name,
         observed=("wait", claimed.wait_s),
         attemptsStarted=claimed.attempts_started,
-        tenant=claimed.tenant_id,
     )
     events.later(active)  # with its end's event if the run is short: one round trip
     limit = timeouts.unenforced_limit(task, task.request)  # (prefork: None, it kills)

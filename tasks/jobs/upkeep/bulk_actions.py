@@ -87,7 +87,7 @@ def _publish(session: Session, ready: list[ReadyJob], later: Later, **fields: An
 
     def announce() -> None:
         for job in sent:
-            events.emit(job.queue, "waiting", job.id, job.name, **fields, tenant=job.tenant_id)
+            events.emit_job(job, "waiting", **fields)
 
     later.append(announce)
     return len(ready)
