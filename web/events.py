@@ -187,21 +187,31 @@ def _resume_after() -> str:
     last = request.headers.get("Last-Event-ID", "").strip()
     if not last:
         return "0"
-    found = STREAM_ID.fullmatch(last)
-    if found is None or any(int(p) > STREAM_ID_MAX for p in found.groups() if p is not None):
-        raise ApiError(
-            400,
+    if not is_stream_id(last):
+        raise bad_last_event_id(
             "Last-Event-ID is not an event id",
-            code="validation_failed",
-            details=[
-                {
-                    "field": "Last-Event-ID",
-                    "type": "stream_id",
-                    "message": "an id this stream sent: <ms>-<seq>, each 0..2^64-1",
-                }
-            ],
+            "stream_id",
+            "an id this stream sent: <ms>-<seq>, each 0..2^64-1",
         )
     return last
+
+
+def is_stream_id(text: str) -> bool:
+    """Whether ``text`` is a Redis stream id (``<ms>-<seq>``, each below 2^64)."""
+    found = STREAM_ID.fullmatch(text)
+    return found is not None and all(
+        int(part) <= STREAM_ID_MAX for part in found.groups() if part is not None
+    )
+
+
+def bad_last_event_id(message: str, kind: str, expected: str) -> ApiError:
+    """The 400 of a ``Last-Event-ID`` that the stream cannot have sent."""
+    return ApiError(
+        400,
+        message,
+        code="validation_failed",
+        details=[{"field": "Last-Event-ID", "type": kind, "message": expected}],
+    )
 
 
 @operation(

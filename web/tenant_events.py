@@ -38,10 +38,10 @@ from web.errors import RETRY_AFTER_S, ApiError
 from web.events import (
     KEEPALIVE_S,
     POLL_S,
-    STREAM_ID,
-    STREAM_ID_MAX,
     TIMEOUT,
     Held,
+    bad_last_event_id,
+    is_stream_id,
     open_stream,
     sse,
     timeout_s,
@@ -137,21 +137,12 @@ def _resume_from(queues: list[str]) -> dict[str, str] | None:
     except ValueError:
         pairs = [("", "")]
     cursors = dict(pairs)
-    for _, at in pairs:
-        found = STREAM_ID.fullmatch(at)
-        if found is None or any(int(p) > STREAM_ID_MAX for p in found.groups() if p is not None):
-            raise ApiError(
-                400,
-                "Last-Event-ID is not an id of this stream",
-                code="validation_failed",
-                details=[
-                    {
-                        "field": "Last-Event-ID",
-                        "type": "stream_position",
-                        "message": "an id this stream sent: <queue>=<ms>-<seq>&…",
-                    }
-                ],
-            )
+    if not all(is_stream_id(at) for _, at in pairs):
+        raise bad_last_event_id(
+            "Last-Event-ID is not an id of this stream",
+            "stream_position",
+            "an id this stream sent: <queue>=<ms>-<seq>&…",
+        )
     missing = [queue for queue in queues if queue not in cursors]
     now = events.latest_ids(missing) if missing else {}
     return {queue: cursors.get(queue) or now[queue] for queue in queues}
