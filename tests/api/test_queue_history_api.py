@@ -8,28 +8,21 @@ from itertools import pairwise
 
 import pytest
 
-from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.store import counts
-from tests.support.client import bearer, unique, wait_state
+from tests.support.client import bearer, ended_jobs, unique
 
 pytestmark = pytest.mark.usefixtures("inline_worker")
 URL = "/api/v1/queues/history"
 BUCKETS = {"hour": (12, 300), "day": (48, 1_800), "week": (28, 21_600)}
 
 
-def ends(tenant: str, name: str, n: int, state: str) -> None:
-    for _ in range(n):
-        job = add(name, {}, queue="default", opts=JobOptions(attempts=1), owner=Owner(tenant, "a"))
-        wait_state(job.job_id, state)
-
-
 @pytest.mark.parametrize("span", ["hour", "day", "week"])
 def test_an_operator_reads_its_tenants_ends_per_bucket(client, span):
     # Given a tenant's 3 completed and 2 failed jobs on "default", and another tenant's 4
     tenant, other = unique("hist"), unique("hist-other")
-    ends(tenant, "test.echo", 3, "completed")
-    ends(tenant, "test.unrecoverable", 2, "failed")
-    ends(other, "test.echo", 4, "completed")
+    ended_jobs(tenant, "test.echo", 3, "completed")
+    ended_jobs(tenant, "test.unrecoverable", 2, "failed")
+    ended_jobs(other, "test.echo", 4, "completed")
     counts.compact()
     # When its operator reads the span
     answer = client.get(f"{URL}?span={span}", headers=bearer(tenant=tenant, roles=("operator",)))

@@ -8,6 +8,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.observe.queries import describe, get
 from tests.support.stack import wait_for
 from web.tokens import issue_token
@@ -70,3 +71,10 @@ def waits_between_runs(job: dict[str, Any]) -> list[float]:
         (ts(nxt["startedAt"]) - ts(prev["finishedAt"])).total_seconds()
         for prev, nxt in itertools.pairwise(runs)
     ]
+
+
+def ended_jobs(tenant: str, name: str, n: int, state: str) -> None:
+    """``n`` jobs ``name`` of ``tenant`` on ``default``, one try each, run until ``state``."""
+    for _ in range(n):
+        job = add(name, {}, queue="default", opts=JobOptions(attempts=1), owner=Owner(tenant, "a"))
+        wait_state(job.job_id, state)

@@ -7,19 +7,12 @@ import re
 
 import pytest
 
-from tasks.jobs import JobOptions, Owner, add
 from tasks.jobs.store import counts
-from tests.support.client import unique, wait_state
+from tests.support.client import ended_jobs, unique
 from tests.support.ui import PAGE, signed_in
 
 pytestmark = pytest.mark.usefixtures("inline_worker")
 OPERATOR = ("operator",)
-
-
-def ends(tenant: str, name: str, n: int, state: str) -> None:
-    for _ in range(n):
-        job = add(name, {}, queue="default", opts=JobOptions(attempts=1), owner=Owner(tenant, "a"))
-        wait_state(job.job_id, state)
 
 
 def chart(page: str, queue: str, kind: str) -> str:
@@ -33,9 +26,9 @@ def chart(page: str, queue: str, kind: str) -> str:
 def test_the_charts_show_the_tenants_ends_over_each_range(app, span):
     # Given a tenant's 3 completed and 2 failed jobs on "default", and another tenant's 4
     tenant, other = unique("charts"), unique("charts-other")
-    ends(tenant, "test.echo", 3, "completed")
-    ends(tenant, "test.unrecoverable", 2, "failed")
-    ends(other, "test.echo", 4, "completed")
+    ended_jobs(tenant, "test.echo", 3, "completed")
+    ended_jobs(tenant, "test.unrecoverable", 2, "failed")
+    ended_jobs(other, "test.echo", 4, "completed")
     counts.compact()
     # When its operator opens the queues page at that range
     page = signed_in(app, tenant, "olga", OPERATOR).get(f"/ui/queues?range={span}", headers=PAGE)
