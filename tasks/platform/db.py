@@ -37,7 +37,7 @@ from typing import Any, TypeVar, cast
 import psycopg
 from psycopg.rows import dict_row
 from sqlalchemy import MetaData, TextClause, create_engine, event, text
-from sqlalchemy.engine import CursorResult, Engine, Result
+from sqlalchemy.engine import CursorResult, Engine, ExceptionContext, Result
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
@@ -61,9 +61,19 @@ NAMING_CONVENTION = {
 STORE_UNAVAILABLE = (OperationalError, InterfaceError, PoolTimeout, deadline.StoreTimeout)
 # Of those, the SQLSTATEs that pass: the connection (08), a deadlock or serialization
 # failure (40), a lock or statement timeout (55P03, 57014), the server shutting down or
-# restarting (57P01-57P03), out of connections (53300). Others of OperationalError's
-# classes (a program limit exceeded, say) fail the same statement every time.
-PASSING_SQLSTATES = ("08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "53300")
+# restarting (57P01-57P03), out of connections (53300), a session the server ended for
+# its idleness or its transaction's length (SESSION_ENDED_SQLSTATES). Others of
+# OperationalError's classes (a program limit exceeded, say) fail the same statement every
+# time.
+PASSING_SQLSTATES = (
+    "08", "40", "55P03", "57014", "57P01", "57P02", "57P03", "57P05", "53300", "25P03", "25P04"
+)  # fmt: skip
+# The server ended the session: a transaction left idle (``IDLE_IN_TRANSACTION_S``: a
+# process frozen, a host cut off) or open too long. psycopg reports these two as an
+# InternalError (their class, 25, is "invalid transaction state"); for Keel they are a
+# lost connection: the transaction was rolled back and the connection is gone
+# (``_session_ended``).
+SESSION_ENDED_SQLSTATES = ("25P03", "25P04")
 
 
 # Of those, the ones after which Postgres surely did nothing of the transaction: a
@@ -211,6 +221,8 @@ def _create(kind: str) -> Engine:
     def _connect(dialect, record, cargs, cparams):  # psycopg, with our deadlines
         return deadline.DeadlineConnection.connect(*cargs, **cparams)
 
+    event.listen(created, "handle_error", _session_ended, retval=True)
+
     @event.listens_for(created, "checkout")
     def _checkout(dbapi_connection, record, proxy):  # SQLAlchemy then connects afresh
         if not still_open(dbapi_connection):
@@ -224,6 +236,19 @@ def _create(kind: str) -> Engine:
                 connection.exec_driver_sql(statement)
 
     return created
+
+
+def _session_ended(context: ExceptionContext) -> BaseException | None:
+    """A session the server ended (``SESSION_ENDED_SQLSTATES``) raised as what it is to
+    Keel: an ``OperationalError`` on an invalidated connection, one of ``STORE_UNAVAILABLE``
+    (a worker gives the delivery back, the API answers 503), never a job's failure."""
+    original = context.original_exception
+    if getattr(original, "sqlstate", None) not in SESSION_ENDED_SQLSTATES:
+        return None
+    context.is_disconnect = True  # the pool drops the connection, as for a lost one
+    return OperationalError(
+        context.statement, context.parameters, original, connection_invalidated=True
+    )
 
 
 def warm(seconds: float = 5.0) -> int:
