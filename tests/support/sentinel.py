@@ -164,6 +164,27 @@ class SentinelGroup:
     def primary_client(self) -> redis.Redis:
         return redis.Redis(port=self.primary().port, password=self.password, socket_timeout=2)
 
+    def cut_replica(self) -> Server:
+        """Cut the replica off its primary and keep it off: it is given a wrong password
+        for the primary, then its link is closed. Every write the primary takes from now on
+        is one the replica will never have, as when a primary dies with writes it had not
+        yet sent (what asynchronous replication may lose), but certain and counted. The
+        replica stays eligible for promotion while its link is down for less than ten
+        times ``down_after_ms`` (Sentinel's rule)."""
+        primary = self.primary()
+        replica = next(s for s in self.servers.values() if s is not primary)
+        client = redis.Redis(port=replica.port, password=self.password, socket_timeout=2)
+        client.config_set("masterauth", "not-" + self.password)
+        client.client_kill_filter(_type="master")
+        wait_for(lambda: not self._replica_linked(replica), timeout=10, interval=0.02)
+        return replica
+
+    def mend_replica(self, replica: Server) -> None:
+        """Give ``replica`` the password again (``cut_replica``), for whatever it replicates
+        from next."""
+        client = redis.Redis(port=replica.port, password=self.password, socket_timeout=2)
+        client.config_set("masterauth", self.password)
+
     def kill_primary(self) -> Server:
         """SIGKILL the primary: no shutdown, no last write to the replica."""
         primary = self.primary()
