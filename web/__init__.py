@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
 from tasks.platform.config import get_settings
 
 if TYPE_CHECKING:
     from flask import Flask
+    from flask.json.provider import JSONProvider
 
 MAX_BODY_BYTES = 1024 * 1024
 
@@ -22,6 +24,7 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     from flask import Flask  # here: ``keel token`` imports this package and must stay fast
 
     app = Flask(__name__)
+    app.json = iso_json(app)
     settings = get_settings()
     app.config.from_mapping(
         SECRET_KEY=settings.secret_key,
@@ -93,6 +96,30 @@ def create_app(test_config: dict[str, Any] | None = None) -> Flask:
     app.register_blueprint(docs.bp)
     ui.init_app(app)
     return app
+
+
+def iso_json(app: Flask) -> JSONProvider:
+    """Flask's JSON, with every date written as the API writes its timestamps (ISO 8601).
+
+    Flask's own provider writes a ``datetime`` as an RFC 1123 date (an HTTP header's
+    format): a view that hands one to ``jsonify`` as it is would show a second format
+    beside ``createdAt``'s. Made with the app, not at import: importing ``web`` (``keel
+    token`` does) must not import Flask.
+    """
+    from flask.json.provider import DefaultJSONProvider
+
+    from tasks.jobs.observe.queries import iso
+
+    class IsoJSONProvider(DefaultJSONProvider):
+        @staticmethod
+        def default(o: Any) -> Any:
+            if isinstance(o, datetime):
+                return iso(o)
+            if isinstance(o, date):
+                return o.isoformat()
+            return DefaultJSONProvider.default(o)
+
+    return IsoJSONProvider(app)
 
 
 class StoreDeadline:

@@ -80,6 +80,30 @@ def test_a_fresh_keel_up_logs_no_warning_and_delivers_each_job_once(fresh_up: Ke
     assert not re.search(r"\] ignored", log), log[-3000:]
 
 
+# What `keel up` says while it starts (keel/stack.py), in this order, before "Keel is up."
+PROGRESS = (
+    "starting the stack in ",
+    "starting Postgres in ",
+    "starting Redis on port ",
+    "migrating the database",
+    "starting worker, beat",
+)
+
+
+def test_a_fresh_keel_up_says_what_it_starts_before_it_is_up(fresh_up: KeelUp):
+    # Given a fresh stack, started with its embedded servers
+    lines = fresh_up.log().splitlines()
+    # Then each step of its start was said on a line of its own ("HH:MM:SS keel | ..."),
+    # in order, and all of them before the announcement
+    said = [n for n, line in enumerate(lines) if re.match(r"\d\d:\d\d:\d\d keel +\| ", line)]
+    steps = [
+        next((n for n in said if lines[n].split("| ", 1)[1].startswith(words)), None)
+        for words in PROGRESS
+    ]
+    assert None not in steps and steps == sorted(steps), [lines[n] for n in said]
+    assert steps[-1] < lines.index("Keel is up."), lines[: lines.index("Keel is up.")]
+
+
 def test_a_stack_on_a_taken_port_stops_at_once_naming_it(keel_up: KeelUp, tmp_path):
     # Given a running stack, and a second home whose web port is the first's
     second = KeelUp(tmp_path / "home")

@@ -4,13 +4,15 @@ answers say (no worker here: what pausing does to jobs is tests/integration/test
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from flask import jsonify
 
 from tasks.jobs.intake import pauses
 from tests.support import jobs as _test_jobs  # noqa: F401  (the test.pausable queue)
 from tests.support.client import bearer, metrics_headers, unique
+from web import create_app
 
 QUEUE = "pausable"
 # Every timestamp of the API: ISO 8601, UTC, to the millisecond (a job's ``createdAt``)
@@ -60,6 +62,21 @@ def test_paused_at_is_iso_8601_in_utc_as_every_other_timestamp(client, operator)
         assert before - timedelta(seconds=2) <= at <= datetime.now(UTC) + timedelta(seconds=2)
     finally:
         assert client.post(f"/api/v1/queues/{QUEUE}/resume", headers=operator).get_json()["changed"]
+
+
+def test_a_raw_datetime_a_view_returns_is_iso_8601_in_utc_too(stack):
+    # Given a view that hands jsonify a time zone aware datetime as it is (not through iso()),
+    # on an app of its own (the session's has served requests: no view may be added)
+    app = create_app({"TESTING": True})
+    moment = datetime(2026, 12, 7, 2, 16, 40, 123456, tzinfo=timezone(timedelta(hours=1)))
+    app.add_url_rule("/raw-moment", "raw_moment", lambda: jsonify(at=moment, day=moment.date()))
+    # When it answers
+    shown = app.test_client().get("/raw-moment").get_json()
+    # Then the datetime is written as a job's createdAt is (UTC, milliseconds), not as an
+    # HTTP date, and a date as ISO 8601 too
+    assert ISO_UTC_MS.fullmatch(shown["at"]), shown
+    assert shown["at"] == "2026-12-07T01:16:40.123Z"
+    assert shown["day"] == "2026-12-07"
 
 
 def test_a_pause_of_the_whole_queue_shows_to_every_tenant_and_only_the_system_lifts_it(

@@ -105,3 +105,13 @@ def test_a_command_that_succeeds_prints_no_log_lines(stack, tmp_path):
     assert paused.returncode == 0 and resumed.returncode == 0, paused.stderr + resumed.stderr
     assert paused.stdout.startswith("queue reports paused") and paused.stderr == ""
     assert resumed.stdout.startswith("queue reports resumed") and resumed.stderr == ""
+
+
+def test_upgrading_a_database_at_head_says_one_line_and_logs_nothing(stack, tmp_path):
+    # Given the suite's database, migrated to head
+    # When `keel db upgrade` runs again, stderr not a terminal
+    result = keel("db", "upgrade", cwd=tmp_path, keep_servers=True)
+    # Then one line says where the database is, and Alembic's INFO lines are not shown
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["database at head"], result.stdout
+    assert result.stderr == ""
