@@ -136,12 +136,12 @@ def configure(app: Celery) -> None:
             conf[key] = value
     for key, value in celeryconfig.owned(settings).items():
         if _set_by_app(conf, key) and conf.get(key) != value:
-            log.warning(
-                "Keel sets %s=%r on the Celery app %r (it had %r): %s",
+            log.warning(  # (a result backend's URL carries its password: not in the log)
+                "Keel sets %s=%s on the Celery app %r (it had %s): %s",
                 key,
-                value,
+                _redacted(repr(value)),
                 app.main,
-                conf.get(key),
+                _redacted(repr(conf.get(key))),
                 "Keel's jobs rely on it",
             )
         conf[key] = value
@@ -177,10 +177,11 @@ def _refuse_what_keel_cannot_run_with(app: Celery, settings: Any) -> None:
         )
 
 
-def _redacted(url: str) -> str:
-    from kombu.utils.url import maybe_sanitize_url
+def _redacted(text: str) -> str:
+    """``text`` without the passwords of the URLs in it (``tasks.platform.logs.redact``)."""
+    from tasks.platform.logs import redact
 
-    return str(maybe_sanitize_url(url))
+    return redact(text)
 
 
 def _with_queues(given: Any, keel: list[Queue]) -> list[Queue]:

@@ -162,17 +162,29 @@ class _DjangoSettings(PydanticBaseSettingsSource):
 
 
 def django_database_url(database: dict[str, Any]) -> str | None:
-    """A Django ``DATABASES`` entry as a URL, if it is PostgreSQL; else None."""
+    """A Django ``DATABASES`` entry as a URL, if it is PostgreSQL; else None.
+
+    A ``HOST`` that starts with "/" is a Unix socket's folder: it goes in the query
+    (``?host=``), where libpq takes it, since a URL's host part cannot hold a path. An
+    empty ``HOST`` is libpq's default, as Django's own connection has it: no host.
+    """
     if not str(database.get("ENGINE", "")).endswith("postgresql"):
         return None
-    from urllib.parse import quote
+    from urllib.parse import quote, urlencode
 
     user = quote(str(database.get("USER") or ""), safe="")
     password = quote(str(database.get("PASSWORD") or ""), safe="")
     credentials = f"{user}:{password}@" if password else (f"{user}@" if user else "")
-    host = database.get("HOST") or "localhost"
-    port = f":{database['PORT']}" if database.get("PORT") else ""
-    return f"postgresql://{credentials}{host}{port}/{quote(str(database.get('NAME', '')))}"
+    host = str(database.get("HOST") or "")
+    port = str(database.get("PORT") or "")
+    name = quote(str(database.get("NAME") or ""), safe="")
+    if host.startswith("/"):
+        query = urlencode({"host": host, **({"port": port} if port else {})})
+        return f"postgresql://{credentials}/{name}?{query}"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    port_part = f":{port}" if port else ""
+    return f"postgresql://{credentials}{host}{port_part}/{name}"
 
 
 def _builtin_jobs_default() -> str:
@@ -262,6 +274,9 @@ class Settings(BaseSettings):
     # An aborted run (DELETE of an active job) still going this long after the request is
     # stopped by its worker (tasks.jobs.run.termination); it may stop by itself before.
     abort_grace_s: float = Field(default=10.0, ge=0, le=3600)
+    # The longest `timeout` option a job may ask for (tasks.jobs.model.options): at most a day,
+    # JobOptions' own bound. Keep it within a worker's shutdown grace, less Keel's margin.
+    max_job_timeout_s: int = Field(default=86_400, ge=1, le=86_400)
     visibility_timeout_s: int = 60
     # A container health check passes through a Redis outage this long
     # (tasks.jobs.upkeep.healthcheck).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from celery.exceptions import TimeLimitExceeded
 
 from tasks.jobs import Owner, acting_as
 from tasks.jobs.observe import job_logs as logs_of_jobs
@@ -60,8 +61,14 @@ def test_an_async_handler_reports_progress_and_logs(prefork):
     assert (job["state"], job["result"], job["progress"]) == ("completed", {"n": 7}, 50), job
 
 
-def test_a_soft_time_limit_cancels_an_async_task_at_its_await_and_fails_the_run(prefork):
-    result = async_jobs.async_soft_limited.apply_async((30,), queue="async")
+# Celery keeps time limits on prefork; on the threads pool, which ignores them, Keel does
+POOLS = {"prefork": "async", "threads": "async-threads"}  # the pool's worker, by its queue
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_soft_time_limit_cancels_an_async_task_at_its_await_and_fails_the_run(request, pool):
+    request.getfixturevalue(pool)
+    result = async_jobs.async_soft_limited.apply_async((30,), queue=POOLS[pool])
     job = wait_state(result.id, "completed", "failed", timeout=30)
     assert job["state"] == "failed", job
     assert job["runs"][0]["exception"]["exc_type"] == "SoftTimeLimitExceeded", job
@@ -70,12 +77,19 @@ def test_a_soft_time_limit_cancels_an_async_task_at_its_await_and_fails_the_run(
     assert "cancelled at its await" in [line["message"] for line in job_logs(result.id)]
 
 
-def test_a_hard_time_limit_ends_an_async_run_timed_out(prefork):
+@pytest.mark.parametrize("pool", POOLS)
+def test_a_hard_time_limit_ends_an_async_run_timed_out(request, pool):
+    request.getfixturevalue(pool)
     result = async_jobs.async_sleep.apply_async(
-        (30,), time_limit=1, queue="async", job_options={"attempts": 1}
+        (30,), time_limit=1, queue=POOLS[pool], job_options={"attempts": 1}
     )
     job = wait_state(result.id, "completed", "failed", timeout=30)
     assert (job["state"], job["failedReason"]) == ("failed", "timed out after 1 s"), job
+    assert job["runs"][0]["exception"]["exc_type"] == "TimeLimitExceeded", job
+    with pytest.raises(TimeLimitExceeded, match="timed out after 1 s"):  # Celery's view alike
+        result.get(timeout=10)
+    # ended at its limit, not when its 30 s sleep returned
+    assert ts(job["finishedOn"]) - ts(job["processedOn"]) < timedelta(seconds=15), job
 
 
 def test_an_abort_cancels_an_async_task_at_its_await_and_frees_its_slot(prefork, client):
@@ -98,11 +112,15 @@ def test_an_abort_cancels_an_async_task_at_its_await_and_frees_its_slot(prefork,
 
 
 def test_a_hundred_async_tasks_await_at_once_on_one_threads_worker(threads):
-    sent = [async_jobs.async_sleep.apply_async((3,), queue="async-threads") for _ in range(100)]
-    jobs = [wait_state(r.id, "completed", "failed", timeout=120) for r in sent]
+    # Each awaits 15 s: far longer than sending the hundred and their claims take, even on a
+    # loaded machine (about 1 s idle), so the last one starts before the first one ends.
+    sent = [async_jobs.async_sleep.apply_async((15,), queue="async-threads") for _ in range(100)]
+    jobs = [wait_state(r.id, "completed", "failed", timeout=180) for r in sent]
     unfinished = [job for job in jobs if job["state"] != "completed"]
     assert unfinished == [], unfinished[:2]
+    # one worker process ran them all
+    assert len({(j["runs"][-1]["worker"], j["runs"][-1]["pid"]) for j in jobs}) == 1, jobs[:2]
     spans = [(ts(j["processedOn"]), ts(j["finishedOn"])) for j in jobs]
-    # The most runs under way at one moment (a run's start): most of them, not a few at a time
+    # The most runs under way at one moment (a run's start): all hundred
     overlap = max(sum(start <= s < end for start, end in spans) for s, _ in spans)
-    assert overlap >= 50, overlap
+    assert overlap == 100, overlap

@@ -36,10 +36,17 @@ class JobExpired(Exception):
 class Run:
     """A claimed job's run, from its start to its handler's return (``took``) or raise."""
 
-    def __init__(self, task: CeleryTask, claimed: ClaimedJob, limit: float | None) -> None:
+    def __init__(
+        self,
+        task: CeleryTask,
+        claimed: ClaimedJob,
+        limit: float | None,
+        soft_limit: float | None = None,
+    ) -> None:
         self.task = task
         self.claimed = claimed
         self.limit = limit  # its hard time limit, where nothing else enforces it
+        self.soft_limit = soft_limit  # its soft one, where nothing else raises it
         self.started = time.monotonic()
         self.took: float | None = None  # how long a run that returned took (its end says)
 
@@ -51,8 +58,13 @@ class Run:
     def call(self) -> Any:
         """The handler's result: it returned in time, and asked for no retry. Else raises."""
         claimed = self.claimed
+        soft_until = self.started + self.soft_limit if self.soft_limit is not None else None
         with tracing.span("keel.handler", {"keel.job.name": claimed.name}):
-            result = call_handler(self.task, claimed)
+            try:  # (an ``async def`` handler's coroutine is stopped at these: ``aio``)
+                with aio.time_limits(self.until, soft_until):
+                    result = call_handler(self.task, claimed)
+            except aio.HardLimitReached:  # stopped at its hard limit: ends as prefork's kill
+                raise timeouts.timed_out(self.limit or 0) from None
         asked: RetryRequested | None = getattr(self.task.request, "keel_retry", None)
         if asked is not None:  # ``self.retry(throw=False)``: the run ends as that retry
             raise asked
@@ -83,7 +95,7 @@ def start(task: CeleryTask, admission: limits.Admission, claimed: ClaimedJob) ->
     )
     events.later(active)  # with its end's event if the run is short: one round trip
     limit = timeouts.unenforced_limit(task, task.request)  # (prefork: None, it kills)
-    run = Run(task, claimed, limit)
+    run = Run(task, claimed, limit, timeouts.unenforced_soft_limit(task, task.request))
     lock_renewal.track(claimed.token, run.until)
     limits.hold_until(admission, run.until)
     return run

@@ -27,8 +27,12 @@ in Keel's own code around the handler, between the claim and the handler or afte
 handler returned, that run fails or stalls like a run that raised there.)
 
 The threads and solo pools keep no time limits at all (Celery ignores them there), and
-cannot stop a run. There a run that returns past its hard limit is failed as timed out
-(``returned_late``), and its lock is not renewed past the limit
+cannot stop a thread. There an ``async def`` handler's coroutine is stopped at its limits
+(``tasks.jobs.run.aio``): cancelled at its await, its run fails with
+``SoftTimeLimitExceeded`` at the soft one and, at the hard one, as timed out, through the
+path every failed run takes, as prefork's kill is recorded. A sync run (or a coroutine
+that blocks, or goes on past its cancel) that returns past its hard limit is failed as
+timed out (``returned_late``), and its lock is not renewed past the limit
 (``tasks.jobs.run.lock_renewal``): a run that hangs stalls, and the job runs again.
 """
 
@@ -70,10 +74,20 @@ def unenforced_limit(task: Any, request: Any) -> float | None:
     """The run's hard time limit where nothing stops a run at it (the threads and solo
     pools, where Celery ignores limits): the call's, else the task's (``task_time_limit``
     by default); ``None`` under prefork, or without one."""
+    return _unenforced((request.timelimit or (None, None))[0] or task.time_limit)
+
+
+def unenforced_soft_limit(task: Any, request: Any) -> float | None:
+    """The run's soft time limit where Celery does not raise it (threads, solo): the
+    call's, else the task's (``task_soft_time_limit`` by default); ``None`` under prefork,
+    or without one."""
+    return _unenforced((request.timelimit or (None, None))[1] or task.soft_time_limit)
+
+
+def _unenforced(seconds: float | None) -> float | None:
     if _pool_kills:
         return None
-    hard = (request.timelimit or (None, None))[0] or task.time_limit
-    return float(hard) if hard else None
+    return float(seconds) if seconds else None
 
 
 def returned_late(seconds: float, took: float) -> TimeLimitExceeded:
