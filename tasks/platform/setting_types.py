@@ -20,6 +20,9 @@ app and beat at start with a message naming it, rather than being ignored.
   chunk is a job); 400.
 - ``maxDelaySeconds``: how far ahead a job may be delayed or scheduled (a
   ``runAt``, a template's ``delay``); 400.
+- ``maxRunning``, ``maxRunningPerQueue``, ``systemReserve``: running jobs, of a
+  tenant and of all tenants together; a job past them waits
+  (``tasks.jobs.run.tenant_caps``).
 
 **Queue limits** (``KEEL_QUEUE_LIMITS``): per queue, a global ``concurrency``
 and/or a start ``rate`` (``{"max": n, "duration_ms": ms}``), e.g.
@@ -96,8 +99,16 @@ class TenantQuotas(BaseModel):
     min_chunk_size: int = Field(default=100, ge=1, alias="minChunkSize")
     max_delay_seconds: int = Field(default=366 * 86_400, ge=1, alias="maxDelaySeconds")
     # Jobs of one tenant running at once, across every worker; unset: half the live workers'
-    # slots (rounded up), so that one tenant's burst never holds every slot.
+    # slots less the system's reserve (rounded up), so that one tenant's burst never holds
+    # every slot.
     max_running: int | None = Field(default=None, ge=1, le=10_000, alias="maxRunning")
+    # The same on one queue; unset: half the slots of the live workers that consume it (less
+    # the system's reserve).
+    max_running_per_queue: int | None = Field(
+        default=None, ge=1, le=10_000, alias="maxRunningPerQueue"
+    )
+    # Slots of the live workers' that no tenant's job takes: the system's jobs always find one.
+    system_reserve: int = Field(default=1, ge=0, le=10_000, alias="systemReserve")
 
     @property
     def jobs(self) -> TenantLimits:

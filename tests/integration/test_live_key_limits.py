@@ -28,7 +28,9 @@ TENANT_A, TENANT_B = unique("ta"), unique("tb")
 SETTLE = timedelta(seconds=5)
 RAISED_SETTLE = timedelta(seconds=3)
 # No tenant cap in the way: each tenant runs up to 6 of the 12 slots here.
-UNCAPPED = {"KEEL_TENANT_QUOTAS": '{"maxRunning": 100}'}
+UNCAPPED = {
+    "KEEL_TENANT_QUOTAS": '{"maxRunning": 100, "maxRunningPerQueue": 100, "systemReserve": 0}'
+}
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,11 @@ from tests.support.stack import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.stack  # starts processes of its own
 
-# One tenant fills the worker here: its running-jobs cap (by default half the live workers'
-# slots, tasks.jobs.run.tenant_caps) is lifted, or some of its jobs would wait their turn.
-UNCAPPED = {"KEEL_TENANT_QUOTAS": '{"maxRunning": 100}'}
+# One tenant fills the worker here: its running-jobs caps (by default half the live workers'
+# slots, tasks.jobs.run.tenant_caps) are lifted, or some of its jobs would wait their turn.
+UNCAPPED = {
+    "KEEL_TENANT_QUOTAS": '{"maxRunning": 100, "maxRunningPerQueue": 100, "systemReserve": 0}'
+}
 SLOW_STEPS = {
     "KEEL_REPORT_STEP_PAUSE_MS": "1000",  # a report takes 3 s: surely active at the signal
     **UNCAPPED,

@@ -82,7 +82,7 @@ def traced(stack) -> Iterator[Traced]:
         "KEEL_LOG_FORMAT": "json",
         # A tenant's job and the chain it sends run side by side here: the tenant's running
         # cap (half this lone worker's 2 slots) would park deliveries, each one more span.
-        "KEEL_TENANT_QUOTAS": '{"maxRunning": 100}',
+        "KEEL_TENANT_QUOTAS": '{"maxRunning": 100, "maxRunningPerQueue": 100, "systemReserve": 0}',
     }
     with fresh_database(), pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():

@@ -1,7 +1,7 @@
 """Before the claim: a delivery is held by its queue's pause, or admitted by its limits.
 
 A recorded job of a paused queue is held first. Then the queue's global limits
-(``tasks.jobs.run.limits``), its tenant's cap on running jobs (``tenant_caps``) and the
+(``tasks.jobs.run.limits``), its tenant's caps on running jobs (``tenant_caps``) and the
 job's key limits (``key_limits``) are waited out before the claim, so that waiting costs
 no attempt: a job held by one goes back to the durable delayed set and this delivery is
 acknowledged; a job its key's strategy supersedes is cancelled. A run that says its
@@ -50,7 +50,7 @@ def hold_if_paused(task: CeleryTask) -> None:
 
 
 def admit(task: CeleryTask, args: Any, kwargs: Any) -> limits.Admission:
-    """Wait out the queue's global limits, its tenant's cap on running jobs and the job's
+    """Wait out the queue's global limits, its tenant's caps on running jobs and the job's
     key limits before claiming, so waiting costs no attempt.
 
     A held job goes back to the durable delayed set (the promoter, or its key's
@@ -60,10 +60,11 @@ def admit(task: CeleryTask, args: Any, kwargs: Any) -> limits.Admission:
     would lose it. A job its key's strategy supersedes is cancelled.
     """
     try:
-        admission = limits.admit(delivery.queue(task))
+        queue = delivery.queue(task)
+        admission = limits.admit(queue)
         try:
             data, given = key_data(task, kwargs), key_given(task)
-            tenant_caps.admit(admission, given.tenant, task.request.id)
+            tenant_caps.admit(admission, given.tenant, queue, task.request.id)
             key_limits.admit(admission, task, data, task.request.id, given)
         except BaseException:
             limits.release(admission)

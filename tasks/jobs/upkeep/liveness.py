@@ -202,7 +202,7 @@ def forget(client: redis.Redis, role: str, member: str) -> None:
     pipe = client.pipeline()
     pipe.zrem(key(role), member)
     pipe.delete(stuck_key(role, member))
-    pipe.hdel(capacity.SLOTS_KEY, member)
+    capacity.forget(pipe, member)
     pipe.execute()
 
 
@@ -256,6 +256,12 @@ def _pool_size(consumer: Any) -> int:
     return size if isinstance(size, int) and size > 0 else 0
 
 
+def _queue_names(consumer: Any) -> list[str]:
+    """The queues the worker consumes now (``-Q``, and any added since); [] if unknown."""
+    queues = getattr(getattr(consumer, "task_consumer", None), "queues", None) or []
+    return [name for name in (getattr(q, "name", None) for q in queues) if isinstance(name, str)]
+
+
 class Heartbeat(bootsteps.StartStopStep):
     """A consumer bootstep: beat as ``worker`` while this worker consumes.
 
@@ -294,7 +300,7 @@ class Heartbeat(bootsteps.StartStopStep):
             stuck = consumer if consumer is not None and consumer["stuck"] else None
             waiting = beat(self.client, "worker", hostname, stuck, lists)
             self.waiting = waiting if lists is not None else None
-            capacity.record(self.client, hostname, _pool_size(c))
+            capacity.record(self.client, hostname, _pool_size(c), _queue_names(c))
             self.redis_ok_at = time.time()
         except redis.RedisError as exc:  # readiness will say so; the worker goes on
             self.waiting = None

@@ -1,0 +1,84 @@
+"""Pure rules behind the tenants' caps on running jobs (``tasks.jobs.run.tenant_caps``):
+what each cap is, given the live workers' slots and ``KEEL_TENANT_QUOTAS``."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.jobs.run import capacity
+from tasks.jobs.run.capacity import Slots
+from tasks.jobs.run.tenant_caps import Caps, names, share_key
+from tasks.jobs.upkeep import liveness
+from tasks.platform.setting_types import parse_tenant_quotas as parse
+
+DEFAULTS = parse("")
+
+
+@pytest.mark.parametrize(
+    ("slots", "cap"), [(0, None), (1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (9, 4), (10, 5)]
+)
+def test_the_default_caps_are_half_the_tenants_share_rounded_up(slots, cap):
+    # (the share: the live slots less the system's one, at least one; none without workers)
+    caps = Caps.of(DEFAULTS, Slots(slots, {"q": slots}), "q")
+    assert (caps.tenant, caps.per_queue) == (cap, cap)
+
+
+def test_a_queue_of_few_workers_caps_a_tenant_below_its_overall_cap():
+    # Given a reports worker of 3 and a default worker of 3 (the audit's figures)
+    slots = Slots(6, {"reports": 3, "default": 3})
+    # Then a tenant runs at most 3 jobs in all (half of 5), of which 1 on reports (half of 2)
+    reports = Caps.of(DEFAULTS, slots, "reports")
+    assert (reports.tenant, reports.per_queue) == (3, 1)
+    # And a queue no live worker consumes has no per-queue cap yet (nothing to share)
+    assert Caps.of(DEFAULTS, slots, "other").per_queue is None
+
+
+def test_the_heartbeats_keys_are_the_ones_capacity_reads():
+    assert liveness.key("worker") == capacity.ALIVE_KEY
+    assert capacity.FRESH_S == liveness.FRESH_S
+
+
+@pytest.mark.parametrize(
+    ("slots", "on_queue", "reserve", "tenants", "tenants_on_queue"),
+    [
+        (3, 3, 1, 2, 2),  # one worker of 3: two busy tenants leave one slot free
+        (6, 3, 1, 5, 2),
+        (1, 1, 1, 1, 1),  # one slot: nothing can be reserved without stopping every tenant
+        (6, 3, 0, 6, 3),  # "systemReserve": 0 gives the tenants every slot
+        (6, 3, 4, 2, 1),
+        (0, 0, 1, None, None),  # no worker known: no cap
+    ],
+)
+def test_the_tenants_together_leave_the_system_its_reserve(
+    slots, on_queue, reserve, tenants, tenants_on_queue
+):
+    quotas = parse(f'{{"systemReserve": {reserve}}}')
+    caps = Caps.of(quotas, Slots(slots, {"q": on_queue}), "q")
+    assert (caps.tenants, caps.tenants_on_queue) == (tenants, tenants_on_queue)
+
+
+def test_configured_caps_replace_the_shares_of_the_slots():
+    quotas = parse('{"maxRunning": 7, "maxRunningPerQueue": 3}')
+    caps = Caps.of(quotas, Slots(100, {"q": 40}), "q")
+    assert (caps.tenant, caps.per_queue) == (7, 3)
+    assert Caps.of(quotas, Slots(), "q").tenant == 7  # set: no worker needs to be known
+
+
+@pytest.mark.parametrize(
+    "raw", ['{"maxRunningPerQueue": 0}', '{"systemReserve": -1}', '{"maxRunningPerQueue": "2"}']
+)
+def test_a_bad_cap_is_refused_naming_the_setting(raw):
+    with pytest.raises(ValueError, match="KEEL_TENANT_QUOTAS"):
+        parse(raw)
+
+
+def test_no_two_tenants_or_queues_share_a_line():
+    keys = {
+        names("a", "b.c").base,
+        names("a.b", "c").base,
+        names("a").base,
+        names("a:q1.b").base,
+        share_key("a"),
+        share_key("a:q1.b"),
+    }
+    assert len(keys) == 6
