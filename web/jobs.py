@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from flask import Blueprint, g
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.jobs.calls.loading import load_job_modules
 from tasks.jobs.end.cancel import Cancelling, cancel
@@ -29,7 +29,13 @@ from tasks.jobs.intake.enqueue import AddedJob
 from tasks.jobs.intake.manual_retry import RetryRequest, retry
 from tasks.jobs.intake.submit import Submission, submit
 from tasks.jobs.model.models import JobRecord
-from tasks.jobs.model.options import MAX_TIMEOUT_MS, JobOptions, backoff_max_ms
+from tasks.jobs.model.options import (
+    MAX_TIMEOUT_MS,
+    JobOptions,
+    backoff_max_ms,
+    capped_timeout,
+    timeout_cap_ms,
+)
 from tasks.jobs.observe import job_logs
 from tasks.jobs.observe.queries import (
     get_owned,
@@ -133,7 +139,8 @@ class SubmitOptions(Strict):
         gt=0,
         le=MAX_TIMEOUT_MS,
         description="milliseconds a run may take: past it the run fails, timed out (then "
-        "runs again by attempts and backoff)",
+        "runs again by attempts and backoff); at most KEEL_MAX_JOB_TIMEOUT_S",
+        json_schema_extra=configured_bound("maximum", timeout_cap_ms),
     )
     concurrencyKey: str | None = Field(
         default=None,
@@ -142,6 +149,12 @@ class SubmitOptions(Strict):
         description="the job's key for its type's key concurrency (your tenant's keys only); on "
         "a type that declares none, one job of the key runs at a time, in line",
     )
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_within_the_cap(cls, timeout: int | None) -> int | None:
+        # The workers' grace covers this long a run (a 400 naming opts.timeout past it).
+        return capped_timeout(timeout)
 
 
 class SubmitJob(Strict):

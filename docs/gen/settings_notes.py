@@ -133,6 +133,17 @@ NOTES: dict[str, str] = {
         " an existing job."
     ),
     "max_stalled_count": "Stalls after which a job fails instead of being requeued.",
+    "max_job_timeout_s": (
+        "The longest `timeout` option a job may ask for, in seconds (at most a day, the"
+        " default): `POST /api/v1/jobs` and a scheduler's template answer 400 naming"
+        " `opts.timeout` past it, and `JobOptions(timeout=...)` (`keel.add`, a task's"
+        " `default_job_options`) raises a validation error. Jobs recorded before it was"
+        " lowered keep their timeout. A run that outlasts a worker's shutdown grace is killed"
+        " by a rollout and runs again as stalled, so set it, and the grace, together: at most"
+        " the grace less 30 s ([The worker's grace"
+        " period](../operations/kubernetes.md#the-workers-grace-period)). A call's own"
+        " `time_limit=` is Celery's and not capped."
+    ),
     "visibility_timeout_s": (
         "Redis broker: a message a worker took but did not acknowledge (the worker died or was"
         " cut off) comes back after this long; the claim refuses the copy of a job still"

@@ -2,17 +2,21 @@
 cluster: every object of the base, both overlays and the optional components against
 the Kubernetes API's schemas (``kubernetes-validate``, strict: an unknown field is an
 error), the CRDs' objects (KEDA, Prometheus Operator) by their structure, and the rules
-a deployment of Keel must keep: a worker's grace period covers its longest run, nothing
-runs as root or can gain privileges, the root filesystem is read-only with Keel's
-writable paths mounted, every container has resources and its probes. Each rule is
+a deployment of Keel must keep: a worker's grace period covers its longest run (its time
+limits and the longest ``timeout`` a job may ask for), nothing runs as root or can gain
+privileges, the root filesystem is read-only with Keel's writable paths mounted, every
+container has resources and its probes, and the documented first apply creates everything
+the migrate Job's pod needs. Each rule is
 shown to fail on a copy broken on purpose. The PrometheusRule is the repository's
 rules file, unchanged.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +28,14 @@ from typing import Any
 import pytest
 import yaml
 
+from tasks.platform.config import Settings
 from tests.support.stack import PROJECT_ROOT
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
 DEPLOY = PROJECT_ROOT / "deploy" / "kubernetes"
+GUIDE = PROJECT_ROOT / "docs" / "operations" / "kubernetes.md"
 OVERLAYS = ("redis", "rabbitmq")
 COMPONENTS = ("keda", "hpa", "monitoring")
 # The oldest Kubernetes release still served by the big providers, and the newest the
@@ -38,6 +44,9 @@ KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # What a worker needs after its longest run: the run's end recorded (a hard time limit's
 # kill and its record, bounded at 2 s), events and counts flushed, connections closed.
 SHUTDOWN_MARGIN_S = 30
+# The longest `timeout` option a job may ask for (JobOptions), as the worker's environment
+# sets it; unset, the setting's default.
+JOB_TIMEOUT_CAP = "KEEL_MAX_JOB_TIMEOUT_S"
 # Keel's writable paths under a read-only root: KEEL_HOME (the image's) and /tmp.
 WRITABLE = ("/var/lib/keel", "/tmp")
 CRDS = {
@@ -143,9 +152,32 @@ def option(command: list[str], name: str) -> float | None:
     return None
 
 
+def environment(objects: list[dict], box: dict) -> dict[str, str]:
+    """A container's variables as Kubernetes sets them: its ``envFrom`` ConfigMaps and
+    Secrets in order, then its own ``env`` values."""
+    found: dict[str, str] = {}
+    for source in box.get("envFrom", []):
+        if "configMapRef" in source:
+            found.update(named(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+        if "secretRef" in source:
+            secret = named(objects, "Secret", source["secretRef"]["name"])
+            data = secret.get("data") or {}
+            found.update({key: base64.b64decode(v).decode() for key, v in data.items()})
+            found.update(secret.get("stringData") or {})
+    found.update({var["name"]: var["value"] for var in box.get("env", []) if "value" in var})
+    return found
+
+
+def job_timeout_cap(objects: list[dict], box: dict) -> float:
+    """The longest ``timeout`` a job may ask for in this container, in seconds."""
+    given = environment(objects, box).get(JOB_TIMEOUT_CAP, "").strip()
+    return float(given) if given else float(Settings.model_fields["max_job_timeout_s"].default)
+
+
 def grace_problems(objects: list[dict], task_limit: float = 0) -> list[str]:
     """Worker Deployments whose grace period is shorter than their longest run may take
-    (the worker's --time-limit, or a task's own limit if longer) plus the margin."""
+    (the worker's --time-limit, a task's own limit if longer, or the longest ``timeout``
+    a job may ask for, KEEL_MAX_JOB_TIMEOUT_S) plus the margin."""
     problems = []
     for obj in objects:
         if obj["kind"] != "Deployment":
@@ -160,12 +192,18 @@ def grace_problems(objects: list[dict], task_limit: float = 0) -> list[str]:
             if limit is None:
                 problems.append(f"{name}: no --time-limit, so no grace period covers a run")
                 continue
-            longest = max(limit, option(command, "--soft-time-limit") or 0, task_limit)
             grace = spec.get("terminationGracePeriodSeconds", 30)
+            longest = max(limit, option(command, "--soft-time-limit") or 0, task_limit)
             if grace < longest + SHUTDOWN_MARGIN_S:
                 problems.append(
                     f"{name}: terminationGracePeriodSeconds {grace} < longest time limit "
                     f"{longest:g} + {SHUTDOWN_MARGIN_S}"
+                )
+            cap = job_timeout_cap(objects, box)
+            if grace < cap + SHUTDOWN_MARGIN_S:
+                problems.append(
+                    f"{name}: terminationGracePeriodSeconds {grace} < {JOB_TIMEOUT_CAP} "
+                    f"{cap:g} + {SHUTDOWN_MARGIN_S}"
                 )
     return problems
 
@@ -205,6 +243,79 @@ def filesystem_problems(objects: list[dict]) -> list[str]:
             for path in WRITABLE:
                 if path not in mounted:
                     problems.append(f"{name}: {path} is not an emptyDir")
+    return problems
+
+
+def first_apply_selector() -> str:
+    """The label selector of the first apply in docs/operations/kubernetes.md."""
+    found = re.findall(r"kubectl apply -k \S+ -l '([^']+)'", GUIDE.read_text())
+    assert len(found) == 1, found
+    return found[0]
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (equality and set terms) selects ``labels``."""
+    for term in (t.strip() for t in re.split(r",(?![^()]*\))", selector)):
+        if shape := re.fullmatch(r"([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)", term):
+            key, how, values = shape.groups()
+            within = labels.get(key) in {v.strip() for v in values.split(",")}
+            if within is not (how == "in"):
+                return False
+        elif shape := re.fullmatch(r"([\w./-]+)\s*(==|=|!=)\s*([\w.-]*)", term):
+            key, how, value = shape.groups()
+            if (labels.get(key) == value) is (how == "!="):
+                return False
+        elif shape := re.fullmatch(r"(!?)([\w./-]+)", term):
+            if (shape.group(2) in labels) is bool(shape.group(1)):
+                return False
+        else:
+            raise AssertionError(f"a selector term this test cannot read: {term!r}")
+    return True
+
+
+def references(spec: dict) -> set[tuple[str, str]]:
+    """The objects a pod spec names: its ServiceAccount, the ConfigMaps and Secrets of its
+    containers' environment and of its volumes, its image pull Secrets."""
+    found = set()
+    if spec.get("serviceAccountName"):
+        found.add(("ServiceAccount", spec["serviceAccountName"]))
+    found |= {("Secret", each["name"]) for each in spec.get("imagePullSecrets", [])}
+    for box in [*spec.get("initContainers", []), *spec["containers"]]:
+        for source in box.get("envFrom", []):
+            found |= {(kind, source[key]["name"]) for key, kind in REFS.items() if key in source}
+        for var in box.get("env", []):
+            source = var.get("valueFrom") or {}
+            found |= {
+                (kind, source[key]["name"]) for key, kind in KEY_REFS.items() if key in source
+            }
+    for volume in spec.get("volumes", []):
+        sources = [volume, *(volume.get("projected") or {}).get("sources", [])]
+        for source in sources:
+            if "configMap" in source:
+                found.add(("ConfigMap", source["configMap"]["name"]))
+            if "secret" in source:
+                secret = source["secret"]
+                found.add(("Secret", secret.get("secretName") or secret.get("name")))
+    return found
+
+
+REFS = {"configMapRef": "ConfigMap", "secretRef": "Secret"}
+KEY_REFS = {"configMapKeyRef": "ConfigMap", "secretKeyRef": "Secret"}
+
+
+def first_apply_problems(objects: list[dict], selector: str) -> list[str]:
+    """What the first apply (``-l selector``) leaves out of what the migrate Job's pod needs
+    to be created: the Job itself, or an object its pod names."""
+    job = named(objects, "Job", "keel-migrate")
+    problems = []
+    if not selects(selector, job["metadata"].get("labels") or {}):
+        problems.append(f"Job/keel-migrate: not selected by {selector!r}")
+    for kind, name in sorted(references(job["spec"]["template"]["spec"])):
+        found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+        if not found:
+            problems.append(f"{kind}/{name}: named by the migrate Job's pod, not rendered")
+        elif not selects(selector, found[0]["metadata"].get("labels") or {}):
+            problems.append(f"{kind}/{name}: not selected by {selector!r}")
     return problems
 
 
@@ -334,7 +445,8 @@ def test_the_grace_rule_fails_on_a_short_grace_or_no_time_limit(rendered):
     worker = named(broken, "Deployment", "keel-worker")["spec"]["template"]["spec"]
     worker["terminationGracePeriodSeconds"] = 300  # the time limit, with no margin
     assert grace_problems(broken) == [
-        "keel-worker: terminationGracePeriodSeconds 300 < longest time limit 300 + 30"
+        "keel-worker: terminationGracePeriodSeconds 300 < longest time limit 300 + 30",
+        f"keel-worker: terminationGracePeriodSeconds 300 < {JOB_TIMEOUT_CAP} 300 + 30",
     ]
     worker["terminationGracePeriodSeconds"] = 330
     assert grace_problems(broken, task_limit=600) != [], "a task's own longer limit counts"
@@ -342,6 +454,94 @@ def test_the_grace_rule_fails_on_a_short_grace_or_no_time_limit(rendered):
     assert grace_problems(broken) == [
         "keel-worker: no --time-limit, so no grace period covers a run"
     ]
+
+
+def test_the_longest_timeout_a_job_may_ask_for_is_within_the_grace(rendered):
+    for name, objects in rendered.items():
+        worker = container(objects, "keel-worker")
+        spec = named(objects, "Deployment", "keel-worker")["spec"]["template"]["spec"]
+        cap = job_timeout_cap(objects, worker)
+        assert cap + SHUTDOWN_MARGIN_S <= spec["terminationGracePeriodSeconds"], name
+        # set by the ConfigMap (unset, a day: longer than any grace here)
+        assert named(objects, "ConfigMap", "keel-config")["data"][JOB_TIMEOUT_CAP] == "300", name
+
+
+def test_the_grace_rule_fails_when_a_job_may_ask_for_a_longer_timeout(rendered):
+    broken = copy.deepcopy(rendered["base"])
+    config = named(broken, "ConfigMap", "keel-config")["data"]
+    config[JOB_TIMEOUT_CAP] = "600"  # the cap past the grace (330 s)
+    assert grace_problems(broken) == [
+        f"keel-worker: terminationGracePeriodSeconds 330 < {JOB_TIMEOUT_CAP} 600 + 30"
+    ]
+    del config[JOB_TIMEOUT_CAP]  # unset: the default, a day
+    assert grace_problems(broken) == [
+        f"keel-worker: terminationGracePeriodSeconds 330 < {JOB_TIMEOUT_CAP} 86400 + 30"
+    ]
+    config[JOB_TIMEOUT_CAP] = "300"
+    assert grace_problems(broken) == []
+    # The container's own env wins over the ConfigMap, as in Kubernetes.
+    worker = container(broken, "keel-worker")
+    worker["env"] = [{"name": JOB_TIMEOUT_CAP, "value": "3600"}]
+    assert grace_problems(broken) == [
+        f"keel-worker: terminationGracePeriodSeconds 330 < {JOB_TIMEOUT_CAP} 3600 + 30"
+    ]
+
+
+# -- the first apply: the migrate Job and what its pod needs --------------------------------
+
+
+def test_the_first_apply_creates_everything_the_migrate_jobs_pod_needs(rendered):
+    selector = first_apply_selector()
+    assert selector == "app.kubernetes.io/component in (config,migrate)"
+    for name in ("base", *OVERLAYS):
+        objects = rendered[name]
+        assert first_apply_problems(objects, selector) == [], name
+        needed = references(named(objects, "Job", "keel-migrate")["spec"]["template"]["spec"])
+        assert {
+            ("ServiceAccount", "keel"),
+            ("ConfigMap", "keel-config"),
+            ("Secret", "keel-secrets"),
+        } <= needed, name
+        # and nothing that rolls a release: the Deployments wait for the second apply
+        first = [o for o in objects if selects(selector, o["metadata"].get("labels") or {})]
+        assert not [o for o in first if o["kind"] == "Deployment"], name
+
+
+def test_the_first_apply_rule_fails_on_an_object_the_selector_leaves_out(rendered):
+    selector = first_apply_selector()
+    broken = copy.deepcopy(rendered["base"])
+    del named(broken, "ServiceAccount", "keel")["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert first_apply_problems(broken, selector) == [
+        f"ServiceAccount/keel: not selected by {selector!r}"
+    ]
+    broken = copy.deepcopy(rendered["base"])
+    spec = named(broken, "Job", "keel-migrate")["spec"]["template"]["spec"]
+    spec["volumes"].append({"name": "ca", "secret": {"secretName": "keel-flower"}})
+    named(broken, "Secret", "keel-flower")["metadata"]["labels"].pop("app.kubernetes.io/component")
+    spec["containers"][0]["env"] = [
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "elsewhere", "key": "x"}}}
+    ]
+    assert first_apply_problems(broken, selector) == [
+        "ConfigMap/elsewhere: named by the migrate Job's pod, not rendered",
+        f"Secret/keel-flower: not selected by {selector!r}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "selector, labels, selected",
+    [
+        ("tier in (config,migrate)", {"tier": "migrate"}, True),
+        ("tier in (config,migrate)", {"tier": "web"}, False),
+        ("tier in (config,migrate)", {}, False),
+        ("tier notin (web), app=keel", {"tier": "config", "app": "keel"}, True),
+        ("tier notin (web), app=keel", {"tier": "web", "app": "keel"}, False),
+        ("app!=keel", {"app": "keel"}, False),
+        ("tier,!legacy", {"tier": "x"}, True),
+        ("tier,!legacy", {"tier": "x", "legacy": "1"}, False),
+    ],
+)
+def test_the_selector_reads_as_kubectl_does(selector, labels, selected):
+    assert selects(selector, labels) is selected
 
 
 def test_no_container_can_run_as_root(rendered):

@@ -8,9 +8,43 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from tasks.platform.config import get_settings
 
 MAX_TIMEOUT_MS = 86_400_000  # a day
+# ``model_validate(..., context=STORED)``: options read back from a record, not asked for now.
+STORED = {"stored": True}
+
+
+def timeout_cap_ms() -> int:
+    """The longest ``timeout`` a job may ask for: ``KEEL_MAX_JOB_TIMEOUT_S``, in milliseconds.
+
+    A run longer than a worker's shutdown grace is killed by a rollout and runs again as
+    stalled, so a deployment sets this to what its workers' grace covers
+    (docs/operations/kubernetes.md).
+    """
+    return min(MAX_TIMEOUT_MS, get_settings().max_job_timeout_s * 1000)
+
+
+def capped_timeout(timeout: int | None) -> int | None:
+    """``timeout`` if it is within ``timeout_cap_ms``; else a ``ValueError`` naming the cap."""
+    if timeout is None:
+        return None
+    cap = timeout_cap_ms()
+    if timeout > cap:
+        raise ValueError(
+            f"timeout must be at most {cap} ms (KEEL_MAX_JOB_TIMEOUT_S={cap // 1000}): a"
+            " longer run would outlast the workers' shutdown grace"
+        )
+    return timeout
+
+
+def _state_the_cap(schema: dict[str, Any]) -> None:
+    """The JSON Schema of ``timeout`` states the cap in force when the document is built."""
+    for variant in [schema, *schema.get("anyOf", [])]:
+        if variant.get("type") == "integer":
+            variant["maximum"] = timeout_cap_ms()
 
 
 class _Options(BaseModel):
@@ -73,7 +107,8 @@ class JobOptions(_Options):
         le=MAX_TIMEOUT_MS,
         description="milliseconds a run may take: past it the run is ended and failed as timed"
         " out, and the job runs again by its attempts and backoff (Celery's ``time_limit``,"
-        " which a call's ``time_limit=`` replaces)",
+        " which a call's ``time_limit=`` replaces); at most ``KEEL_MAX_JOB_TIMEOUT_S``",
+        json_schema_extra=_state_the_cap,
     )
 
     concurrency_key: str | None = Field(
@@ -84,6 +119,15 @@ class JobOptions(_Options):
         description="the job's key for its type's key concurrency, instead of the one its data"
         " gives; on a type that declares none, one job of the key runs at a time, in line",
     )
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout_within_the_cap(cls, timeout: int | None, info: ValidationInfo) -> int | None:
+        # A record's timeout was allowed when its job was added: a lower cap since does not
+        # fail the job when it is claimed or ended.
+        if (info.context or {}).get("stored"):
+            return timeout
+        return capped_timeout(timeout)
 
     def stored(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
@@ -113,7 +157,7 @@ class JobOptions(_Options):
         when its job is claimed. A key of ``extra`` this release does not know (a later
         release's option, during an upgrade) is left out: this release cannot honour it."""
         known = {key: value for key, value in (extra or {}).items() if key in _ALIASES}
-        return cls.model_validate({**(stored or {}), **known})
+        return cls.model_validate({**(stored or {}), **known}, context=STORED)
 
     def retention(self, completed: bool) -> Retention | None:
         """What the end of a job of this kind trims (``None``: nothing; an unset option is the
