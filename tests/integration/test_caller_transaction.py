@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 from celery import chord
@@ -26,9 +27,10 @@ from tasks.jobs.intake.caller_transaction import (
 )
 from tasks.platform.config import get_settings, sqlalchemy_url
 from tests.support import events
-from tests.support.client import record, ts, wait_state
+from tests.support.client import record, ts, unique, wait_state
+from tests.support.databases import fresh_database
 from tests.support.jobs import celery_add, celery_collect, celery_part
-from tests.support.stack import PROJECT_ROOT
+from tests.support.stack import PROJECT_ROOT, WorkerProcess
 
 pytestmark = [pytest.mark.stack, pytest.mark.usefixtures("worker")]
 
@@ -96,10 +98,30 @@ with Session(engine) as session:
 print("not reached", flush=True)
 """
 
+KILLED_AFTER_COMMIT_PSYCOPG = """
+import os, signal
+import psycopg
+from tasks.platform.config import get_settings
+from tasks.jobs import in_transaction
+from tests.support.jobs import celery_add
 
-def test_a_process_killed_between_its_commit_and_the_publish_loses_no_job():
+url = get_settings().sqlalchemy_url.replace("postgresql+psycopg://", "postgresql://", 1)
+connection = psycopg.connect(url)
+with in_transaction(connection):
+    print(celery_add.delay(20, 22).id, flush=True)
+connection.commit()
+# Dies right after its commit: nothing of the publish may be left to this process
+os.kill(os.getpid(), signal.SIGKILL)
+print("not reached", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "script", [KILLED_AFTER_COMMIT, KILLED_AFTER_COMMIT_PSYCOPG], ids=["session", "psycopg"]
+)
+def test_a_process_killed_between_its_commit_and_the_publish_loses_no_job(script):
     done = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_COMMIT],
+        [sys.executable, "-c", script],
         cwd=PROJECT_ROOT,
         env=dict(os.environ),
         capture_output=True,
@@ -178,24 +200,25 @@ print(json.dumps(sent), flush=True)
 """
 
 
-@pytest.mark.parametrize("database", ["another postgres database", "sqlite"])
-def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tmp_path, database):
-    if database == "sqlite":
-        django_db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "app.db")}
-    else:
-        url = another_database()
-        django_db = {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": "shop_elsewhere",
-            "USER": url.username or "",
-            "PASSWORD": url.password or "",
-            "HOST": url.host or url.query.get("host", ""),
-            "PORT": str(url.port or ""),
-        }
-    label = f"elsewhere-{uuid.uuid4().hex[:6]}"
+def djangos_database(url: URL) -> dict[str, str]:
+    """Django's ``DATABASES`` entry for the PostgreSQL database at ``url``."""
+    host = url.query.get("host", "")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": url.database or "",
+        "USER": url.username or "",
+        "PASSWORD": url.password or "",
+        "HOST": url.host or (host if isinstance(host, str) else host[0]),
+        "PORT": str(url.port or ""),
+    }
+
+
+def run_django(script: str, django_db: dict[str, str], label: str) -> dict:
+    """``script`` in a process of its own whose Django has ``django_db`` as its database; what
+    it printed last (JSON)."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     done = subprocess.run(
-        [sys.executable, "-c", DJANGO_ELSEWHERE, json.dumps(django_db), label],
+        [sys.executable, "-c", script, json.dumps(django_db), label],
         cwd=PROJECT_ROOT,
         env=env,
         capture_output=True,
@@ -203,7 +226,17 @@ def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tm
         timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    sent = json.loads(done.stdout.splitlines()[-1])
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("database", ["another postgres database", "sqlite"])
+def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tmp_path, database):
+    if database == "sqlite":
+        django_db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "app.db")}
+    else:
+        django_db = djangos_database(another_database())
+    label = f"elsewhere-{uuid.uuid4().hex[:6]}"
+    sent = run_django(DJANGO_ELSEWHERE, django_db, label)
     assert sent["seen_before_commit"] is False  # added once Django committed, not before
     assert [job for job in sent["dropped"] if record(job) is not None] == []
     assert wait_state(sent["kept"], "completed", timeout=60)["result"] == 42
@@ -214,6 +247,86 @@ def test_djangos_connection_to_another_database_adds_its_jobs_once_it_commits(tm
     assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(3)]
 
 
+DJANGO_ON_KEELS = """
+import json, sys
+import django
+from django.conf import settings
+
+settings.configure(DATABASES={"default": json.loads(sys.argv[1])}, USE_TZ=True)
+django.setup()
+from celery import chord
+from django.db import connection, transaction
+
+from keel import get_job, in_transaction, recorded_together
+from tests.support.jobs import celery_add, celery_collect, celery_part
+
+label = sys.argv[2]
+
+
+def send(offset, tag):
+    # A bulk add of a thousand and a chord of four parts, in Django's transaction
+    with in_transaction(connection):
+        with recorded_together():
+            bulk = [celery_add.delay(n, offset).id for n in range(1000)]
+        body = chord([celery_part.s(i, f"{tag}-{i}") for i in range(4)])(celery_collect.s())
+    return bulk, body.id, [part.id for part in body.parent.results]
+
+
+def on_djangos_connection(ids):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM jobs WHERE id = ANY(%s)", [ids])
+        return cursor.fetchone()[0]
+
+
+sent = {}
+try:
+    with transaction.atomic():
+        bulk, body, parts = send(5000, f"{label}-rb")
+        sent["dropped"] = [*bulk, body, *parts]
+        raise RuntimeError("the view failed")
+except RuntimeError:
+    pass
+with transaction.atomic():
+    bulk, body, parts = send(7000, label)
+    sent.update(kept=bulk, body=body, parts=parts)
+    sent["in_djangos_transaction"] = on_djangos_connection([*bulk, body, *parts])
+    sent["seen_outside_before_commit"] = [get_job(bulk[0]), get_job(body)] != [None, None]
+print(json.dumps(sent), flush=True)
+"""
+
+
+def test_djangos_atomic_on_keels_database_holds_a_bulk_add_and_a_chord_in_its_transaction():
+    label = f"django-{uuid.uuid4().hex[:6]}"
+    keels = create_engine(get_settings().sqlalchemy_url).url
+    sent = run_django(DJANGO_ON_KEELS, djangos_database(keels), label)
+    # Recorded on Django's connection, in its transaction (1,000 adds, a body and 4 parts),
+    # and seen by nobody else before it committed
+    assert sent["in_djangos_transaction"] == 1005
+    assert sent["seen_outside_before_commit"] is False
+    # Committed: every one of the thousand runs once, and the chord's body once its parts did
+    for n, job_id in enumerate(sent["kept"]):
+        done = wait_state(job_id, "completed", "failed", timeout=120)
+        assert (done["state"], done["result"], done["attemptsStarted"]) == (
+            "completed",
+            n + 7000,
+            1,
+        ), done
+    body = wait_state(sent["body"], "completed", "failed", timeout=60)
+    assert (body["state"], body["attemptsStarted"]) == ("completed", 1), body
+    assert [r["label"] for r in body["result"]["results"]] == [f"{label}-{i}" for i in range(4)]
+    assert [record(part)["attemptsStarted"] for part in sent["parts"]] == [1, 1, 1, 1]
+    # Rolled back: none of the thousand, nor the chord, is recorded
+    assert [job for job in sent["dropped"] if record(job) is not None] == []
+
+
+def callers_connection(users_engine, kind: str):
+    """A connection of the caller's of ``kind`` (a Session, plain psycopg or SQLAlchemy
+    Core), in a transaction: each has ``commit``, ``rollback`` and ``close``."""
+    if kind == "session":
+        return Session(users_engine)
+    return dict(core_and_psycopg(users_engine))[kind]()
+
+
 def send_together(count: int, offset: int) -> list[str]:
     """``count`` adds in one bulk add (``recorded_together``); their ids."""
     with recorded_together():
@@ -221,12 +334,10 @@ def send_together(count: int, offset: int) -> list[str]:
     return [result.id for result in sent]
 
 
-@pytest.mark.parametrize("kind", ["session", "psycopg"])
+@pytest.mark.parametrize("kind", ["session", "psycopg", "core"])
 def test_a_bulk_add_of_a_thousand_jobs_commits_and_rolls_back_with_the_caller(users_engine, kind):
     def opened():
-        if kind == "session":
-            return Session(users_engine)
-        return psycopg_connection()
+        return callers_connection(users_engine, kind)
 
     # Rolled back: none of the thousand is recorded
     connection = opened()
@@ -255,10 +366,10 @@ def test_a_bulk_add_of_a_thousand_jobs_commits_and_rolls_back_with_the_caller(us
     assert [job_id for job_id in dropped if record(job_id) is not None] == []
 
 
-@pytest.mark.parametrize("kind", ["session", "psycopg"])
+@pytest.mark.parametrize("kind", ["session", "psycopg", "core"])
 def test_a_chord_in_the_block_commits_and_rolls_back_with_the_caller(users_engine, kind):
     def opened():
-        return Session(users_engine) if kind == "session" else psycopg_connection()
+        return callers_connection(users_engine, kind)
 
     def send(label: str, connection) -> tuple[str, list[str]]:
         parts = [celery_part.s(i, f"{label}-{i}") for i in range(4)]
@@ -408,3 +519,44 @@ def test_a_psycopg_connection_in_autocommit_is_refused():
             pytest.fail("the block must not run")
     finally:
         connection.close()
+
+
+@pytest.fixture
+def unheard_queue(stack):
+    """A queue whose one worker does not listen for committed callers' jobs, on Keel's tables
+    in a database of their own: nobody hears a caller's ``NOTIFY keel_committed`` (the suite's
+    worker listens on the suite's database), so only the promoter can publish its jobs.
+
+    ``KEEL_DATABASE_POOLER=transaction`` without ``KEEL_DATABASE_DIRECT_URL`` is what turns
+    the listener off: it says so in the worker's log, which the fixture checks."""
+    queue = unique("unheard")
+    with fresh_database():
+        env = {"KEEL_DATABASE_POOLER": "transaction"}
+        worker = WorkerProcess(stack.home, queue, concurrency=1, queues=queue, extra_env=env)
+        worker.start()
+        try:
+            logged = worker.log_path.read_text(errors="replace")
+            assert "not listening for committed jobs" in logged, worker.log_tail()
+            yield queue
+        finally:
+            worker.stop()
+
+
+def test_a_psycopg_callers_job_nobody_hears_committed_runs_once_from_the_backstop(
+    unheard_queue,
+):
+    before = datetime.now(UTC)
+    connection = psycopg_connection()
+    try:
+        with in_transaction(connection):
+            job_id = celery_add.apply_async((20, 22), queue=unheard_queue).id
+        connection.commit()
+    finally:
+        connection.close()
+    done = wait_state(job_id, "completed", "failed", timeout=BACKSTOP_S + 30)
+    assert (done["state"], done["result"], done["attemptsStarted"]) == ("completed", 42, 1), done
+    assert len(done["runs"]) == 1, done["runs"]
+    # Published by the promoter once its parking ran out, not at the commit
+    assert ts(done["processedOn"]) >= ts(done["runAt"]), done
+    waited = (ts(done["processedOn"]) - before).total_seconds()
+    assert waited >= BACKSTOP_S - 0.001, done  # (the record's times are to the millisecond)
