@@ -491,6 +491,26 @@ def db_upgrade() -> None:
     click.echo("database at head")
 
 
+@db.command("wait")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=900.0,
+    show_default=True,
+    help="seconds to wait before giving up (exit 1)",
+)
+def db_wait(timeout: float) -> None:
+    """Wait until the database's schema is at this release's head (or past it: a later
+    release's), as `keel db upgrade` leaves it. For a process that must not start on an
+    older schema: Kubernetes' init containers (deploy/kubernetes)."""
+    from tasks.platform.migrate import wait_for_schema
+
+    state = wait_for_schema(timeout)
+    if not state.ready:
+        raise click.ClickException(f"{state.said()} (waited {timeout:g} s)")
+    click.echo(state.said())
+
+
 @main.group("schedulers")
 def schedulers_group() -> None:
     """Job schedulers (system scope unless --tenant is given)."""

@@ -640,3 +640,39 @@ def test_the_rabbitmq_overlay_sends_celerys_messages_to_rabbitmq(rendered):
         assert secret["KEEL_BROKER_URL"].startswith(scheme), name
         assert bool(secret["KEEL_BROKER_URL"]) == bool(scheme), name
         assert secret["KEEL_REDIS_URL"].startswith("redis://"), "Redis is needed either way"
+
+
+# -- a new release's pods start on its schema only -----------------------------------------
+
+SCHEMA_USERS = ("keel-web", "keel-worker", "keel-beat")  # Flower reads Redis only
+
+
+def schema_wait_problems(objects: list[dict]) -> list[str]:
+    """Deployments running Keel's code that could start before the migrate Job ended."""
+    found = []
+    for name in SCHEMA_USERS:
+        spec = named(objects, "Deployment", name)["spec"]["template"]["spec"]
+        [main] = spec["containers"]
+        waits = [
+            box
+            for box in spec.get("initContainers", [])
+            if box.get("command", [])[:3] == ["keel", "db", "wait"]
+            and box.get("image") == main["image"]
+            and box.get("envFrom") == main["envFrom"]
+        ]
+        if not waits:
+            found.append(f"{name} starts without waiting for its schema (keel db wait)")
+    return found
+
+
+def test_every_pod_on_keels_schema_waits_for_it(rendered):
+    for name, objects in rendered.items():
+        assert schema_wait_problems(objects) == [], name
+
+
+def test_the_schema_rule_fails_on_a_deployment_that_does_not_wait(rendered):
+    objects = copy.deepcopy(rendered["redis"])
+    named(objects, "Deployment", "keel-worker")["spec"]["template"]["spec"]["initContainers"] = []
+    assert schema_wait_problems(objects) == [
+        "keel-worker starts without waiting for its schema (keel db wait)"
+    ]
