@@ -107,8 +107,9 @@ class TenantQuotas(BaseModel):
     max_running_per_queue: int | None = Field(
         default=None, ge=1, le=10_000, alias="maxRunningPerQueue"
     )
-    # Slots of the live workers' that no tenant's job takes: the system's jobs always find one.
-    system_reserve: int = Field(default=1, ge=0, le=10_000, alias="systemReserve")
+    # Slots of the live workers' that no tenant's job takes, so that the system's jobs always
+    # find one; 0 (the default): none reserved, and the tenants' jobs together are not capped.
+    system_reserve: int = Field(default=0, ge=0, le=10_000, alias="systemReserve")
 
     @property
     def jobs(self) -> TenantLimits:

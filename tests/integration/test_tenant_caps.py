@@ -81,7 +81,9 @@ def workers_known(queue: str, slots: int, total: int) -> capacity.Slots:
 def test_a_killed_workers_tenant_slots_free_themselves_within_the_lock_duration(stack):
     # Given a worker (3 s leases) running tenant A's two capped jobs, two more in line
     lock_s = 3.0
-    env = {**CAPPED, "KEEL_LOCK_DURATION_S": str(int(lock_s))}
+    # (a slot reserved for the system: the tenants' shares are leased too)
+    reserving = {"KEEL_TENANT_QUOTAS": '{"maxRunning": 2, "systemReserve": 1}'}
+    env = {**reserving, "KEEL_LOCK_DURATION_S": str(int(lock_s))}
     queue = unique("capped-kill")
     victim = WorkerProcess(stack.home, unique("victim"), concurrency=4, queues=queue, extra_env=env)
     heir = WorkerProcess(stack.home, unique("heir"), concurrency=4, queues=queue, extra_env=env)
@@ -122,8 +124,8 @@ def test_a_killed_workers_tenant_slots_free_themselves_within_the_lock_duration(
 
 def test_a_tenant_holds_at_most_its_share_of_a_queues_workers(stack):
     # Given a worker of 3 on one queue and a worker of 3 on another, no cap configured:
-    # a tenant may run 3 jobs in all (half of the 5 slots not reserved), but on the first
-    # queue only 1 (half of its worker's 2 not reserved)
+    # a tenant may run 3 jobs in all (half of the 6 slots), but on the first queue only 2
+    # (half of its worker's 3)
     reports, other = unique("capped-q"), unique("capped-other")
     on_reports = WorkerProcess(stack.home, unique("capr"), concurrency=3, queues=reports)
     on_other = WorkerProcess(stack.home, unique("capo"), concurrency=3, queues=other)
@@ -146,18 +148,21 @@ def test_a_tenant_holds_at_most_its_share_of_a_queues_workers(stack):
     finally:
         on_reports.stop()
         on_other.stop()
-    # Then A never ran more than 1 at once there, and none of its waits used an attempt
-    assert max_overlap(run_intervals(a_jobs)) == 1
+    # Then A never ran more than 2 at once there, and none of its waits used an attempt
+    assert max_overlap(run_intervals(a_jobs)) == 2
     assert {(job["attemptsStarted"], job["attemptsMade"]) for job in a_jobs} == {(1, 0)}
     # And B's job started at once, on the slot A could not take
     assert started_after_add_s(b_job) < 2, b_job
 
 
 def test_busy_tenants_leave_a_slot_for_the_systems_jobs(stack):
-    # Given one worker of 3 and three tenants each running jobs of 8 s (each capped at 1:
-    # half of the 2 slots not reserved)
+    # Given one worker of 3 keeping a slot for the system's jobs, and three tenants each
+    # running jobs of 8 s (each capped at 1: half of the 2 slots not reserved)
     queue = unique("capped-sys")
-    worker = WorkerProcess(stack.home, unique("capsys"), concurrency=3, queues=queue)
+    reserving = {"KEEL_TENANT_QUOTAS": '{"systemReserve": 1}'}
+    worker = WorkerProcess(
+        stack.home, unique("capsys"), concurrency=3, queues=queue, extra_env=reserving
+    )
     worker.start()
     try:
         workers_known(queue, slots=3, total=3)

@@ -12,23 +12,37 @@ from tasks.jobs.upkeep import liveness
 from tasks.platform.setting_types import parse_tenant_quotas as parse
 
 DEFAULTS = parse("")
+RESERVE_ONE = parse('{"systemReserve": 1}')
+
+
+@pytest.mark.parametrize(
+    ("slots", "cap"), [(0, None), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (9, 5), (10, 5)]
+)
+def test_the_default_caps_are_half_the_slots_rounded_up_and_the_tenants_share_none(slots, cap):
+    # (nothing reserved by default: the tenants' share is every slot, so it is not taken)
+    caps = Caps.of(DEFAULTS, Slots(slots, {"q": slots}), "q")
+    assert (caps.tenant, caps.per_queue) == (cap, cap)
+    assert (caps.tenants, caps.tenants_on_queue) == (None, None)
 
 
 @pytest.mark.parametrize(
     ("slots", "cap"), [(0, None), (1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (9, 4), (10, 5)]
 )
-def test_the_default_caps_are_half_the_tenants_share_rounded_up(slots, cap):
+def test_with_a_reserve_the_caps_are_half_the_tenants_share_rounded_up(slots, cap):
     # (the share: the live slots less the system's one, at least one; none without workers)
-    caps = Caps.of(DEFAULTS, Slots(slots, {"q": slots}), "q")
+    caps = Caps.of(RESERVE_ONE, Slots(slots, {"q": slots}), "q")
     assert (caps.tenant, caps.per_queue) == (cap, cap)
 
 
 def test_a_queue_of_few_workers_caps_a_tenant_below_its_overall_cap():
     # Given a reports worker of 3 and a default worker of 3 (the audit's figures)
     slots = Slots(6, {"reports": 3, "default": 3})
-    # Then a tenant runs at most 3 jobs in all (half of 5), of which 1 on reports (half of 2)
+    # Then a tenant runs at most 3 jobs in all (half of 6), of which 2 on reports (half of 3)
     reports = Caps.of(DEFAULTS, slots, "reports")
-    assert (reports.tenant, reports.per_queue) == (3, 1)
+    assert (reports.tenant, reports.per_queue) == (3, 2)
+    # and with one slot reserved, 3 in all (half of 5), of which 1 on reports (half of 2)
+    reserving = Caps.of(RESERVE_ONE, slots, "reports")
+    assert (reserving.tenant, reserving.per_queue) == (3, 1)
     # And a queue no live worker consumes has no per-queue cap yet (nothing to share)
     assert Caps.of(DEFAULTS, slots, "other").per_queue is None
 
@@ -44,7 +58,7 @@ def test_the_heartbeats_keys_are_the_ones_capacity_reads():
         (3, 3, 1, 2, 2),  # one worker of 3: two busy tenants leave one slot free
         (6, 3, 1, 5, 2),
         (1, 1, 1, 1, 1),  # one slot: nothing can be reserved without stopping every tenant
-        (6, 3, 0, 6, 3),  # "systemReserve": 0 gives the tenants every slot
+        (6, 3, 0, None, None),  # "systemReserve": 0 (the default): every slot, none taken
         (6, 3, 4, 2, 1),
         (0, 0, 1, None, None),  # no worker known: no cap
     ],

@@ -6,19 +6,20 @@ a job that started runs to its end: with nothing more, a tenant whose jobs are l
 fill every worker's slots and make everyone else wait for them. So a tenant's job takes,
 before its claim, these slots (all or none; given back together, with its admission):
 
-1. one of every tenant's together, on its queue and on every queue (the *tenants'
-   shares*): the slots of the live workers that consume its queue, and of all of them,
-   less ``systemReserve`` (one by default; at least one slot is always the tenants'), so
-   that a system job (which takes none of these) finds a slot free however busy the
-   tenants are (taken last, below);
+1. with a ``systemReserve`` (none by default), one of every tenant's together, on its
+   queue and on every queue (the *tenants' shares*): the slots of the live workers that
+   consume its queue, and of all of them, less ``systemReserve`` (at least one slot is
+   always the tenants'), so that a system job (which takes none of these) finds a slot
+   free however busy the tenants are (taken last, below);
 2. one of its tenant's on its queue (``maxRunningPerQueue``; unset, half of the tenants'
    share of that queue, rounded up);
 3. one of its tenant's on every queue (``maxRunning``; unset, half of the tenants' share
    of every queue, rounded up).
 
-Half of a share, so that another tenant finds a slot free too: a lone worker of 3 runs a
-job of each of two tenants and keeps one slot for the system; one of 4 runs two jobs of a
-tenant and one of another's, and keeps one.
+Half of a share, so that another tenant finds a slot free too: a lone worker of 3 runs two
+jobs of a tenant and one of another's; with ``systemReserve`` 1, a job of each of two
+tenants and keeps one slot for the system, and one of 4 runs two jobs of a tenant and one of
+another's, and keeps one.
 
 A tenant's two are taken first, exactly as a key's ``queue`` strategy takes its slots
 (``tasks.jobs.run.key_limits.take_slot``): leased on Redis's clock and renewed while they
@@ -30,7 +31,8 @@ backlog ahead of another's job): a job that finds a share full goes back to the 
 its tenant's lines and asks again within ``key_limits.KEY_HOLD_S`` (it is the one its
 tenant runs next), and nothing of those lines is woken by the slots it gives back, held
 for a moment only. A share freed by a tenant's job is taken at once by that tenant's next
-job, and by another tenant's within that hold.
+job, and by another tenant's within that hold: with more tenants busy than the share holds
+at their caps, who gets a freed slot of it is the first to ask, not the longest waiting.
 
 With no worker known yet there is no default cap.
 """
@@ -105,13 +107,16 @@ class Caps:
     @classmethod
     def of(cls, quotas: TenantQuotas, slots: capacity.Slots, queue: str) -> Caps:
         """What ``quotas`` set, else the share of the live workers' ``slots`` each default is."""
-        on_queue = reserved(slots.of(queue), quotas.system_reserve)
-        tenants = reserved(slots.total, quotas.system_reserve)
+        reserve = quotas.system_reserve
+        on_queue = reserved(slots.of(queue), reserve)
+        tenants = reserved(slots.total, reserve)
         return cls(
             per_queue=quotas.max_running_per_queue or half(on_queue),
             tenant=quotas.max_running or half(tenants),
-            tenants_on_queue=on_queue,
-            tenants=tenants,
+            # with nothing reserved, the tenants' shares are every slot: no job could exceed
+            # them, so none is taken (their leases and their round trip saved)
+            tenants_on_queue=on_queue if reserve else None,
+            tenants=tenants if reserve else None,
         )
 
 
