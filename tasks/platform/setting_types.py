@@ -102,8 +102,7 @@ class TenantQuotas(BaseModel):
     # slots less the system's reserve (rounded up), so that one tenant's burst never holds
     # every slot.
     max_running: int | None = Field(default=None, ge=1, le=10_000, alias="maxRunning")
-    # The same on one queue; unset: half the slots of the live workers that consume it (less
-    # the system's reserve).
+    # The same on one queue; unset: none (the overall cap only).
     max_running_per_queue: int | None = Field(
         default=None, ge=1, le=10_000, alias="maxRunningPerQueue"
     )

@@ -82,7 +82,9 @@ def test_a_killed_workers_tenant_slots_free_themselves_within_the_lock_duration(
     # Given a worker (3 s leases) running tenant A's two capped jobs, two more in line
     lock_s = 3.0
     # (a slot reserved for the system: the tenants' shares are leased too)
-    reserving = {"KEEL_TENANT_QUOTAS": '{"maxRunning": 2, "systemReserve": 1}'}
+    reserving = {
+        "KEEL_TENANT_QUOTAS": '{"maxRunning": 2, "maxRunningPerQueue": 2, "systemReserve": 1}'
+    }
     env = {**reserving, "KEEL_LOCK_DURATION_S": str(int(lock_s))}
     queue = unique("capped-kill")
     victim = WorkerProcess(stack.home, unique("victim"), concurrency=4, queues=queue, extra_env=env)
@@ -123,16 +125,20 @@ def test_a_killed_workers_tenant_slots_free_themselves_within_the_lock_duration(
 
 
 def test_a_tenant_holds_at_most_its_share_of_a_queues_workers(stack):
-    # Given a worker of 3 on one queue and a worker of 3 on another, no cap configured:
-    # a tenant may run 3 jobs in all (half of the 6 slots), but on the first queue only 2
-    # (half of its worker's 3)
+    # Given a worker of 3 on one queue and a worker of 3 on another, and a cap per queue of
+    # 2: a tenant may run 3 jobs in all (half of the 6 slots), but on the first queue only 2
     reports, other = unique("capped-q"), unique("capped-other")
-    on_reports = WorkerProcess(stack.home, unique("capr"), concurrency=3, queues=reports)
-    on_other = WorkerProcess(stack.home, unique("capo"), concurrency=3, queues=other)
+    per_queue = {"KEEL_TENANT_QUOTAS": '{"maxRunningPerQueue": 2}'}
+    on_reports = WorkerProcess(
+        stack.home, unique("capr"), concurrency=3, queues=reports, extra_env=per_queue
+    )
+    on_other = WorkerProcess(
+        stack.home, unique("capo"), concurrency=3, queues=other, extra_env=per_queue
+    )
     on_reports.start()
     on_other.start()
     try:
-        # (each heartbeat says which queues its slots take: the per-queue default shares them)
+        # (each heartbeat says which queues its slots take)
         workers_known(reports, slots=3, total=6)
         # When tenant A adds 4 jobs of 2 s on the first queue, then tenant B one
         burst = [

@@ -18,33 +18,38 @@ RESERVE_ONE = parse('{"systemReserve": 1}')
 @pytest.mark.parametrize(
     ("slots", "cap"), [(0, None), (1, 1), (2, 1), (3, 2), (4, 2), (5, 3), (9, 5), (10, 5)]
 )
-def test_the_default_caps_are_half_the_slots_rounded_up_and_the_tenants_share_none(slots, cap):
-    # (nothing reserved by default: the tenants' share is every slot, so it is not taken)
+def test_the_default_cap_is_half_the_slots_rounded_up_and_nothing_else_is_capped(slots, cap):
+    # (nothing reserved by default: the tenants' share is every slot, so it is not taken;
+    # no cap per queue unless one is set)
     caps = Caps.of(DEFAULTS, Slots(slots, {"q": slots}), "q")
-    assert (caps.tenant, caps.per_queue) == (cap, cap)
-    assert (caps.tenants, caps.tenants_on_queue) == (None, None)
+    assert caps.tenant == cap
+    assert (caps.per_queue, caps.tenants, caps.tenants_on_queue) == (None, None, None)
 
 
 @pytest.mark.parametrize(
     ("slots", "cap"), [(0, None), (1, 1), (2, 1), (3, 1), (4, 2), (5, 2), (9, 4), (10, 5)]
 )
-def test_with_a_reserve_the_caps_are_half_the_tenants_share_rounded_up(slots, cap):
+def test_with_a_reserve_the_cap_is_half_the_tenants_share_rounded_up(slots, cap):
     # (the share: the live slots less the system's one, at least one; none without workers)
     caps = Caps.of(RESERVE_ONE, Slots(slots, {"q": slots}), "q")
-    assert (caps.tenant, caps.per_queue) == (cap, cap)
+    assert caps.tenant == cap
 
 
-def test_a_queue_of_few_workers_caps_a_tenant_below_its_overall_cap():
+def test_a_cap_per_queue_holds_below_the_overall_one_when_set():
     # Given a reports worker of 3 and a default worker of 3 (the audit's figures)
     slots = Slots(6, {"reports": 3, "default": 3})
-    # Then a tenant runs at most 3 jobs in all (half of 6), of which 2 on reports (half of 3)
-    reports = Caps.of(DEFAULTS, slots, "reports")
-    assert (reports.tenant, reports.per_queue) == (3, 2)
-    # and with one slot reserved, 3 in all (half of 5), of which 1 on reports (half of 2)
+    # Then by default a tenant runs at most 3 jobs in all (half of 6), on any queue
+    assert (
+        Caps.of(DEFAULTS, slots, "reports").tenant,
+        Caps.of(DEFAULTS, slots, "reports").per_queue,
+    ) == (3, None)
+    # and with a cap per queue set, at most that many on reports
+    capped = Caps.of(parse('{"maxRunningPerQueue": 1}'), slots, "reports")
+    assert (capped.tenant, capped.per_queue) == (3, 1)
+    # And with one slot reserved, 3 in all (half of 5), and every tenant's together at most
+    # 2 on reports (its worker's 3 less the reserve)
     reserving = Caps.of(RESERVE_ONE, slots, "reports")
-    assert (reserving.tenant, reserving.per_queue) == (3, 1)
-    # And a queue no live worker consumes has no per-queue cap yet (nothing to share)
-    assert Caps.of(DEFAULTS, slots, "other").per_queue is None
+    assert (reserving.tenant, reserving.tenants_on_queue, reserving.tenants) == (3, 2, 5)
 
 
 def test_the_heartbeats_keys_are_the_ones_capacity_reads():

@@ -11,8 +11,9 @@ before its claim, these slots (all or none; given back together, with its admiss
    consume its queue, and of all of them, less ``systemReserve`` (at least one slot is
    always the tenants'), so that a system job (which takes none of these) finds a slot
    free however busy the tenants are (taken last, below);
-2. one of its tenant's on its queue (``maxRunningPerQueue``; unset, half of the tenants'
-   share of that queue, rounded up);
+2. with a ``maxRunningPerQueue``, one of its tenant's on its queue (unset: none; a
+   default of half the queue's slots held a tenant's stalled job, recovered by the other
+   worker, behind that tenant's waiting ones);
 3. one of its tenant's on every queue (``maxRunning``; unset, half of the tenants' share
    of every queue, rounded up).
 
@@ -111,7 +112,7 @@ class Caps:
         on_queue = reserved(slots.of(queue), reserve)
         tenants = reserved(slots.total, reserve)
         return cls(
-            per_queue=quotas.max_running_per_queue or half(on_queue),
+            per_queue=quotas.max_running_per_queue,
             tenant=quotas.max_running or half(tenants),
             # with nothing reserved, the tenants' shares are every slot: no job could exceed
             # them, so none is taken (their leases and their round trip saved)
