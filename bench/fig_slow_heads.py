@@ -81,7 +81,7 @@ def p12_slow_heads(run: Run) -> Figure:
                     try:
                         result = _measure(run, server.port, make, f"{name}{' (flood)' * flood}")
                         if flood:
-                            held_at_end.append(sum(1 for sock in held if _still_open(sock)))
+                            held_at_end.append(sum(1 for sock in held if still_open(sock)))
                     finally:
                         for sock in held:
                             sock.close()
@@ -114,7 +114,7 @@ def _seconds(run: Run) -> float:
     return min(run.sizes.http_seconds, HEAD_TIMEOUT_S - 4 - SETTLE_S)
 
 
-def _still_open(sock: socket.socket) -> bool:
+def still_open(sock: socket.socket) -> bool:
     """Whether the server still holds ``sock`` (it has not hung up on it)."""
     sock.setblocking(False)
     try:
@@ -123,6 +123,8 @@ def _still_open(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
+    finally:
+        sock.setblocking(True)
 
 
 def _measure(run: Run, port: int, make: RequestFactory, what: str) -> LoadResult:

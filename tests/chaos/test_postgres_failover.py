@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ from psycopg.rows import dict_row
 
 from tests.support.client import unique
 from tests.support.pg_failover import Endpoint, Produced, ReplicatedPair
-from tests.support.stack import PROJECT_ROOT, WorkerProcess, wait_for
+from tests.support.stack import PROJECT_ROOT, WorkerProcess, republished, wait_for
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
@@ -186,14 +185,7 @@ def run_failover(home: Path) -> Failover:
                 )
             ],
             rerun=[i for i in ids if i in rows and rows[i]["attempts_started"] != 1],
-            repaired=sum(
-                int(found)
-                for worker in workers
-                for found in re.findall(
-                    rf"republished (\d+) waiting jobs of queue {queue}\b",
-                    worker.log_path.read_text(errors="replace"),
-                )
-            ),
+            repaired=republished(workers, queue),
         )
     except BaseException:
         print(pair.log_tail())

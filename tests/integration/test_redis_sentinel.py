@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from tasks.jobs.upkeep.broker_reset import EPOCH_KEY
 from tasks.platform.db import transaction
 from tests.support.client import unique
 from tests.support.sentinel import SentinelGroup, program
-from tests.support.stack import PROJECT_ROOT, WorkerProcess, wait_for
+from tests.support.stack import PROJECT_ROOT, WorkerProcess, republished, wait_for
 
 pytestmark = [
     pytest.mark.stack,
@@ -160,14 +159,7 @@ def run_failover(home: Path) -> Failover:
                 or sum(1 for run in row["runs"] if run.get("outcome") == "completed") != 1
                 or len(row["runs"]) != 1
             ],
-            repaired=sum(
-                int(found)
-                for worker in workers
-                for found in re.findall(
-                    rf"republished (\d+) waiting jobs of queue {queue}\b",
-                    worker.log_path.read_text(errors="replace"),
-                )
-            ),
+            repaired=republished(workers, queue),
         )
     except BaseException:
         print(group.log_tail())

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from bench.fig_slow_heads import still_open
 from tests.support.client import bearer, unique
 from tests.support.stack import WebProcess
 from web.serving import HEAD_TIMEOUT_S, HEADS_PER_ADDRESS
@@ -73,8 +74,8 @@ def test_a_thousand_slow_heads_do_not_stall_the_api(web: WebProcess):
         # When the API is called meanwhile, liveness and an authenticated list
         took = [timed(f"{web.url}/healthz", {}) for _ in range(30)]
         took += [timed(f"{web.url}/api/v1/jobs", user) for _ in range(30)]
-        still_held = sum(1 for sock in held if _open(sock))
-        crowded_held = sum(1 for sock in crowded if _open(sock))
+        still_held = sum(1 for sock in held if still_open(sock))
+        crowded_held = sum(1 for sock in crowded if still_open(sock))
     finally:
         for sock in held + crowded:
             sock.close()
@@ -146,15 +147,3 @@ class Responses:
             head, _, rest = self.data.partition(b"\r\n\r\n")
         self.data = rest[length:]
         return head + b"\r\n\r\n" + rest[:length]
-
-
-def _open(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        return sock.recv(1) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        sock.setblocking(True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -343,3 +344,14 @@ def worker_pair(home: Path, prefix: str, queue: str) -> Iterator[list[WorkerProc
     finally:
         for worker in started:
             worker.stop()
+
+
+def republished(workers: list[WorkerProcess], queue: str) -> int:
+    """Jobs of ``queue`` the reconciler published again (their message was lost), as the
+    ``workers``' logs say."""
+    pattern = rf"republished (\d+) waiting jobs of queue {re.escape(queue)}\b"
+    return sum(
+        int(found)
+        for worker in workers
+        for found in re.findall(pattern, worker.log_path.read_text(errors="replace"))
+    )
