@@ -254,3 +254,61 @@ def test_the_record_shows_the_tasks_max_retries_and_a_call_can_set_its_own():
         once.get(timeout=20)
     done = describe_full(get(once.id))
     assert (done["state"], done["attemptsMade"], done["opts"]["maxRetries"]) == ("failed", 1, 0)
+
+
+def _watched(job_id: str) -> bool | None:
+    with transaction() as session:
+        return session.execute(
+            text("SELECT watched FROM jobs WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+
+
+def test_a_success_is_told_on_its_channel_only_when_a_caller_waits_on_it():
+    # Given two jobs due in a second, a raw listener on both result channels, and a caller
+    # waiting on the second only
+    alone = celery_add.apply_async((1, 1), countdown=1)
+    waited = celery_add.apply_async((2, 2), countdown=1)
+    listener = redis_client().pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(result_channel(alone.id), result_channel(waited.id))
+    answers: list[tuple[int, float]] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        value = AsyncResult(waited.id, app=app).get(timeout=30)
+        answers.append((value, time.monotonic() - started))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    # When both complete
+    wait_state(alone.id, "completed")
+    wait_state(waited.id, "completed")
+    waiter.join(timeout=30)
+    told: list[str] = []
+    deadline = time.monotonic() + 1.0  # the news follows the commit by a round trip
+    while time.monotonic() < deadline:
+        message = listener.get_message(timeout=0.1)
+        if message is not None:
+            told.append(message["channel"].decode())
+    listener.close()
+    # Then only the waited job's end was told, and its caller heard it rather than waiting
+    # for its fallback read (due FALLBACK_POLL_S after it began to wait)
+    assert told == [result_channel(waited.id)]
+    assert (_watched(alone.id), _watched(waited.id)) == (None, True)
+    [(value, waited_s)] = answers
+    assert value == 4
+    assert waited_s < FALLBACK_POLL_S - 1, waited_s
+
+
+def test_a_group_wait_marks_every_part_and_hears_each_end():
+    parts = group(celery_add.s(n, n) for n in range(4)).apply_async(countdown=1)
+    started = time.monotonic()
+    assert parts.get(timeout=30) == [0, 2, 4, 6]
+    assert time.monotonic() - started < FALLBACK_POLL_S - 1
+    assert [_watched(part.id) for part in parts.results] == [True] * 4
+
+
+def test_a_wait_on_another_tenants_job_marks_nothing():
+    theirs = celery_add.apply_async((3, 3), countdown=600)
+    with acting_as(Owner("someone-else", "them")), pytest.raises(ResultTimeout):
+        AsyncResult(theirs.id, app=app).get(timeout=1)
+    assert _watched(theirs.id) is None

@@ -12,7 +12,10 @@ Configured as ``tasks.jobs.calls.result_backend:KeelBackend+redis://…``
 - **``.get()`` waits on the job's end, not on a poll.** When a job ends, the worker
   publishes the news on Celery's channel for that result
   (``tasks.jobs.observe.events``); Celery's result consumer, subscribed to it, reads the
-  record once. Should that news be lost (Redis restarted, the worker killed between its
+  record once. A success is told only when a caller waits on it: a wait's first read of
+  its jobs marks them watched in the same statement (``results.read(watch=True)``), and the
+  completion's statement returns the mark; a success nobody waits on costs Redis no
+  ``PUBLISH``. Should that news be lost (Redis restarted, the worker killed between its
   commit and its publish), every waiting ``.get()`` of this process re-reads its pending
   jobs in one statement every ``FALLBACK_POLL_S``: the wait is bounded, and 100 callers
   waiting on 100 jobs cost Postgres one statement per interval per thread.
@@ -23,6 +26,7 @@ Configured as ``tasks.jobs.calls.result_backend:KeelBackend+redis://…``
 from __future__ import annotations
 
 import time
+from contextvars import ContextVar
 from typing import Any
 
 from celery import states
@@ -37,10 +41,21 @@ from tasks.jobs.observe.events import ENDED, RESULT_CHANNEL_PREFIX
 from tasks.platform.db import transaction
 
 FALLBACK_POLL_S = 5.0
+# Set while a wait's first read runs (``KeelResultConsumer.on_wait_for_pending``).
+_watching: ContextVar[bool] = ContextVar("keel_result_watching", default=False)
 
 
 class KeelResultConsumer(ResultConsumer):
     """Celery's Redis result consumer; the news that a job ended makes it read the record."""
+
+    def on_wait_for_pending(self, result: Any, **kwargs: Any) -> None:
+        """Celery's first read of what a wait waits on (subscribed already), which also marks
+        those records watched: the worker that completes one tells its channel."""
+        token = _watching.set(True)
+        try:
+            super().on_wait_for_pending(result, **kwargs)
+        finally:
+            _watching.reset(token)
 
     def on_state_change(self, meta: dict[str, Any], message: Any) -> None:
         if meta.get("status") == ENDED:
@@ -65,7 +80,7 @@ class KeelBackend(RedisBackend):
     # --- reading -----------------------------------------------------------------------
 
     def _get_task_meta_for(self, task_id: Any) -> dict[str, Any]:
-        found = results.read([str(task_id)]).get(str(task_id))
+        found = results.read([str(task_id)], watch=_watching.get()).get(str(task_id))
         if found is None:  # no record: a plain Celery task's result, in Redis
             stored: dict[str, Any] = super()._get_task_meta_for(task_id)
             return stored
@@ -75,7 +90,7 @@ class KeelBackend(RedisBackend):
     def mget(self, keys: list[Any]) -> list[Any]:
         """Celery's batched read (``GroupResult``, ``get_many``): records first, one statement."""
         ids = [self._strip_prefix(key) for key in keys]
-        found = results.read(str(job_id) for job_id in ids)
+        found = results.read((str(job_id) for job_id in ids), watch=_watching.get())
         rest = [key for key, job_id in zip(keys, ids, strict=True) if str(job_id) not in found]
         stored = dict(zip(rest, super().mget(rest), strict=True)) if rest else {}
         return [

@@ -93,8 +93,8 @@ def _one_statement(claimed: ClaimedJob, state: State) -> bool:
     )
 
 
-def _complete(claimed: ClaimedJob, result: Any) -> bool:
-    """Record success and what follows it in one transaction; ``False``: no longer ours."""
+def _complete(claimed: ClaimedJob, result: Any) -> runs.Completed | None:
+    """Record success and what follows it in one transaction; ``None``: no longer ours."""
     with transaction() as session:
         done = runs.complete(session, claimed, result)
         if done is not None:
@@ -105,21 +105,26 @@ def _complete(claimed: ClaimedJob, result: Any) -> bool:
                 wake_parent(session, claimed.parent_job_id)
             if done.awaited:
                 wake_waiters(session, claimed.id)
-    return done is not None
+    return done
 
 
-def _record_completed(claimed: ClaimedJob, result: Any) -> bool | None:
-    """Record success: ``True`` as the statement alone (its retention trims after it),
-    ``False`` in a transaction with what follows it, ``None`` refused."""
+def _record_completed(claimed: ClaimedJob, result: Any) -> tuple[runs.Completed, bool] | None:
+    """Record success: the record's answer, and whether it was the statement alone (its
+    retention trims after it) rather than a transaction with what follows it; ``None``
+    refused."""
     # The statement alone when nothing else goes in its transaction; refused there when no
     # longer ours, or when another job waits for it (then recorded in a transaction).
-    if _one_statement(claimed, State.COMPLETED) and runs.complete_alone(claimed, result):
-        return True
-    return False if _complete(claimed, result) else None
+    if _one_statement(claimed, State.COMPLETED):
+        done = runs.complete_alone(claimed, result)
+        if done is not None:
+            return done, True
+    done = _complete(claimed, result)
+    return None if done is None else (done, False)
 
 
 def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None) -> None:
-    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics.
+    """Record success; its ``completed`` event carries the run's ``duration_s`` to the metrics,
+    and tells Celery's result channel only when a caller waits on the result (``watched``).
 
     A write that Postgres rolled back (a deadlock's victim) is tried again
     (``tried_again_if_rolled_back``), before the trim that follows it: left to the lock's
@@ -128,7 +133,8 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
         recorded = tried_again_if_rolled_back(lambda: _record_completed(claimed, result))
         if recorded is None:
             _refused(claimed)
-        if recorded:
+        done, alone = recorded
+        if alone:
             trim = retention(claimed, State.COMPLETED)
             if trim is not None:
                 trim()
@@ -137,7 +143,7 @@ def completed(claimed: ClaimedJob, result: Any, duration_s: float | None = None)
             metrics.observe(claimed.queue, "duration", duration_s, claimed.name)
         raise
     observed = ("duration", duration_s) if duration_s is not None else None
-    events.emit_job(claimed, "completed", observed=observed, returnvalue=result)
+    events.emit_job(claimed, "completed", observed=observed, news=done.watched, returnvalue=result)
 
 
 def failed(

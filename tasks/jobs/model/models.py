@@ -94,6 +94,9 @@ class JobRecord(Base):
     parent_job_id: Mapped[str | None] = mapped_column(String(200))
     # Another job waits for this one's end (``Defer(waiting_for=...)``, ``job_waits``; 0022).
     awaited: Mapped[bool | None] = mapped_column(Boolean)
+    # A caller waits on its result (``AsyncResult.get()``): its success is told on Celery's
+    # result channel (``tasks.jobs.observe.results.read``, ``tasks.jobs.end.finish``; 0034).
+    watched: Mapped[bool | None] = mapped_column(Boolean)
 
     __table_args__ = (
         CheckConstraint(

@@ -44,7 +44,8 @@ EVENT_NAMES = (
 
 
 # The events that end a job: each also tells a waiting ``AsyncResult.get()`` to read the
-# record again (``tasks.jobs.observe.results``), on Celery's channel for the job's result.
+# record again (``tasks.jobs.observe.results``), on Celery's channel for the job's result;
+# a success only when a caller marked the job watched (``Event(news=)``).
 ENDING_EVENTS = frozenset({"completed", "failed", "cancelled"})
 RESULT_CHANNEL_PREFIX = "celery-task-meta-"  # Celery's Redis backend's key for a result
 # Not the result itself (another tenant may listen on a guessed id): only the news that the
@@ -90,7 +91,7 @@ class Event:
     histogram observation, ``tasks.jobs.observe.metrics``) what the transition measured.
     ``emit`` sends it; a publish can take it along (``tasks.platform.transport``)."""
 
-    __slots__ = ("counted", "entry", "event", "job_id", "name", "observed", "queue")
+    __slots__ = ("counted", "entry", "event", "job_id", "name", "news", "observed", "queue")
 
     def __init__(
         self,
@@ -101,6 +102,7 @@ class Event:
         *,
         tenant: str | None = None,
         observed: tuple[str, float] | None = None,
+        news: bool | None = None,
         **fields: Any,
     ) -> None:
         # Typed loosely: redis-py's stubs want invariant dicts of their own unions.
@@ -118,21 +120,37 @@ class Event:
             entry[key] = value if isinstance(value, str) else json.dumps(value, default=str)
         self.queue, self.event, self.job_id, self.name = queue, event, job_id, name
         self.entry, self.observed, self.counted = entry, observed, False
+        # An ending event tells the job's result channel, unless its sender knows nobody
+        # waits (``news=False``: a success no caller marked, ``tasks.jobs.end.finish``).
+        self.news = event in ENDING_EVENTS if news is None else news and event in ENDING_EVENTS
 
     @classmethod
     def of(
-        cls, job: AJob, event: str, *, observed: tuple[str, float] | None = None, **fields: Any
+        cls,
+        job: AJob,
+        event: str,
+        *,
+        observed: tuple[str, float] | None = None,
+        news: bool | None = None,
+        **fields: Any,
     ) -> Event:
         """``job``'s event: its queue, id, name and tenant taken from it."""
         return cls(
-            job.queue, event, job.id, job.name, tenant=job.tenant_id, observed=observed, **fields
+            job.queue,
+            event,
+            job.id,
+            job.name,
+            tenant=job.tenant_id,
+            observed=observed,
+            news=news,
+            **fields,
         )
 
     def add_to(self, pipe: Any) -> None:
         """Its commands; its counts go to the process's tally, once, whichever pipeline
         takes it (one that failed is sent again by the caller)."""
         pipe.xadd(stream_key(self.queue), self.entry, maxlen=STREAM_MAXLEN, approximate=True)
-        if self.event in ENDING_EVENTS:  # the news only: a reader reads the record, scoped
+        if self.news:  # the news only: a reader reads the record, scoped
             pipe.publish(result_channel(self.job_id), _ended_news(self.job_id))
         self.count()
 
@@ -207,11 +225,10 @@ def _add_many(pipe: Any, batch: list[Event]) -> None:
     for event in batch:
         key = stream_key(event.queue)
         index = streams.setdefault(key, len(streams) + 1)
-        ending = event.event in ENDING_EVENTS
         row: list[Any] = [
             index,
-            result_channel(event.job_id) if ending else "",
-            _ended_news(event.job_id) if ending else "",
+            result_channel(event.job_id) if event.news else "",
+            _ended_news(event.job_id) if event.news else "",
         ]
         for field, value in event.entry.items():
             row += (field, value)
@@ -261,10 +278,15 @@ def emit(
 
 
 def emit_job(
-    job: AJob, event: str, *, observed: tuple[str, float] | None = None, **fields: Any
+    job: AJob,
+    event: str,
+    *,
+    observed: tuple[str, float] | None = None,
+    news: bool | None = None,
+    **fields: Any,
 ) -> None:
     """``job``'s event (``Event.of``), in one round trip."""
-    Event.of(job, event, observed=observed, **fields).send()
+    Event.of(job, event, observed=observed, news=news, **fields).send()
 
 
 def _decode(fields: dict[bytes, bytes]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from tasks.jobs.model import owner as owner_context
 from tasks.jobs.model.errors import JobFailed
 from tasks.jobs.model.models import State
 from tasks.jobs.store import jobs as jobs_store
-from tasks.platform.db import transaction
+from tasks.platform.db import transaction, tried_again_if_rolled_back
 
 _CELERY_STATE = {
     State.WAITING: states.PENDING,
@@ -137,26 +137,44 @@ def pending(job_id: str) -> dict[str, Any]:
     return {"task_id": job_id, "status": states.PENDING, "result": None, "traceback": None}
 
 
-def read(job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+def read(job_ids: Iterable[str], *, watch: bool = False) -> dict[str, dict[str, Any]]:
     """Celery's metadata of those jobs that have a record, in one statement.
 
     An id the caller may not read (another tenant's) is there as ``pending``, so that
     nothing else answers for it; an id with no record is absent (not a Keel job, or its
     record was trimmed): the caller asks Celery's own store.
+
+    ``watch``: the caller is about to wait on these jobs' ends (``AsyncResult.get()``,
+    subscribed to their result channels already): the same statement marks the records it
+    may read as watched, so that a worker completing one tells the channel
+    (``tasks.jobs.end.finish``). A job not marked ends without that news.
     """
     ids = list(dict.fromkeys(job_ids))
     if not ids:
         return {}
-    with transaction() as session:
-        rows = session.execute(
-            text(f"SELECT {_COLUMNS} FROM jobs WHERE id = ANY(:ids)"), {"ids": ids}
-        ).all()
     owner = owner_context.current_owner()
+    if watch:
+        params = {"ids": ids, "tenant": owner.tenant_id if owner is not None else None}
+        # A write: a deadlock's victim (against a transaction ending several of them) reads
+        # again rather than failing the caller's wait.
+        rows = tried_again_if_rolled_back(lambda: _read_watching(params))
+    else:
+        with transaction() as session:
+            rows = list(
+                session.execute(
+                    text(f"SELECT {_COLUMNS} FROM jobs WHERE id = ANY(:ids)"), {"ids": ids}
+                ).all()
+            )
     found: dict[str, dict[str, Any]] = {}
     for row in rows:
         visible = owner is None or row.tenant_id == owner.tenant_id
         found[row.id] = meta_of(row) if visible else pending(row.id)
     return found
+
+
+def _read_watching(params: dict[str, Any]) -> list[Any]:
+    with transaction() as session:
+        return jobs_store.read_watching(session, params["ids"], params["tenant"], _COLUMNS)
 
 
 def goes_on_past_failure(job_id: str) -> bool:

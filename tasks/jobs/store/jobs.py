@@ -436,6 +436,32 @@ def forget_result(session: Session, job_id: str, tenant_id: str | None) -> bool:
     return bool(done.rowcount)
 
 
+# The rows a marking waiter may read come from the UPDATE's RETURNING: their version after
+# any completion it waited for, never the statement's older snapshot (a completion that
+# committed meanwhile did not see the mark, so the reader must see its end). The rest (marked
+# before, which a completion sees; another tenant's) are read as they were.
+_READ_WATCHING = """
+    WITH marked AS (
+        UPDATE jobs SET watched = TRUE
+        WHERE id = ANY(:ids) AND watched IS NOT TRUE
+          AND (CAST(:tenant AS text) IS NULL OR tenant_id = CAST(:tenant AS text))
+        RETURNING {columns}
+    )
+    SELECT * FROM marked
+    UNION ALL
+    SELECT {columns} FROM jobs WHERE id = ANY(:ids) AND id NOT IN (SELECT id FROM marked)
+"""
+
+
+def read_watching(
+    session: Session, ids: list[str], tenant_id: str | None, columns: str
+) -> list[Any]:
+    """``columns`` of these jobs, marking those of ``tenant_id`` (every one when ``None``)
+    watched: a caller waits on their results (``tasks.jobs.observe.results.read``)."""
+    statement = text(_READ_WATCHING.format(columns=columns))
+    return list(session.execute(statement, {"ids": ids, "tenant": tenant_id}).all())
+
+
 def add_action(
     session: Session,
     job_id: str,

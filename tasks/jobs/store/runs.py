@@ -275,7 +275,7 @@ _COMPLETE_SQL = f"""
         finished_on = clock_timestamp(), lock_token = NULL, locked_until = NULL,
         {_FINISH_RUN}
     WHERE id = :id AND lock_token = :token AND abort_requested_at IS NULL {{alone}}
-    RETURNING id, awaited
+    RETURNING id, awaited, watched
     """
 _COMPLETE = text(_COMPLETE_SQL.format(alone=""))
 # Alone, a job another waits for is not completed: its end wakes the waiter in the same
@@ -295,22 +295,25 @@ def _complete_params(job: ClaimedJob, result: Any) -> dict[str, Any]:
 
 
 class Completed(NamedTuple):
-    """A recorded success: ``awaited``, another job waits for this one's end."""
+    """A recorded success: ``awaited``, another job waits for this one's end; ``watched``, a
+    caller waits on its result (``tasks.jobs.observe.results.read``)."""
 
     awaited: bool
+    watched: bool
 
 
 def complete(session: Session, job: ClaimedJob, result: Any) -> Completed | None:
     """Record success; ``None`` if the job is no longer ours."""
     row = session.execute(_COMPLETE, _complete_params(job, result)).first()
-    return None if row is None else Completed(awaited=bool(row.awaited))
+    return None if row is None else Completed(bool(row.awaited), bool(row.watched))
 
 
-def complete_alone(job: ClaimedJob, result: Any) -> bool:
+def complete_alone(job: ClaimedJob, result: Any) -> Completed | None:
     """``complete`` as its own statement, without a Session (``tasks.platform.db.run_alone``);
-    ``False``: not done, for the job is no longer ours or another job waits for it (then
+    ``None``: not done, for the job is no longer ours or another job waits for it (then
     ``complete`` records it, in a transaction that wakes the waiter)."""
-    return run_alone(_COMPLETE_ALONE, _complete_params(job, result)) is not None
+    row = run_alone(_COMPLETE_ALONE, _complete_params(job, result))
+    return None if row is None else Completed(bool(row["awaited"]), bool(row["watched"]))
 
 
 def fail(
