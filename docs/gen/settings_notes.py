@@ -141,8 +141,8 @@ NOTES: dict[str, str] = {
         " lowered keep their timeout. A run that outlasts a worker's shutdown grace is killed"
         " by a rollout and runs again as stalled, so set it, and the grace, together: at most"
         " the grace less 30 s ([The worker's grace"
-        " period](../operations/kubernetes.md#the-workers-grace-period)). A call's own"
-        " `time_limit=` is Celery's and not capped."
+        " period](../operations/kubernetes.md#the-workers-grace-period)). A Celery call's"
+        " `time_limit=` and `soft_time_limit=` past it are refused by the call (`ValueError`)."
     ),
     "visibility_timeout_s": (
         "Redis broker: a message a worker took but did not acknowledge (the worker died or was"

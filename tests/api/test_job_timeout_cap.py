@@ -104,3 +104,25 @@ def test_job_options_refuse_a_timeout_over_the_cap_and_records_keep_theirs(cap_m
 def test_unset_the_cap_is_a_day_as_before(stack):
     assert Settings().max_job_timeout_s * 1000 == MAX_TIMEOUT_MS
     assert JobOptions(timeout=MAX_TIMEOUT_MS).timeout == MAX_TIMEOUT_MS
+
+
+def test_a_celery_calls_time_limits_over_the_cap_are_refused_and_record_nothing(cap_ms):
+    from sqlalchemy import text
+
+    from tasks.platform.db import transaction
+    from tests.support.jobs import celery_add
+
+    job_id = unique("over-cap")
+    for option in ("time_limit", "soft_time_limit"):
+        with pytest.raises(ValueError, match=f"{option} must be at most {CAP_S} s"):
+            celery_add.apply_async((1, 2), task_id=job_id, countdown=86_400, **{option: CAP_S + 1})
+    with transaction() as session:
+        found = session.execute(text("SELECT count(*) FROM jobs WHERE id = :id"), {"id": job_id})
+        assert found.scalar_one() == 0
+    # At the cap, the call is recorded with its limit
+    at_cap = celery_add.apply_async((1, 2), countdown=86_400, time_limit=CAP_S)
+    with transaction() as session:
+        ctx = session.execute(
+            text("SELECT celery_ctx FROM jobs WHERE id = :id"), {"id": at_cap.id}
+        ).scalar_one()
+    assert ctx["timelimit"] == [CAP_S, None]

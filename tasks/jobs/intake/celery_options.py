@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from tasks.jobs.intake import tenancy
 from tasks.jobs.intake.messages import CONCURRENCY_KEY
 from tasks.jobs.model.key_limits import key_text
-from tasks.jobs.model.options import JobOptions
+from tasks.jobs.model.options import JobOptions, timeout_cap_ms
 from tasks.jobs.model.owner import Owner
 
 
@@ -124,7 +124,8 @@ def time_limits(options: dict[str, Any]) -> list[float | None] | None:
     """A call's ``time_limit`` and ``soft_time_limit``, as Celery's ``timelimit`` header
     carries them (``[hard, soft]``), or ``None`` when the call gives neither (the worker then
     applies the task's own, or ``task_time_limit``/``task_soft_time_limit``). Anything but a
-    positive number of seconds is refused by the call (``ValueError``)."""
+    positive number of seconds is refused by the call (``ValueError``), and so is a limit past
+    ``KEEL_MAX_JOB_TIMEOUT_S``, as a ``timeout`` past it is (``capped_timeout``)."""
     limits: list[float | None] = []
     for option in ("time_limit", "soft_time_limit"):
         value = options.get(option)
@@ -134,6 +135,12 @@ def time_limits(options: dict[str, Any]) -> list[float | None] | None:
             or not 0 < value < math.inf
         ):
             raise ValueError(f"{option} must be a positive number of seconds, not {value!r}")
+        if value is not None and value * 1000 > timeout_cap_ms():
+            cap_s = timeout_cap_ms() // 1000
+            raise ValueError(
+                f"{option} must be at most {cap_s} s (KEEL_MAX_JOB_TIMEOUT_S={cap_s}): a longer"
+                " run would outlast the workers' shutdown grace"
+            )
         limits.append(value)
     return limits if any(limit is not None for limit in limits) else None
 
