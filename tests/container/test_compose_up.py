@@ -26,7 +26,13 @@ from tests.support import containers
 from tests.support.containers import COMPOSE, Dockerd, wait_for
 from tests.support.stack import PROJECT_ROOT
 
-pytestmark = [pytest.mark.stack, pytest.mark.container, pytest.mark.timeout(900)]
+# A release check (the image is built from the wheel, ~6 minutes): the slow tier.
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.container,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 KEEL_IMAGE = f"keel-test/keel:{uuid.uuid4().hex[:8]}"
 SERVICES = ("web", "worker", "beat", "flower")

@@ -40,7 +40,13 @@ from tests.support import containers, podman
 from tests.support.containers import wait_for
 from tests.support.stack import PROJECT_ROOT
 
-pytestmark = [pytest.mark.stack, pytest.mark.container, pytest.mark.timeout(900)]
+# A release check (the image built and the manifests played, ~4 minutes): the slow tier.
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.container,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+]
 
 KEEL_IMAGE = "keel-test/keel:kube"
 DEPLOY = PROJECT_ROOT / "deploy" / "kubernetes"

@@ -52,7 +52,8 @@ from tests.support.databases import _admin, _named, using
 from tests.support.releases import PREVIOUS, previous_tree
 from tests.support.stack import PROJECT_ROOT, wait_for
 
-pytestmark = pytest.mark.stack
+# A release check (the previous release installed beside this one): the slow tier.
+pytestmark = [pytest.mark.stack, pytest.mark.slow]
 
 SCHEDULER = "upgrade-tick"
 WORK = (PROJECT_ROOT / "tests" / "support" / "upgrade_work.py").read_text()

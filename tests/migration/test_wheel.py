@@ -37,7 +37,8 @@ from tasks.platform.config import get_settings
 from tasks.platform.migrate import alembic_config
 from tests.support.stack import PROJECT_ROOT, wait_for
 
-pytestmark = pytest.mark.stack  # starts processes of its own
+# A release check (the wheel built and installed in a venv of its own): the slow tier.
+pytestmark = [pytest.mark.stack, pytest.mark.slow]  # starts processes of its own
 
 # The folders Keel's distribution is made of (setup.py's packages), and where each installs:
 # the repository's migrations/ is the package tasks.migrations.

@@ -19,7 +19,8 @@ from tests.support.netns import PREFIX, ip, unavailable_reason
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.multihost, pytest.mark.timeout(240)]
+# The benchmark's P7 on two hosts, as the quick benchmark's own test: the slow tier.
+pytestmark = [pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def test_bench_prints_throughput_for_one_and_two_worker_hosts(tmp_path: Path) -> None:
