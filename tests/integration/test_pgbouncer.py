@@ -271,3 +271,20 @@ def test_a_pooler_restart_costs_503s_while_it_is_away_and_no_job(bouncer, pooled
     assert back.status_code == 202, back.text
     jobs = join([due.json()["jobId"], back.json()["jobId"]], timeout=30)
     assert {(job["state"], job["attemptsStarted"]) for job in jobs.values()} == {("completed", 1)}
+
+
+def test_a_wait_marks_its_job_and_hears_its_end_through_the_pooler(pooled_worker):
+    from tasks.jobs.calls.result_backend import FALLBACK_POLL_S
+    from tests.support.jobs import celery_add
+
+    # A caller's wait marks its job in its first read (a write, through the pooler), and the
+    # worker that completes it tells the caller: no wait for the fallback read
+    result = celery_add.apply_async((20, 22), countdown=1)
+    started = time.monotonic()
+    assert result.get(timeout=30) == 42
+    assert time.monotonic() - started < FALLBACK_POLL_S - 1
+    with transaction() as session:
+        watched = session.execute(
+            text("SELECT watched FROM jobs WHERE id = :id"), {"id": result.id}
+        ).scalar_one()
+    assert watched is True

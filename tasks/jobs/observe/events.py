@@ -122,7 +122,7 @@ class Event:
         self.entry, self.observed, self.counted = entry, observed, False
         # An ending event tells the job's result channel, unless its sender knows nobody
         # waits (``news=False``: a success no caller marked, ``tasks.jobs.end.finish``).
-        self.news = event in ENDING_EVENTS if news is None else news and event in ENDING_EVENTS
+        self.news = event in ENDING_EVENTS and news is not False
 
     @classmethod
     def of(

@@ -154,10 +154,10 @@ def read(job_ids: Iterable[str], *, watch: bool = False) -> dict[str, dict[str, 
         return {}
     owner = owner_context.current_owner()
     if watch:
-        params = {"ids": ids, "tenant": owner.tenant_id if owner is not None else None}
+        tenant = owner.tenant_id if owner is not None else None
         # A write: a deadlock's victim (against a transaction ending several of them) reads
         # again rather than failing the caller's wait.
-        rows = tried_again_if_rolled_back(lambda: _read_watching(params))
+        rows = tried_again_if_rolled_back(lambda: _read_watching(ids, tenant))
     else:
         with transaction() as session:
             rows = list(
@@ -172,9 +172,9 @@ def read(job_ids: Iterable[str], *, watch: bool = False) -> dict[str, dict[str, 
     return found
 
 
-def _read_watching(params: dict[str, Any]) -> list[Any]:
+def _read_watching(ids: list[str], tenant_id: str | None) -> list[Any]:
     with transaction() as session:
-        return jobs_store.read_watching(session, params["ids"], params["tenant"], _COLUMNS)
+        return jobs_store.read_watching(session, ids, tenant_id, _COLUMNS)
 
 
 def goes_on_past_failure(job_id: str) -> bool:
