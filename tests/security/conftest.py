@@ -78,6 +78,18 @@ def record_figure(name: str, value: str) -> None:
     FIGURES[name] = value
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """One node id per fuzzed operation. schemathesis names each operation's test
+    ``test_...[METHOD /path]``, but on pytest 9.2 the item's node id leaves the bracket
+    out, so every operation of ``test_fuzz`` shares one id; pytest-xdist, which runs and
+    reports items by id, then fuzzed one operation and counted the rest as that one
+    (the stack tier runs in two processes). The id is made from the name again."""
+    for item in items:
+        if item.nodeid.rpartition("::")[2] != item.name and item.name.startswith("test_"):
+            item._id = item.parent.id.child(item.name)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:  # pragma: no cover - reporting only
     if FIGURES:
         terminalreporter.section("security figures")
