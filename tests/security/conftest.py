@@ -82,9 +82,9 @@ def record_figure(name: str, value: str) -> None:
 def pytest_collection_modifyitems(items) -> None:
     """One node id per fuzzed operation. schemathesis names each operation's test
     ``test_...[METHOD /path]``, but on pytest 9.2 the item's node id leaves the bracket
-    out, so every operation of ``test_fuzz`` shares one id; pytest-xdist, which runs and
-    reports items by id, then fuzzed one operation and counted the rest as that one
-    (the stack tier runs in two processes). The id is made from the name again."""
+    out, so every operation of ``test_fuzz`` shares one id; pytest-xdist (``-n``), which
+    runs and reports items by id, then fuzzed one operation and counted the rest as that
+    one. The id is made from the name again."""
     for item in items:
         if item.nodeid.rpartition("::")[2] != item.name and item.name.startswith("test_"):
             item._id = item.parent.id.child(item.name)
