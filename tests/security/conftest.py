@@ -82,11 +82,14 @@ def record_figure(name: str, value: str) -> None:
 def pytest_collection_modifyitems(items) -> None:
     """One node id per fuzzed operation. schemathesis names each operation's test
     ``test_...[METHOD /path]``, but on pytest 9.2 the item's node id leaves the bracket
-    out, so every operation of ``test_fuzz`` shares one id; pytest-xdist (``-n``), which
-    runs and reports items by id, then fuzzed one operation and counted the rest as that
-    one. The id is made from the name again."""
+    out, so every operation of a test shares one id; pytest-xdist (``-n``), which runs
+    and reports items by id, then fuzzed one operation and counted the rest as that one
+    (``test_fuzz`` and ``test_system_limits_fuzz`` check that every operation was reached).
+    The id is made from the name again."""
+    from schemathesis.pytest.plugin import SchemathesisFunction
+
     for item in items:
-        if item.nodeid.rpartition("::")[2] != item.name and item.name.startswith("test_"):
+        if isinstance(item, SchemathesisFunction) and item.nodeid.rpartition("::")[2] != item.name:
             item._id = item.parent.id.child(item.name)
 
 

@@ -6,6 +6,8 @@ documented. ``test_fuzz`` covers them with a tenant's token (403)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
@@ -35,9 +37,11 @@ GENERATED = settings(
 )
 
 pytestmark = pytest.mark.usefixtures("stack")
+REACHED: Counter[str] = Counter()  # the operations each generated case was sent to
 
 
 def exercise(case: schemathesis.Case) -> None:
+    REACHED[case.operation.label] += 1
     headers = metrics_headers()
     response = case.call(headers=headers)
     assert response.status_code < 500, response.text
@@ -60,3 +64,12 @@ def test_the_key_limit_endpoints_survive_generated_input_for_a_declaring_job_typ
     if case.path_parameters and "job_name" in case.path_parameters:
         case.path_parameters["job_name"] = "test.keyed3"
     exercise(case)
+
+
+def test_the_generated_input_reached_every_limit_operation() -> None:
+    """Given the runs above, then each limit operation was sent cases (under pytest-xdist,
+    items sharing a node id ran as one: tests/security/conftest.py)."""
+    if not REACHED:
+        pytest.skip("the generated-input tests were deselected")
+    expected = {result.ok().label for result in SCHEMA.get_all_operations()}
+    assert expected - set(REACHED) == set(), sorted(expected - set(REACHED))
